@@ -3,7 +3,6 @@ package multiworker
 import (
 	"fmt"
 	"sync"
-	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
@@ -40,12 +39,17 @@ func (c Communication) String() string {
 // CollectiveGatherV2, CollectiveBcastSend/RecvV2) in one group of all
 // replicas in sync. Instance keys are handed out in build order, so workers
 // that build the same program agree on them without talking.
+//
+// The ops carry no timeout of their own: TensorFlow implements an op's
+// timeout with a thread that sleeps for all of it, so a fast step loop would
+// hold (collectives per second x timeout) threads. A dead peer is bounded by
+// the deadline of the step that runs them instead (see
+// WithCollectiveTimeout), whose cancellation aborts the step's collectives.
 type CollectiveOps struct {
 	GroupSize     int
 	GroupKey      int32
 	FirstReplica  int // global id of this process's first replica
 	Communication Communication
-	Timeout       time.Duration
 
 	mu   sync.Mutex
 	next int32
@@ -105,8 +109,7 @@ func (c *CollectiveOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [
 			rs := s.SubScope(fmt.Sprintf("reduce_%d_replica_%d", i, r)).WithDevice(devices[r])
 			a := c.args(rs, key)
 			out[r] = append(out[r], op.CollectiveReduceV2(rs, values[r][i], a.size, a.group, a.instance, nil, "Add", final,
-				op.CollectiveReduceV2CommunicationHint(c.hint(devices)),
-				op.CollectiveReduceV2TimeoutSeconds(float32(c.Timeout.Seconds()))))
+				op.CollectiveReduceV2CommunicationHint(c.hint(devices))))
 		}
 	}
 	return out, s.Err()
@@ -124,8 +127,7 @@ func (c *CollectiveOps) BatchGather(s *op.Scope, values [][]tf.Output, devices [
 			rs := s.SubScope(fmt.Sprintf("gather_%d_replica_%d", i, r)).WithDevice(devices[r])
 			a := c.args(rs, key)
 			out[r] = append(out[r], op.CollectiveGatherV2(rs, values[r][i], a.size, a.group, a.instance, nil,
-				op.CollectiveGatherV2CommunicationHint(c.hint(devices)),
-				op.CollectiveGatherV2TimeoutSeconds(float32(c.Timeout.Seconds()))))
+				op.CollectiveGatherV2CommunicationHint(c.hint(devices))))
 		}
 	}
 	return out, s.Err()
@@ -141,13 +143,11 @@ func (c *CollectiveOps) Broadcast(s *op.Scope, value tf.Output, devices []string
 		a := c.args(rs, key)
 		if c.FirstReplica+r == 0 {
 			out[r] = op.CollectiveBcastSendV2(rs, value, a.size, a.group, a.instance,
-				op.CollectiveBcastSendV2CommunicationHint(c.hint(devices)),
-				op.CollectiveBcastSendV2TimeoutSeconds(float32(c.Timeout.Seconds())))
+				op.CollectiveBcastSendV2CommunicationHint(c.hint(devices)))
 			continue
 		}
 		out[r] = op.CollectiveBcastRecvV2(rs, a.size, a.group, a.instance, op.Shape(rs.SubScope("shape"), value), value.DataType(),
-			op.CollectiveBcastRecvV2CommunicationHint(c.hint(devices)),
-			op.CollectiveBcastRecvV2TimeoutSeconds(float32(c.Timeout.Seconds())))
+			op.CollectiveBcastRecvV2CommunicationHint(c.hint(devices)))
 	}
 	return out, s.Err()
 }

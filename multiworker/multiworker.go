@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -74,9 +75,15 @@ func WithCommunication(comm Communication) Option { return func(c *config) { c.c
 // all-reduce (default 32 MiB; 0 turns packing off).
 func WithBytesPerPack(n int64) Option { return func(c *config) { c.bytesPerPack = n } }
 
-// WithCollectiveTimeout bounds every collective: when a peer dies, the
-// survivors fail within it with an error naming the unreachable task
-// (default 60 s).
+// WithCollectiveTimeout bounds how long a step waits for its peers: when a
+// peer dies or stops responding, the survivors' step fails within d with an
+// error naming the task, and the strategy then refuses further steps
+// (strategy.ErrCannotContinue). The bound is each run's deadline (the
+// session's operation timeout), whose cancellation aborts the step's
+// collectives; it costs nothing per collective, however fast the steps, but
+// it covers a whole step, so d must exceed the slowest step's compute time
+// plus the time peers may lag (a chief's checkpoint, say). Default 60 s; 0
+// waits forever, and New logs a warning; a negative d is an error.
 func WithCollectiveTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
 // WithStartupTimeout bounds how long New waits for every worker to join
@@ -109,6 +116,12 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	if c.logicalCPUs < 0 {
 		return nil, fmt.Errorf("multiworker: WithLogicalCPUs(%d): expected a positive count", c.logicalCPUs)
 	}
+	if c.timeout < 0 {
+		return nil, fmt.Errorf("multiworker: WithCollectiveTimeout(%v): expected a positive duration, or 0 to wait forever", c.timeout)
+	}
+	if c.startupTimeout <= 0 {
+		return nil, fmt.Errorf("multiworker: WithStartupTimeout(%v): expected a positive duration", c.startupTimeout)
+	}
 	spec := c.resolver.ClusterSpec()
 	task := cluster.TaskOf(c.resolver)
 	log := logging.OrNop(c.log)
@@ -132,6 +145,9 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		return nil, fmt.Errorf("multiworker: task %s is not in the cluster", task)
 	}
 	log = logging.ForTask(log, string(task.Type), task.Index)
+	if c.timeout == 0 {
+		log.Warn("collective timeout 0: a step waits forever for its peers, so a dead or stopped peer hangs this worker")
+	}
 
 	nLocal := max(c.logicalCPUs, 1)
 	leader := cluster.TaskDevice(string(workers[0].Type), workers[0].Index)
@@ -168,7 +184,7 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		devices = append(devices, cluster.DeviceName(string(task.Type), task.Index, "CPU", j))
 	}
 	cdo := &CollectiveOps{GroupSize: nLocal * len(workers), GroupKey: 1, FirstReplica: workerID * nLocal,
-		Communication: c.comm, Timeout: c.timeout}
+		Communication: c.comm}
 	if c.comm == NCCL {
 		if err := cdo.check(devices); err != nil {
 			return nil, err
@@ -189,7 +205,7 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		WorkerID:          workerID,
 		CrossDeviceOps:    cross,
 		Target:            srv.Target(),
-		SessionOptions:    append(sessOpts, tfrt.WithOperationTimeout(c.startupTimeout+c.timeout)),
+		SessionOptions:    append(slices.Clip(sessOpts), tfrt.WithOperationTimeout(c.timeout)),
 		Logger:            log,
 		DiagnoseRunError:  s.diagnose,
 	})
@@ -197,7 +213,7 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}
 	s.InGraph = e
-	if err := s.handshake(ctx, cdo, spec, c.startupTimeout); err != nil {
+	if err := s.handshake(ctx, cdo, spec, sessOpts, c.startupTimeout); err != nil {
 		e.Close()
 		return nil, err
 	}
@@ -213,7 +229,7 @@ func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
 	for j := range n {
 		devices = append(devices, strategy.LocalCPU(j))
 	}
-	cdo := &CollectiveOps{GroupSize: n, GroupKey: 1, Communication: c.comm, Timeout: c.timeout}
+	cdo := &CollectiveOps{GroupSize: n, GroupKey: 1, Communication: c.comm}
 	var cross strategy.CrossDeviceOps = cdo
 	if c.bytesPerPack > 0 && n > 1 {
 		cross = strategy.Packed{Inner: cdo, BytesPerPack: c.bytesPerPack}
@@ -243,24 +259,29 @@ func workerTasks(spec cluster.ClusterSpec) []cluster.Task {
 
 // handshake gathers every worker's view of the cluster (its fingerprint)
 // within timeout and names the tasks that disagree, or that never joined.
-// It is every worker's first collective, so its instance key agrees.
-func (s *Strategy) handshake(ctx context.Context, cdo *CollectiveOps, spec cluster.ClusterSpec, timeout time.Duration) error {
+// It is every worker's first collective, so its instance key agrees. It runs
+// in a graph and session of its own, whose deadline is the start-up timeout
+// rather than the steps' collective timeout.
+func (s *Strategy) handshake(ctx context.Context, cdo *CollectiveOps, spec cluster.ClusterSpec, sessOpts []tfrt.ConfigOption, timeout time.Duration) error {
 	fp := spec.Fingerprint()
 	mine := int64(binary.LittleEndian.Uint64(binary.LittleEndian.AppendUint64(nil, uint64(fp))))
 	hs := &CollectiveOps{GroupSize: cdo.GroupSize, GroupKey: cdo.GroupKey, FirstReplica: cdo.FirstReplica,
-		Communication: cdo.Communication, Timeout: timeout}
+		Communication: cdo.Communication}
 	hs.next = cdo.instanceKey() - 1
-	s.Lock()
-	sc := s.NewScope("handshake")
+	g := tf.NewGraph()
+	sc := op.NewScopeWithGraph(g).SubScope("handshake")
 	devices := s.Devices()
 	vals := make([][]tf.Output, len(devices))
 	for r, d := range devices {
 		vals[r] = []tf.Output{op.Const(sc.SubScope(fmt.Sprintf("fingerprint_%d", r)).WithDevice(d), []int64{mine})}
 	}
 	out, err := hs.BatchGather(sc.SubScope("gather"), vals, devices)
-	s.Unlock()
 	if err != nil {
 		return fmt.Errorf("multiworker: task %s: build the start-up handshake: %w", s.task, err)
+	}
+	so, err := tfrt.SessionOptions(s.server.Target(), append(slices.Clip(sessOpts), tfrt.WithOperationTimeout(timeout))...)
+	if err != nil {
+		return fmt.Errorf("multiworker: task %s: %w", s.task, err)
 	}
 	var targets []*tf.Operation
 	for r := range out {
@@ -272,8 +293,19 @@ func (s *Strategy) handshake(ctx context.Context, cdo *CollectiveOps, spec clust
 	}
 	done := make(chan result, 1)
 	go func() {
-		t, err := s.RunOps(ctx, nil, []tf.Output{out[0][0]}, targets)
+		sess, err := tf.NewSession(g, so)
+		if err != nil {
+			done <- result{nil, tfrt.Classify("open the handshake session", err)}
+			return
+		}
+		t, err := sess.Run(nil, []tf.Output{out[0][0]}, targets)
+		if err != nil {
+			err = tfrt.Classify("run the handshake", err)
+		}
 		done <- result{t, err}
+		if err == nil {
+			sess.Close() // a session whose peers are gone may hang in Close
+		}
 	}()
 	var res result
 	select {
@@ -284,6 +316,9 @@ func (s *Strategy) handshake(ctx context.Context, cdo *CollectiveOps, spec clust
 		return fmt.Errorf("multiworker: task %s: waiting for workers: %w", s.task, ctx.Err())
 	}
 	if res.err != nil {
+		if u := s.unreachable(); u != "" {
+			return fmt.Errorf("multiworker: task %s: waiting %v for every worker to join: %s: %w", s.task, timeout, u, res.err)
+		}
 		return fmt.Errorf("multiworker: task %s: waiting %v for every worker to join: %w", s.task, timeout, res.err)
 	}
 	all := res.t[0].Value().([]int64)
@@ -299,16 +334,19 @@ func (s *Strategy) handshake(ctx context.Context, cdo *CollectiveOps, spec clust
 }
 
 // diagnose names the peers that cannot be reached when a run fails in a way
-// a dead peer causes.
+// a dead or silent peer causes (an error of the step's collectives, or the
+// step's deadline). Such a failure ends the strategy: the error wraps
+// strategy.ErrCannotContinue.
 func (s *Strategy) diagnose(err error) error {
 	if !(errors.Is(err, tfrt.ErrUnavailable) || errors.Is(err, tfrt.ErrDeadlineExceeded) ||
 		errors.Is(err, tfrt.ErrAborted) || errors.Is(err, tfrt.ErrCancelled) || errors.Is(err, tfrt.ErrUnknown)) {
 		return err
 	}
+	what := "a step across workers failed"
 	if u := s.unreachable(); u != "" {
-		return fmt.Errorf("multiworker: task %s: %s: %w", s.task, u, err)
+		what = u
 	}
-	return err
+	return fmt.Errorf("multiworker: task %s: %s: %w; %w", s.task, what, err, strategy.ErrCannotContinue)
 }
 
 // unreachable checks every other worker and describes those that are dead

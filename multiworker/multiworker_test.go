@@ -206,3 +206,87 @@ func TestAggregatedWritesSpanWorkers(t *testing.T) {
 		assert.Equal(t, float32(10), got[w][1], "worker %d: Sum adds all four replicas", w)
 	}
 }
+
+// A step whose peer never joins fails within the collective timeout, the
+// error says the strategy cannot go on, and every later run says so at once
+// instead of waiting again.
+func TestStepPastItsDeadlineEndsTheStrategy(t *testing.T) {
+	ctx := context.Background()
+	spec := loopbackSpec(t, 2)
+	const timeout = 3 * time.Second
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	peerDone := make(chan struct{})
+	var late, after error
+	var took time.Duration
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: w})
+			if err != nil {
+				errs[w] = err
+				return
+			}
+			s, err := multiworker.New(ctx, multiworker.WithResolver(r),
+				multiworker.WithStartupTimeout(30*time.Second), multiworker.WithCollectiveTimeout(timeout))
+			if err != nil {
+				errs[w] = err
+				return
+			}
+			defer s.Close()
+			var v *strategy.Variable
+			if errs[w] = s.Scope(func(sc *strategy.Scope) error {
+				v, err = sc.Variable("v", tf.Float, nil, strategy.Zeros())
+				return err
+			}); errs[w] != nil {
+				return
+			}
+			step, err := s.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}},
+				func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+					sum, err := rc.AllReduce(strategy.Sum, op.Sum(rc.Scope().SubScope("sum"), in["x"], op.Const(rc.Scope().SubScope("axis"), int32(0))))
+					return strategy.Outputs{"sum": sum}, err
+				})
+			if err != nil {
+				errs[w] = err
+				return
+			}
+			x, _ := tf.NewTensor([]float32{1, 2})
+			run := func() error {
+				_, err := s.RunReplicas(ctx, step, []map[string]*tf.Tensor{{"x": x}}, 2)
+				return err
+			}
+			if errs[w] = run(); errs[w] != nil {
+				return
+			}
+			if w == 1 {
+				<-peerDone // alive, but it takes no further step
+				return
+			}
+			defer close(peerDone)
+			start := time.Now()
+			late = run()
+			took = time.Since(start)
+			_, after = s.Value(ctx, v)
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.Error(t, late, "a step that worker 1 never joins")
+	assert.ErrorIs(t, late, strategy.ErrCannotContinue)
+	assert.Contains(t, late.Error(), "cannot go on")
+	assert.Less(t, took, timeout+20*time.Second, "failed after %v; the collective timeout is %v", took, timeout)
+	assert.GreaterOrEqual(t, took, timeout-time.Second, "failed after %v, before the collective timeout %v", took, timeout)
+	require.Error(t, after, "the strategy runs nothing after a failed step")
+	assert.ErrorIs(t, after, strategy.ErrCannotContinue)
+}
+
+func TestNegativeCollectiveTimeoutIsAnError(t *testing.T) {
+	r, err := cluster.NewSimpleResolver(loopbackSpec(t, 2), cluster.Task{Type: cluster.Worker, Index: 0})
+	require.NoError(t, err)
+	_, err = multiworker.New(context.Background(), multiworker.WithResolver(r), multiworker.WithCollectiveTimeout(-time.Second))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "WithCollectiveTimeout(-1s)")
+	assert.Contains(t, err.Error(), "0 to wait forever")
+}

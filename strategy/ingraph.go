@@ -45,7 +45,8 @@ type Config struct {
 	// Logger receives structured logs (default: none).
 	Logger *zap.Logger
 	// DiagnoseRunError, when set, rewrites an error of a session run, e.g. to
-	// name the peer task that died.
+	// name the peer task that died. When the error it returns wraps
+	// ErrCannotContinue, the engine refuses every later run.
 	DiagnoseRunError func(error) error
 }
 
@@ -67,6 +68,7 @@ type InGraph struct {
 	slots    map[slotKey]*Variable
 	reducers map[string]*hostReducer
 	closed   bool
+	failed   error // a run error that wraps ErrCannotContinue
 }
 
 type slotKey struct {
@@ -375,6 +377,9 @@ func (e *InGraph) runLocked(ctx context.Context, feeds map[tf.Output]*tf.Tensor,
 	if e.closed {
 		return nil, errors.New("strategy: closed")
 	}
+	if e.failed != nil {
+		return nil, fmt.Errorf("strategy: not run, since an earlier run failed: %w", e.failed)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -383,6 +388,10 @@ func (e *InGraph) runLocked(ctx context.Context, feeds map[tf.Output]*tf.Tensor,
 		err = tfrt.Classify("strategy: run", err)
 		if e.cfg.DiagnoseRunError != nil {
 			err = e.cfg.DiagnoseRunError(err)
+		}
+		if errors.Is(err, ErrCannotContinue) {
+			e.failed = err
+			e.log.Error("the strategy cannot go on", zap.Error(err))
 		}
 		return nil, err
 	}

@@ -123,6 +123,15 @@ type Result map[string]PerReplica
 // ErrScopeClosed is returned when a Scope is used after its function returned.
 var ErrScopeClosed = errors.New("strategy: scope used after Scope returned")
 
+// ErrCannotContinue is wrapped by a run error after which the strategy runs
+// nothing more: a synchronous step that failed across workers (a dead or
+// silent peer, a step past its deadline) may have left the workers' copies
+// of the model in different states, and its collectives cannot be resumed.
+// Every later run returns an error that wraps it too; Close still works.
+// The job goes on by restarting every worker from its latest checkpoint
+// (`tfdist launch --max-restarts`, or the cluster manager's restart policy).
+var ErrCannotContinue = errors.New("the strategy cannot go on: restart every worker from the latest checkpoint")
+
 // BuildError is an error found while building a Step: it names the replica
 // (or -1 when the error is not a replica's) and wraps the cause.
 type BuildError struct {
