@@ -47,6 +47,7 @@ type Options struct {
 	CheckpointDir     string
 	CheckpointEvery   int
 	CollectiveTimeout time.Duration
+	StatsEvery        time.Duration
 	CrashAtStep       int
 	CrashTask         string
 }
@@ -83,7 +84,8 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.LogDir, "logdir", "", "write TensorBoard event files (loss, accuracy, examples/s) into this directory; the chief only")
 	fs.StringVar(&o.CheckpointDir, "checkpoint-dir", "", "checkpoint here every -checkpoint-every steps and resume from the latest checkpoint on start")
 	fs.IntVar(&o.CheckpointEvery, "checkpoint-every", 50, "steps between checkpoints")
-	fs.DurationVar(&o.CollectiveTimeout, "collective-timeout", 60*time.Second, "multiworker: how long a collective waits for a dead peer before failing")
+	fs.DurationVar(&o.CollectiveTimeout, "collective-timeout", 60*time.Second, "multiworker: how long a step waits for its peers before failing and naming a dead or silent one (0: forever)")
+	fs.DurationVar(&o.StatsEvery, "stats-every", 0, "print a line 'stats goroutines=N' every `D` (0: never), for soak runs that watch the process")
 	fs.IntVar(&o.CrashAtStep, "crash-at-step", 0, "fault-tolerance testing: kill this process (SIGKILL) after this step, on the first attempt only")
 	fs.StringVar(&o.CrashTask, "crash-task", "", "with -crash-at-step: only the task named type:index (e.g. worker:1) crashes")
 }
@@ -101,6 +103,10 @@ func (o Options) Check() error {
 		return fmt.Errorf("-test-size %d: expected 1..%d", o.TestSize, digits.Examples-1)
 	case o.CheckpointEvery < 1:
 		return fmt.Errorf("-checkpoint-every %d: expected at least 1", o.CheckpointEvery)
+	case o.CollectiveTimeout < 0:
+		return fmt.Errorf("-collective-timeout %v: expected a positive duration, or 0 to wait forever", o.CollectiveTimeout)
+	case o.StatsEvery < 0:
+		return fmt.Errorf("-stats-every %v: expected a positive duration, or 0 for none", o.StatsEvery)
 	}
 	return nil
 }
@@ -163,6 +169,9 @@ func newOptimizer(o Options) (strategy.Optimizer, error) {
 // On a ps or worker task of a parameter-server cluster it serves until the
 // chief is done and returns paramserver.ErrNotChief.
 func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
+	if o.StatsEvery > 0 {
+		defer reportStats(log, o.StatsEvery)()
+	}
 	if o.Strategy == "ps" {
 		return runPS(ctx, o, log) // scheduled steps, not a strategy.Strategy: see ps.go
 	}

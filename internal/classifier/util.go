@@ -2,7 +2,11 @@ package classifier
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"math"
+	"runtime"
+	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
@@ -30,4 +34,26 @@ func paramL2[V any](ctx context.Context, vars []V, value func(context.Context, V
 		}
 	}
 	return math.Sqrt(l2), nil
+}
+
+// reportStats writes "stats goroutines=N" to w every interval until the
+// returned stop is called: what a soak run cannot see of the process from
+// outside.
+func reportStats(w io.Writer, every time.Duration) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				fmt.Fprintf(w, "stats goroutines=%d\n", runtime.NumGoroutine())
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }
