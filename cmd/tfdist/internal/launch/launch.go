@@ -47,6 +47,7 @@ type Launcher struct {
 	stdout      io.Writer
 	stderr      io.Writer
 	log         *zap.Logger
+	onStart     func(t cluster.Task, attempt, pid int)
 
 	sigs chan os.Signal
 	mu   sync.Mutex
@@ -101,6 +102,13 @@ func WithOutput(stdout, stderr io.Writer) Option {
 
 // WithLogger sets the logger of the launcher's own events (default none).
 func WithLogger(log *zap.Logger) Option { return func(l *Launcher) { l.log = log } }
+
+// WithOnStart calls fn with each task's process id whenever the launcher
+// starts the task (attempt 0 first, then once per restart), e.g. to watch
+// the processes of a run.
+func WithOnStart(fn func(t cluster.Task, attempt, pid int)) Option {
+	return func(l *Launcher) { l.onStart = fn }
+}
 
 // New returns a launcher that runs command (a program and its arguments) as
 // every task of the cluster the options describe, or an error naming the
@@ -406,6 +414,9 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, attempt int, 
 	go func() { defer p.pumps.Done(); out.pump(rOut, false, prefix) }()
 	go func() { defer p.pumps.Done(); out.pump(rErr, true, prefix) }()
 	l.log.Info("started task", zap.Stringer("task", t), zap.Int("pid", p.pgid), zap.Int("attempt", attempt))
+	if l.onStart != nil {
+		l.onStart(t, attempt, p.pgid)
+	}
 	go func() {
 		err := cmd.Wait()
 		exits <- exitEvent{p: p, state: cmd.ProcessState, err: err}
