@@ -10,7 +10,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 1
 TFENV = eval "$$(scripts/libtensorflow.sh)" &&
 TEST_FLAGS ?= -race -count=1 -timeout 40m
 
-.PHONY: all demo test check vet fmt-check build libtensorflow env bench fuzz notebooks notebooks-save
+.PHONY: all demo test check vet fmt-check build libtensorflow env bench soak fuzz notebooks notebooks-save
 
 all: build
 
@@ -43,6 +43,12 @@ fmt-check:
 bench:
 	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 1x ./multiworker ./examples/classifier
 	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 200x ./mirrored ./dataset/...
+
+## soak: train 50,000 steps under every strategy and check that no process's threads, memory, files or goroutines grow (tens of minutes).
+SOAK_FLAGS ?=
+soak:
+	@$(TFENV) dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && \
+	$(GO) build -o "$$dir/" ./cmd/tfdist ./examples/classifier && "$$dir/tfdist" soak $(SOAK_FLAGS)
 
 ## notebooks: run the gophernotes notebooks headlessly (installs Jupyter's runner, builds the kernel once).
 notebooks:

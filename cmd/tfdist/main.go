@@ -6,6 +6,7 @@
 //	tfdist config validate [--file FILE]         check a TF_CONFIG and show what it means
 //	tfdist demo [flags]                          train the digits classifier
 //	tfdist bench [flags]                         compare the strategies' speed on this machine
+//	tfdist soak [flags]                          train for long under each strategy; check nothing grows
 //	tfdist help [command]                        help for tfdist or a command
 //
 // Run "tfdist help" for the full story, with examples.
@@ -38,7 +39,7 @@ type command struct {
 }
 
 // commands lists the commands in the order "tfdist help" shows them.
-var commands = []*command{launchCommand, serverCommand, configValidateCommand, demoCommand, benchCommand}
+var commands = []*command{launchCommand, serverCommand, configValidateCommand, demoCommand, benchCommand, soakCommand}
 
 // Exit statuses of tfdist itself (launch passes on its tasks' statuses).
 const (

@@ -1,0 +1,151 @@
+package soak
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tfdist/tfdist/cluster"
+)
+
+// Sample is what one look at a process saw.
+type Sample struct {
+	At         time.Duration // since the run started
+	Threads    int
+	RSS        int64 // bytes
+	FDs        int
+	Goroutines int // -1 where the process has not reported them
+}
+
+// Process is one process of a run and its samples.
+type Process struct {
+	Task    cluster.Task
+	Attempt int
+	PID     int
+	Samples []Sample
+
+	goroutines int  // the newest count the process reported
+	gone       bool // exited
+}
+
+// Report is the outcome of one soak run.
+type Report struct {
+	Setup      string
+	Steps      int
+	Elapsed    time.Duration
+	Err        error // the launcher's: a task failed, or the timeout passed
+	Processes  []*Process
+	Result     *resultLine // the chief's -json result, nil if none came
+	Tail       []string    // the last lines of output
+	Violations []string    // every bound a process broke
+}
+
+// Failed reports whether the run failed or broke a bound.
+func (r *Report) Failed() bool { return r.Err != nil || r.Result == nil || len(r.Violations) > 0 }
+
+// minSamples is how many samples a process needs to be judged.
+const minSamples = 5
+
+// judge checks every process against b.
+func (r *Report) judge(b Bounds) {
+	if len(r.Processes) == 0 {
+		r.Violations = append(r.Violations, "no process was started")
+	}
+	for _, p := range r.Processes {
+		for _, v := range p.violations(b) {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s (pid %d): %s", p.Task, p.PID, v))
+		}
+	}
+}
+
+// tenth returns the sample at a tenth of the process's sampled life, and its
+// last sample.
+func (p *Process) tenth() (Sample, Sample) {
+	first, last := p.Samples[0], p.Samples[len(p.Samples)-1]
+	at := first.At + (last.At-first.At)/10
+	for _, s := range p.Samples {
+		if s.At >= at {
+			return s, last
+		}
+	}
+	return last, last
+}
+
+// MaxThreads returns the most OS threads any sample saw.
+func (p *Process) MaxThreads() int {
+	n := 0
+	for _, s := range p.Samples {
+		n = max(n, s.Threads)
+	}
+	return n
+}
+
+func (p *Process) violations(b Bounds) []string {
+	if len(p.Samples) < minSamples {
+		return []string{fmt.Sprintf("%d samples: too few to judge (at least %d; a longer run, or a shorter interval)", len(p.Samples), minSamples)}
+	}
+	var out []string
+	if n := p.MaxThreads(); n > b.MaxThreads {
+		out = append(out, fmt.Sprintf("%d OS threads, expected at most %d", n, b.MaxThreads))
+	}
+	t, end := p.tenth()
+	if float64(end.RSS) > float64(t.RSS)*(1+b.MaxRSSGrowth) {
+		out = append(out, fmt.Sprintf("resident memory grew from %s at %v to %s at %v (+%.1f%%), expected at most +%.0f%%",
+			mib(t.RSS), t.At.Round(time.Second), mib(end.RSS), end.At.Round(time.Second),
+			100*(float64(end.RSS)/float64(t.RSS)-1), 100*b.MaxRSSGrowth))
+	}
+	if end.FDs > t.FDs+b.MaxFDGrowth {
+		out = append(out, fmt.Sprintf("open file descriptors grew from %d to %d, expected at most +%d", t.FDs, end.FDs, b.MaxFDGrowth))
+	}
+	if t.Goroutines >= 0 && end.Goroutines > t.Goroutines+b.MaxGoroutineGrowth {
+		out = append(out, fmt.Sprintf("goroutines grew from %d to %d, expected at most +%d", t.Goroutines, end.Goroutines, b.MaxGoroutineGrowth))
+	}
+	return out
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// WriteTable writes r as a table: one row per process with its figures at a
+// tenth of the run and at the end, then the verdict.
+func (r *Report) WriteTable(w io.Writer) {
+	fmt.Fprintf(w, "%s: %d steps in %v", r.Setup, r.Steps, r.Elapsed.Round(time.Second))
+	if r.Result != nil && r.Result.GlobalBatch > 0 {
+		fmt.Fprintf(w, " (%.0f steps/s, final loss %.4f, accuracy %.2f%%)",
+			r.Result.ExamplesPerSec/float64(r.Result.GlobalBatch), r.Result.FinalLoss, 100*r.Result.Accuracy)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "task\tpid\tsamples\tthreads max\tRSS 1/10\tRSS end\tRSS growth\tfds 1/10\tfds end\tgoroutines 1/10\tgoroutines end\t")
+	for _, p := range r.Processes {
+		if len(p.Samples) == 0 {
+			fmt.Fprintf(tw, "%s\t%d\t0\t\t\t\t\t\t\t\t\t\n", p.Task, p.PID)
+			continue
+		}
+		t, end := p.tenth()
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%+.1f%%\t%d\t%d\t%s\t%s\t\n", p.Task, p.PID, len(p.Samples), p.MaxThreads(),
+			mib(t.RSS), mib(end.RSS), 100*(float64(end.RSS)/float64(max(t.RSS, 1))-1), t.FDs, end.FDs,
+			count(t.Goroutines), count(end.Goroutines))
+	}
+	tw.Flush()
+	switch {
+	case r.Err != nil:
+		fmt.Fprintf(w, "FAIL: %v\nlast output:\n  %s\n", r.Err, strings.Join(r.Tail, "\n  "))
+	case r.Result == nil:
+		fmt.Fprintf(w, "FAIL: no task printed its result\nlast output:\n  %s\n", strings.Join(r.Tail, "\n  "))
+	}
+	for _, v := range r.Violations {
+		fmt.Fprintf(w, "FAIL: %s\n", v)
+	}
+	if !r.Failed() {
+		fmt.Fprintln(w, "ok: every process exited as expected and stayed within its bounds")
+	}
+}
+
+func count(n int) string {
+	if n < 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}

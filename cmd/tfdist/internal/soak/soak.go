@@ -1,0 +1,194 @@
+// Package soak runs the digits classifier for a long time under a strategy,
+// as a user's job runs for hours, and watches every process of it: OS
+// threads, resident memory, open file descriptors and, as the classifier
+// reports them, goroutines. A run fails when a process exits with an error
+// or when any figure grows beyond its bound; the tables show the figures at
+// a tenth of the run and at its end. It reads /proc, so it runs on Linux.
+package soak
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/cmd/tfdist/internal/launch"
+	"github.com/tfdist/tfdist/logging"
+)
+
+// Setup is one way to run the classifier: a cluster shape and its flags.
+type Setup struct {
+	Name   string
+	Launch []launch.Option
+	Args   []string
+}
+
+// Setups are the strategies a soak run covers, in order: the default
+// strategy, Mirrored on 2 logical CPUs, MultiWorkerMirrored on 2 workers of
+// 2 logical CPUs each, and parameter-server training with a chief, 2
+// workers and 1 ps task.
+func Setups() []Setup {
+	return []Setup{
+		{Name: "default", Args: []string{"-strategy", "default"}},
+		{Name: "mirrored", Args: []string{"-strategy", "mirrored", "-devices", "2"}},
+		{Name: "multiworker", Launch: []launch.Option{launch.WithWorkers(2)},
+			Args: []string{"-strategy", "multiworker", "-devices", "2"}},
+		{Name: "ps", Launch: []launch.Option{launch.WithChief(true), launch.WithWorkers(2), launch.WithPS(1)},
+			Args: []string{"-strategy", "ps"}},
+	}
+}
+
+// Lookup returns the setup named name, or an error that lists the names.
+func Lookup(name string) (Setup, error) {
+	var names []string
+	for _, s := range Setups() {
+		if s.Name == name {
+			return s, nil
+		}
+		names = append(names, s.Name)
+	}
+	return Setup{}, fmt.Errorf("strategy %q: expected one of %v", name, names)
+}
+
+// Bounds are what a process may hold and how much it may grow between a
+// tenth of the run and its end.
+type Bounds struct {
+	MaxThreads         int     // OS threads, at any sample
+	MaxRSSGrowth       float64 // resident memory, as a fraction of its value at a tenth of the run
+	MaxFDGrowth        int     // open file descriptors
+	MaxGoroutineGrowth int     // goroutines, where the program reports them
+}
+
+// DefaultBounds are the bounds of the soak test: at most 300 threads, 10%
+// more memory, 2 more file descriptors, 10 more goroutines.
+var DefaultBounds = Bounds{MaxThreads: 300, MaxRSSGrowth: 0.10, MaxFDGrowth: 2, MaxGoroutineGrowth: 10}
+
+// Options configure Run.
+type Options struct {
+	// Classifier is the path of the examples/classifier binary.
+	Classifier string
+	// Steps is the number of training steps.
+	Steps int
+	// Interval is the time between samples (default 1 s).
+	Interval time.Duration
+	// Bounds are the limits every process must keep.
+	Bounds Bounds
+	// Timeout bounds the whole run (default: none).
+	Timeout time.Duration
+	// Output receives the tasks' prefixed output (default: discarded; the
+	// last lines of a failed run are in its report).
+	Output io.Writer
+	// Logger receives the launcher's events.
+	Logger *zap.Logger
+}
+
+// Run runs setup for o.Steps steps, samples its processes every o.Interval
+// and judges them against o.Bounds. The error is for a run that could not
+// be started; a run that failed or broke a bound says so in its Report.
+func Run(ctx context.Context, setup Setup, o Options) (*Report, error) {
+	if o.Interval <= 0 {
+		o.Interval = time.Second
+	}
+	if o.Steps < 1 {
+		return nil, fmt.Errorf("steps: %d, expected at least 1", o.Steps)
+	}
+	w := newWatcher(o.Output)
+	args := append([]string{o.Classifier}, setup.Args...)
+	args = append(args, "-steps", fmt.Sprint(o.Steps), "-json", "-log-every", fmt.Sprint(max(o.Steps/10, 1)),
+		"-stats-every", o.Interval.String())
+	opts := append([]launch.Option{
+		launch.WithOutput(w, w), launch.WithLogger(logging.OrNop(o.Logger)), launch.WithTimeout(o.Timeout),
+		launch.WithOnStart(w.started),
+	}, setup.Launch...)
+	l, err := launch.New(args, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("soak %s: %w", setup.Name, err)
+	}
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	tick := time.NewTicker(o.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			w.sample(time.Since(start))
+		case err := <-done:
+			r := &Report{Setup: setup.Name, Steps: o.Steps, Elapsed: time.Since(start), Err: err,
+				Processes: w.processes(), Result: w.result, Tail: w.tail()}
+			r.judge(o.Bounds)
+			return r, nil
+		}
+	}
+}
+
+// watcher follows the processes of a run: their pids as the launcher starts
+// them, their samples, and what they print.
+type watcher struct {
+	lines *lineWriter
+
+	mu     sync.Mutex
+	procs  []*Process
+	byTask map[cluster.Task]*Process // the newest process of each task
+	result *resultLine
+}
+
+func newWatcher(out io.Writer) *watcher {
+	w := &watcher{byTask: map[cluster.Task]*Process{}}
+	w.lines = newLineWriter(out, w.line)
+	return w
+}
+
+func (w *watcher) Write(p []byte) (int, error) { return w.lines.Write(p) }
+
+func (w *watcher) started(t cluster.Task, attempt, pid int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p := &Process{Task: t, Attempt: attempt, PID: pid, goroutines: -1}
+	w.procs = append(w.procs, p)
+	w.byTask[t] = p
+}
+
+// line takes one line of a task's output: a stats line or the result.
+func (w *watcher) line(task cluster.Task, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if n, ok := parseStats(text); ok {
+		if p := w.byTask[task]; p != nil {
+			p.goroutines = n
+		}
+		return
+	}
+	if r, ok := parseResult(task, text); ok && (w.result == nil || r.Chief) {
+		w.result = r
+	}
+}
+
+func (w *watcher) sample(at time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, p := range w.procs {
+		if p.gone {
+			continue
+		}
+		s, err := readProc(p.PID)
+		if err != nil {
+			p.gone = true // exited; its last sample stands
+			continue
+		}
+		s.At, s.Goroutines = at, p.goroutines
+		p.Samples = append(p.Samples, s)
+	}
+}
+
+func (w *watcher) processes() []*Process {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]*Process(nil), w.procs...)
+}
+
+func (w *watcher) tail() []string { return w.lines.tail() }

@@ -1,0 +1,102 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// classifierBin is the examples/classifier program, built once.
+var classifierBin struct {
+	path string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "soak-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	classifierBin.path = filepath.Join(dir, "classifier")
+	if out, err := exec.Command("go", "build", "-o", classifierBin.path, "../../../../examples/classifier").CombinedOutput(); err != nil {
+		classifierBin.err = fmt.Errorf("go build examples/classifier: %v\n%s", err, out)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// Two workers of two logical CPUs train 3,000 steps with the default
+// collective timeout: both exit 0 and neither ever holds more than 300 OS
+// threads (a timeout thread per collective op once held thousands and
+// killed the job within seconds).
+func TestMultiWorkerThreadsStayBounded(t *testing.T) {
+	require.NoError(t, classifierBin.err)
+	setup, err := Lookup("multiworker")
+	require.NoError(t, err)
+	r, err := Run(context.Background(), setup, Options{Classifier: classifierBin.path, Steps: 3000,
+		Interval: 250 * time.Millisecond, Bounds: DefaultBounds, Timeout: 5 * time.Minute})
+	require.NoError(t, err)
+	var table strings.Builder
+	r.WriteTable(&table)
+	t.Log("\n" + table.String())
+	require.NoError(t, r.Err, table.String())
+	require.NotNil(t, r.Result, "the chief printed its result:\n%s", table.String())
+	assert.Equal(t, 3000, r.Result.Steps)
+	require.Len(t, r.Processes, 2)
+	for _, p := range r.Processes {
+		require.GreaterOrEqual(t, len(p.Samples), minSamples, "%s was sampled", p.Task)
+		assert.LessOrEqual(t, p.MaxThreads(), DefaultBounds.MaxThreads, "%s OS threads", p.Task)
+		assert.GreaterOrEqual(t, p.Samples[len(p.Samples)-1].Goroutines, 1, "%s reported its goroutines", p.Task)
+	}
+}
+
+// The verdict: flat figures pass; growth past any bound, too many threads or
+// too few samples fail, naming the figure.
+func TestJudge(t *testing.T) {
+	flat := func() *Process {
+		p := &Process{PID: 1}
+		for i := range 20 {
+			p.Samples = append(p.Samples, Sample{At: time.Duration(i) * time.Second, Threads: 100, RSS: 100 << 20, FDs: 20, Goroutines: 30})
+		}
+		return p
+	}
+	cases := map[string]struct {
+		mutate func(*Process)
+		want   string
+	}{
+		"flat":             {func(*Process) {}, ""},
+		"memory within":    {func(p *Process) { p.Samples[19].RSS = 109 << 20 }, ""},
+		"memory grows":     {func(p *Process) { p.Samples[19].RSS = 111 << 20 }, "resident memory grew"},
+		"threads":          {func(p *Process) { p.Samples[7].Threads = 301 }, "301 OS threads"},
+		"files":            {func(p *Process) { p.Samples[19].FDs = 23 }, "file descriptors grew from 20 to 23"},
+		"goroutines":       {func(p *Process) { p.Samples[19].Goroutines = 41 }, "goroutines grew from 30 to 41"},
+		"goroutines unset": {func(p *Process) { p.Samples[2].Goroutines = -1; p.Samples[19].Goroutines = 500 }, ""},
+		"few samples":      {func(p *Process) { p.Samples = p.Samples[:3] }, "too few to judge"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			p := flat()
+			c.mutate(p)
+			r := &Report{Processes: []*Process{p}, Result: &resultLine{}}
+			r.judge(DefaultBounds)
+			if c.want == "" {
+				assert.Empty(t, r.Violations)
+				assert.False(t, r.Failed())
+				return
+			}
+			require.Len(t, r.Violations, 1)
+			assert.Contains(t, r.Violations[0], c.want)
+			assert.True(t, r.Failed())
+		})
+	}
+}

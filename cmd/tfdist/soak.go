@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/tfdist/tfdist/cmd/tfdist/internal/soak"
+)
+
+var soakCommand = &command{
+	name:    "soak",
+	args:    "[flags]",
+	summary: "train for a long time under each strategy and check that no process grows",
+	help: `Soak trains the digits classifier (the examples/classifier program) for
+many steps under each strategy, one after the other, as a job that runs for
+hours does: the default strategy, Mirrored on 2 logical CPUs,
+MultiWorkerMirrored on 2 workers of 2 logical CPUs each, and parameter-
+server training with a chief, 2 workers and 1 ps task. Every -interval it
+samples each process's OS threads, resident memory and open file
+descriptors (from /proc, so Linux only), and the goroutines the program
+reports. It prints a table per strategy and fails when a process exits
+with an error or breaks a bound:
+
+	OS threads         at most -max-threads at any time
+	resident memory    at the end, at most -max-rss-growth above its value
+	                   at a tenth of the run
+	file descriptors   at the end, at most -max-fd-growth more than at a
+	                   tenth of the run
+	goroutines         likewise, at most -max-goroutine-growth more
+
+'make soak' builds the classifier and runs this with the defaults.
+
+Exit status: 0 when every run passed, 1 when one failed, 2 for bad flags.
+
+Examples
+
+	tfdist soak -classifier ./classifier
+	tfdist soak -classifier ./classifier -strategies multiworker -steps 200000 -v
+`,
+	flags: func(fs *flag.FlagSet) func(*env, []string) int {
+		bin := fs.String("classifier", "", "the examples/classifier binary `PATH` (default: classifier next to tfdist, else on PATH)")
+		steps := fs.Int("steps", 50000, "training steps of each run")
+		strategies := fs.String("strategies", "default,mirrored,multiworker,ps", "the `LIST` of setups to run, comma-separated")
+		interval := fs.Duration("interval", time.Second, "time between samples")
+		timeout := fs.Duration("timeout", 2*time.Hour, "bound on each run")
+		maxThreads := fs.Int("max-threads", soak.DefaultBounds.MaxThreads, "OS threads a process may hold")
+		rssGrowth := fs.Float64("max-rss-growth", soak.DefaultBounds.MaxRSSGrowth, "growth of resident memory allowed from a tenth of the run to its end, as a fraction")
+		fdGrowth := fs.Int("max-fd-growth", soak.DefaultBounds.MaxFDGrowth, "open file descriptors a process may gain from a tenth of the run to its end")
+		gGrowth := fs.Int("max-goroutine-growth", soak.DefaultBounds.MaxGoroutineGrowth, "goroutines a process may gain from a tenth of the run to its end")
+		verbose := fs.Bool("v", false, "show every task's output and the launcher's events")
+		return func(e *env, args []string) int {
+			if len(args) > 0 {
+				fmt.Fprintf(e.stderr, "tfdist soak: unexpected arguments %q\n", args)
+				return exitUsage
+			}
+			var setups []soak.Setup
+			for _, name := range strings.Split(*strategies, ",") {
+				s, err := soak.Lookup(strings.TrimSpace(name))
+				if err != nil {
+					fmt.Fprintf(e.stderr, "tfdist soak: -strategies: %v\n", err)
+					return exitUsage
+				}
+				setups = append(setups, s)
+			}
+			if *steps < 1 || *interval <= 0 || *timeout <= 0 || *maxThreads < 1 || *rssGrowth < 0 || *fdGrowth < 0 || *gGrowth < 0 {
+				fmt.Fprintf(e.stderr, "tfdist soak: -steps %d, -interval %v, -timeout %v, -max-threads %d, -max-rss-growth %g, -max-fd-growth %d, -max-goroutine-growth %d: expected positive steps, interval, timeout and threads, and growths of 0 or more\n",
+					*steps, *interval, *timeout, *maxThreads, *rssGrowth, *fdGrowth, *gGrowth)
+				return exitUsage
+			}
+			path, err := classifierBinary(*bin)
+			if err != nil {
+				fmt.Fprintf(e.stderr, "tfdist soak: %v\n", err)
+				return exitUsage
+			}
+			o := soak.Options{Classifier: path, Steps: *steps, Interval: *interval, Timeout: *timeout,
+				Bounds: soak.Bounds{MaxThreads: *maxThreads, MaxRSSGrowth: *rssGrowth, MaxFDGrowth: *fdGrowth, MaxGoroutineGrowth: *gGrowth}}
+			if *verbose {
+				o.Output, o.Logger = e.stderr, cliLogger(e, zapcore.InfoLevel, "soak")
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			code := exitOK
+			for _, s := range setups {
+				fmt.Fprintf(e.stderr, "tfdist soak: %s, %d steps...\n", s.Name, *steps)
+				r, err := soak.Run(ctx, s, o)
+				if err != nil {
+					fmt.Fprintf(e.stderr, "tfdist soak: %v\n", err)
+					return exitFail
+				}
+				r.WriteTable(e.stdout)
+				fmt.Fprintln(e.stdout)
+				if r.Failed() {
+					code = exitFail
+				}
+				if ctx.Err() != nil {
+					return exitFail
+				}
+			}
+			return code
+		}
+	},
+}
+
+// classifierBinary finds the classifier program: the path given, else a
+// "classifier" beside this executable, else one on PATH.
+func classifierBinary(given string) (string, error) {
+	if given != "" {
+		if _, err := os.Stat(given); err != nil {
+			return "", fmt.Errorf("-classifier %s: %w", given, err)
+		}
+		return given, nil
+	}
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), "classifier")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("classifier")
+	if err != nil {
+		return "", fmt.Errorf("-classifier not given and no classifier program beside tfdist or on PATH; build one with: go build -o classifier ./examples/classifier")
+	}
+	return p, nil
+}
