@@ -72,10 +72,24 @@ Examples
 				}
 				setups = append(setups, s)
 			}
-			if *steps < 1 || *interval <= 0 || *timeout <= 0 || *maxThreads < 1 || *rssGrowth < 0 || *fdGrowth < 0 || *gGrowth < 0 {
-				fmt.Fprintf(e.stderr, "tfdist soak: -steps %d, -interval %v, -timeout %v, -max-threads %d, -max-rss-growth %g, -max-fd-growth %d, -max-goroutine-growth %d: expected positive steps, interval, timeout and threads, and growths of 0 or more\n",
-					*steps, *interval, *timeout, *maxThreads, *rssGrowth, *fdGrowth, *gGrowth)
-				return exitUsage
+			for _, c := range []struct {
+				bad  bool
+				flag string
+				val  any
+				want string
+			}{
+				{*steps < 1, "steps", *steps, "at least 1"},
+				{*interval <= 0, "interval", *interval, "a positive duration"},
+				{*timeout <= 0, "timeout", *timeout, "a positive duration"},
+				{*maxThreads < 1, "max-threads", *maxThreads, "at least 1"},
+				{*rssGrowth < 0, "max-rss-growth", *rssGrowth, "0 or more"},
+				{*fdGrowth < 0, "max-fd-growth", *fdGrowth, "0 or more"},
+				{*gGrowth < 0, "max-goroutine-growth", *gGrowth, "0 or more"},
+			} {
+				if c.bad {
+					fmt.Fprintf(e.stderr, "tfdist soak: -%s %v: expected %s\n", c.flag, c.val, c.want)
+					return exitUsage
+				}
 			}
 			path, err := classifierBinary(*bin)
 			if err != nil {
