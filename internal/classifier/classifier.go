@@ -85,7 +85,7 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.CheckpointDir, "checkpoint-dir", "", "checkpoint here every -checkpoint-every steps and resume from the latest checkpoint on start")
 	fs.IntVar(&o.CheckpointEvery, "checkpoint-every", 50, "steps between checkpoints")
 	fs.DurationVar(&o.CollectiveTimeout, "collective-timeout", 60*time.Second, "multiworker: how long a step waits for its peers before failing and naming a dead or silent one (0: forever)")
-	fs.DurationVar(&o.StatsEvery, "stats-every", 0, "print a line 'stats goroutines=N' every `D` (0: never), for soak runs that watch the process")
+	fs.DurationVar(&o.StatsEvery, "stats-every", 0, "print a line 'stats goroutines=N heap=BYTES' every `D` (0: never), for soak runs that watch the process")
 	fs.IntVar(&o.CrashAtStep, "crash-at-step", 0, "fault-tolerance testing: kill this process (SIGKILL) after this step, on the first attempt only")
 	fs.StringVar(&o.CrashTask, "crash-task", "", "with -crash-at-step: only the task named type:index (e.g. worker:1) crashes")
 }

@@ -36,9 +36,10 @@ func paramL2[V any](ctx context.Context, vars []V, value func(context.Context, V
 	return math.Sqrt(l2), nil
 }
 
-// reportStats writes "stats goroutines=N" to w every interval until the
-// returned stop is called: what a soak run cannot see of the process from
-// outside.
+// reportStats writes "stats goroutines=N heap=BYTES" to w every interval
+// until the returned stop is called: what a soak run cannot see of the
+// process from outside (the Go heap's live bytes, apart from TensorFlow's
+// C++ allocations in the resident memory).
 func reportStats(w io.Writer, every time.Duration) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
@@ -49,7 +50,9 @@ func reportStats(w io.Writer, every time.Duration) (stop func()) {
 		for {
 			select {
 			case <-t.C:
-				fmt.Fprintf(w, "stats goroutines=%d\n", runtime.NumGoroutine())
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				fmt.Fprintf(w, "stats goroutines=%d heap=%d\n", runtime.NumGoroutine(), ms.HeapAlloc)
 			case <-done:
 				return
 			}

@@ -65,16 +65,24 @@ func (l *lineWriter) tail() []string {
 	return append([]string(nil), l.last...)
 }
 
-var statsLine = regexp.MustCompile(`^stats goroutines=(\d+)$`)
+var statsLine = regexp.MustCompile(`^stats goroutines=(\d+)(?: heap=(\d+))?$`)
 
-// parseStats reads the classifier's "stats goroutines=N" line.
-func parseStats(text string) (int, bool) {
+// parseStats reads the classifier's "stats goroutines=N heap=BYTES" line;
+// heap is -1 where the line has none.
+func parseStats(text string) (goroutines int, heap int64, ok bool) {
 	m := statsLine.FindStringSubmatch(text)
 	if m == nil {
-		return 0, false
+		return 0, 0, false
 	}
-	n, err := strconv.Atoi(m[1])
-	return n, err == nil
+	goroutines, err := strconv.Atoi(m[1])
+	if err != nil {
+		return 0, 0, false
+	}
+	heap = -1
+	if m[2] != "" {
+		heap, _ = strconv.ParseInt(m[2], 10, 64)
+	}
+	return goroutines, heap, true
 }
 
 // resultLine is the classifier's -json result and the task that printed it.

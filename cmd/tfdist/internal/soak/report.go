@@ -16,7 +16,8 @@ type Sample struct {
 	Threads    int
 	RSS        int64 // bytes
 	FDs        int
-	Goroutines int // -1 where the process has not reported them
+	Goroutines int   // -1 where the process has not reported them
+	GoHeap     int64 // bytes of the Go heap (shown, not bounded); -1 if not reported
 }
 
 // Process is one process of a run and its samples.
@@ -26,8 +27,9 @@ type Process struct {
 	PID     int
 	Samples []Sample
 
-	goroutines int  // the newest count the process reported
-	gone       bool // exited
+	goroutines int   // the newest count the process reported
+	heap       int64 // and its newest Go heap size
+	gone       bool  // exited
 }
 
 // Report is the outcome of one soak run.
@@ -117,16 +119,16 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "task\tpid\tsamples\tthreads max\tRSS 1/10\tRSS end\tRSS growth\tfds 1/10\tfds end\tgoroutines 1/10\tgoroutines end\t")
+	fmt.Fprintln(tw, "task\tpid\tsamples\tthreads max\tRSS 1/10\tRSS end\tRSS growth\tfds 1/10\tfds end\tgoroutines 1/10\tgoroutines end\tGo heap 1/10\tGo heap end\t")
 	for _, p := range r.Processes {
 		if len(p.Samples) == 0 {
-			fmt.Fprintf(tw, "%s\t%d\t0\t\t\t\t\t\t\t\t\t\n", p.Task, p.PID)
+			fmt.Fprintf(tw, "%s\t%d\t0\t\t\t\t\t\t\t\t\t\t\t\n", p.Task, p.PID)
 			continue
 		}
 		t, end := p.tenth()
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%+.1f%%\t%d\t%d\t%s\t%s\t\n", p.Task, p.PID, len(p.Samples), p.MaxThreads(),
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%+.1f%%\t%d\t%d\t%s\t%s\t%s\t%s\t\n", p.Task, p.PID, len(p.Samples), p.MaxThreads(),
 			mib(t.RSS), mib(end.RSS), 100*(float64(end.RSS)/float64(max(t.RSS, 1))-1), t.FDs, end.FDs,
-			count(t.Goroutines), count(end.Goroutines))
+			count(t.Goroutines), count(end.Goroutines), heapMiB(t.GoHeap), heapMiB(end.GoHeap))
 	}
 	tw.Flush()
 	switch {
@@ -148,4 +150,11 @@ func count(n int) string {
 		return "-"
 	}
 	return fmt.Sprint(n)
+}
+
+func heapMiB(b int64) string {
+	if b < 0 {
+		return "-"
+	}
+	return mib(b)
 }

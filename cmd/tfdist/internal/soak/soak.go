@@ -1,7 +1,7 @@
 // Package soak runs the digits classifier for a long time under a strategy,
 // as a user's job runs for hours, and watches every process of it: OS
 // threads, resident memory, open file descriptors and, as the classifier
-// reports them, goroutines. A run fails when a process exits with an error
+// reports them, goroutines and the Go heap. A run fails when a process exits with an error
 // or when any figure grows beyond its bound; the tables show the figures at
 // a tenth of the run and at its end. It reads /proc, so it runs on Linux.
 package soak
@@ -148,7 +148,7 @@ func (w *watcher) Write(p []byte) (int, error) { return w.lines.Write(p) }
 func (w *watcher) started(t cluster.Task, attempt, pid int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	p := &Process{Task: t, Attempt: attempt, PID: pid, goroutines: -1}
+	p := &Process{Task: t, Attempt: attempt, PID: pid, goroutines: -1, heap: -1}
 	w.procs = append(w.procs, p)
 	w.byTask[t] = p
 }
@@ -157,9 +157,9 @@ func (w *watcher) started(t cluster.Task, attempt, pid int) {
 func (w *watcher) line(task cluster.Task, text string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if n, ok := parseStats(text); ok {
+	if n, heap, ok := parseStats(text); ok {
 		if p := w.byTask[task]; p != nil {
-			p.goroutines = n
+			p.goroutines, p.heap = n, heap
 		}
 		return
 	}
@@ -180,7 +180,7 @@ func (w *watcher) sample(at time.Duration) {
 			p.gone = true // exited; its last sample stands
 			continue
 		}
-		s.At, s.Goroutines = at, p.goroutines
+		s.At, s.Goroutines, s.GoHeap = at, p.goroutines, p.heap
 		p.Samples = append(p.Samples, s)
 	}
 }

@@ -100,3 +100,16 @@ func TestJudge(t *testing.T) {
 		})
 	}
 }
+
+func TestParseStats(t *testing.T) {
+	g, heap, ok := parseStats("stats goroutines=12 heap=4096")
+	require.True(t, ok)
+	assert.Equal(t, 12, g)
+	assert.Equal(t, int64(4096), heap)
+	g, heap, ok = parseStats("stats goroutines=7")
+	require.True(t, ok)
+	assert.Equal(t, 7, g)
+	assert.Equal(t, int64(-1), heap, "no heap reported")
+	_, _, ok = parseStats("step 100/200 loss 0.1")
+	assert.False(t, ok)
+}
