@@ -62,17 +62,54 @@ func (r *Report) judge(b Bounds) {
 	}
 }
 
-// tenth returns the sample at a tenth of the process's sampled life, and its
-// last sample.
-func (p *Process) tenth() (Sample, Sample) {
-	first, last := p.Samples[0], p.Samples[len(p.Samples)-1]
-	at := first.At + (last.At-first.At)/10
+// figures are what a process is judged on. Open files and goroutines
+// come and go (a connection being dialled, a goroutine finishing), so
+// their growth compares the fewest seen over a window: the tenth of the run
+// after its first tenth, and its last tenth. A leak raises that floor; a
+// passing connection does not.
+type figures struct {
+	tenth, end        Sample // at a tenth of the sampled life, and the last sample
+	fdsEarly, fdsLate int
+	grEarly, grLate   int // -1 where the process did not report goroutines
+}
+
+func (p *Process) figures() figures {
+	first, last := p.Samples[0].At, p.Samples[len(p.Samples)-1].At
+	d := (last - first) / 10
+	f := figures{tenth: p.Samples[len(p.Samples)-1], end: p.Samples[len(p.Samples)-1]}
 	for _, s := range p.Samples {
-		if s.At >= at {
-			return s, last
+		if s.At >= first+d {
+			f.tenth = s
+			break
 		}
 	}
-	return last, last
+	f.fdsEarly, f.grEarly = floors(p.Samples, first+d, first+2*d, f.tenth)
+	f.fdsLate, f.grLate = floors(p.Samples, last-d, last, f.end)
+	return f
+}
+
+// floors returns the fewest open files and goroutines among the samples
+// taken from..to, or those of fallback when none was.
+func floors(samples []Sample, from, to time.Duration, fallback Sample) (fds, goroutines int) {
+	fds, goroutines = -1, -1
+	for _, s := range samples {
+		if s.At < from || s.At > to {
+			continue
+		}
+		if fds < 0 || s.FDs < fds {
+			fds = s.FDs
+		}
+		if s.Goroutines >= 0 && (goroutines < 0 || s.Goroutines < goroutines) {
+			goroutines = s.Goroutines
+		}
+	}
+	if fds < 0 {
+		fds = fallback.FDs
+	}
+	if goroutines < 0 {
+		goroutines = fallback.Goroutines
+	}
+	return fds, goroutines
 }
 
 // MaxThreads returns the most OS threads any sample saw.
@@ -92,17 +129,20 @@ func (p *Process) violations(b Bounds) []string {
 	if n := p.MaxThreads(); n > b.MaxThreads {
 		out = append(out, fmt.Sprintf("%d OS threads, expected at most %d", n, b.MaxThreads))
 	}
-	t, end := p.tenth()
+	f := p.figures()
+	t, end := f.tenth, f.end
 	if float64(end.RSS) > float64(t.RSS)*(1+b.MaxRSSGrowth) {
 		out = append(out, fmt.Sprintf("resident memory grew from %s at %v to %s at %v (+%.1f%%), expected at most +%.0f%%",
 			mib(t.RSS), t.At.Round(time.Second), mib(end.RSS), end.At.Round(time.Second),
 			100*(float64(end.RSS)/float64(t.RSS)-1), 100*b.MaxRSSGrowth))
 	}
-	if end.FDs > t.FDs+b.MaxFDGrowth {
-		out = append(out, fmt.Sprintf("open file descriptors grew from %d to %d, expected at most +%d", t.FDs, end.FDs, b.MaxFDGrowth))
+	if f.fdsLate > f.fdsEarly+b.MaxFDGrowth {
+		out = append(out, fmt.Sprintf("open file descriptors grew from %d to %d (the fewest early and late in the run), expected at most +%d",
+			f.fdsEarly, f.fdsLate, b.MaxFDGrowth))
 	}
-	if t.Goroutines >= 0 && end.Goroutines > t.Goroutines+b.MaxGoroutineGrowth {
-		out = append(out, fmt.Sprintf("goroutines grew from %d to %d, expected at most +%d", t.Goroutines, end.Goroutines, b.MaxGoroutineGrowth))
+	if f.grEarly >= 0 && f.grLate > f.grEarly+b.MaxGoroutineGrowth {
+		out = append(out, fmt.Sprintf("goroutines grew from %d to %d (the fewest early and late in the run), expected at most +%d",
+			f.grEarly, f.grLate, b.MaxGoroutineGrowth))
 	}
 	return out
 }
@@ -110,7 +150,8 @@ func (p *Process) violations(b Bounds) []string {
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 // WriteTable writes r as a table: one row per process with its figures at a
-// tenth of the run and at the end, then the verdict.
+// tenth of the run and at the end (open files and goroutines: the fewest
+// early and late in the run), then the verdict.
 func (r *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "%s: %d steps in %v", r.Setup, r.Steps, r.Elapsed.Round(time.Second))
 	if r.Result != nil && r.Result.GlobalBatch > 0 {
@@ -125,10 +166,11 @@ func (r *Report) WriteTable(w io.Writer) {
 			fmt.Fprintf(tw, "%s\t%d\t0\t\t\t\t\t\t\t\t\t\t\t\n", p.Task, p.PID)
 			continue
 		}
-		t, end := p.tenth()
+		f := p.figures()
+		t, end := f.tenth, f.end
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%+.1f%%\t%d\t%d\t%s\t%s\t%s\t%s\t\n", p.Task, p.PID, len(p.Samples), p.MaxThreads(),
-			mib(t.RSS), mib(end.RSS), 100*(float64(end.RSS)/float64(max(t.RSS, 1))-1), t.FDs, end.FDs,
-			count(t.Goroutines), count(end.Goroutines), heapMiB(t.GoHeap), heapMiB(end.GoHeap))
+			mib(t.RSS), mib(end.RSS), 100*(float64(end.RSS)/float64(max(t.RSS, 1))-1), f.fdsEarly, f.fdsLate,
+			count(f.grEarly), count(f.grLate), heapMiB(t.GoHeap), heapMiB(end.GoHeap))
 	}
 	tw.Flush()
 	switch {

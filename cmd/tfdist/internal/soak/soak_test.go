@@ -70,6 +70,11 @@ func TestJudge(t *testing.T) {
 		}
 		return p
 	}
+	unset := func(p *Process) {
+		for i := range p.Samples {
+			p.Samples[i].Goroutines = -1
+		}
+	}
 	cases := map[string]struct {
 		mutate func(*Process)
 		want   string
@@ -78,9 +83,10 @@ func TestJudge(t *testing.T) {
 		"memory within":    {func(p *Process) { p.Samples[19].RSS = 109 << 20 }, ""},
 		"memory grows":     {func(p *Process) { p.Samples[19].RSS = 111 << 20 }, "resident memory grew"},
 		"threads":          {func(p *Process) { p.Samples[7].Threads = 301 }, "301 OS threads"},
-		"files":            {func(p *Process) { p.Samples[19].FDs = 23 }, "file descriptors grew from 20 to 23"},
-		"goroutines":       {func(p *Process) { p.Samples[19].Goroutines = 41 }, "goroutines grew from 30 to 41"},
-		"goroutines unset": {func(p *Process) { p.Samples[2].Goroutines = -1; p.Samples[19].Goroutines = 500 }, ""},
+		"files":            {func(p *Process) { p.Samples[18].FDs, p.Samples[19].FDs = 23, 23 }, "file descriptors grew from 20 to 23"},
+		"a passing file":   {func(p *Process) { p.Samples[19].FDs = 25 }, ""},
+		"goroutines":       {func(p *Process) { p.Samples[18].Goroutines, p.Samples[19].Goroutines = 41, 41 }, "goroutines grew from 30 to 41"},
+		"goroutines unset": {func(p *Process) { unset(p); p.Samples[19].Goroutines = 500 }, ""},
 		"few samples":      {func(p *Process) { p.Samples = p.Samples[:3] }, "too few to judge"},
 	}
 	for name, c := range cases {
