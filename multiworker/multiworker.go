@@ -333,6 +333,10 @@ func (s *Strategy) handshake(ctx context.Context, cdo *CollectiveOps, spec clust
 	return nil
 }
 
+// duplicateRequest is in the error of a step that a TensorFlow worker
+// refused because its request id repeated one of its last 100,000.
+const duplicateRequest = "request was received twice"
+
 // diagnose names the peers that cannot be reached when a run fails in a way
 // a dead or silent peer causes (an error of the step's collectives, or the
 // step's deadline). Such a failure ends the strategy: the error wraps
@@ -343,7 +347,11 @@ func (s *Strategy) diagnose(err error) error {
 		return err
 	}
 	what := "a step across workers failed"
-	if u := s.unreachable(); u != "" {
+	if strings.Contains(err.Error(), duplicateRequest) {
+		what = "TensorFlow's runtime refused the step as a repeated request, a defect of its distributed sessions " +
+			"(each step's request id has only 32 random bits, and a worker refuses one it saw among its last 100,000), " +
+			"which ends a step loop every few tens of thousands of steps"
+	} else if u := s.unreachable(); u != "" {
 		what = u
 	}
 	return fmt.Errorf("multiworker: task %s: %s: %w; %w", s.task, what, err, strategy.ErrCannotContinue)
