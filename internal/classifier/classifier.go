@@ -281,12 +281,20 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		if err != nil {
 			return res, fmt.Errorf("step %d: %w", step, err)
 		}
-		loss, err := s.Reduce(ctx, strategy.Sum, out["loss"])
-		if err != nil {
-			return res, err
-		}
-		res.FinalLoss = float64(loss.Value().(float32))
 		step++
+		// The loss is summed across replicas (across workers, a collective
+		// of its own) only when it is shown: at progress lines and the end.
+		lossDue := step == o.Steps || o.LogEvery > 0 && step%o.LogEvery == 0
+		if lossDue {
+			loss, err := s.Reduce(ctx, strategy.Sum, out["loss"])
+			if err != nil {
+				return res, err
+			}
+			res.FinalLoss = float64(loss.Value().(float32))
+			if err := tb.Scalar(int64(step), "loss", res.FinalLoss); err != nil {
+				return res, err
+			}
+		}
 		if backup != nil {
 			if err := backup.AfterStep(ctx, int64(step)); err != nil {
 				return res, err
@@ -298,9 +306,6 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		}
 		if report != nil {
 			report.Update(step, res.FinalLoss)
-		}
-		if err := tb.Scalar(int64(step), "loss", res.FinalLoss); err != nil {
-			return res, err
 		}
 	}
 	if report != nil {
