@@ -427,8 +427,12 @@ func (rc *ReplicaContext) makeGuard(grads []tf.Output) (tf.Output, error) {
 	g.pred = op.LogicalNot(s.SubScope("pred"), seen)
 	prev := op.Slice(s.SubScope("prev"), cur, op.Const(s.SubScope("prev_begin"), []int64{1 + w}), op.Const(s.SubScope("prev_size"), []int64{1}))
 	delta := op.Sub(s.SubScope("delta"), op.Reshape(s.SubScope("cid"), g.cid, op.Const(s.SubScope("cid_shape"), []int32{1})), prev)
-	g.upd = op.ConcatV2(s.SubScope("update"), []tf.Output{op.Const(s.SubScope("count"), []int64{1}), delta},
-		op.Const(s.SubScope("update_axis"), int32(0)))
+	// The increment of the whole progress vector: 1 to the count at 0, the
+	// change of this worker's last id at 1+w.
+	count, slot := make([]int64, 1+n), make([]int64, 1+n)
+	count[0], slot[1+w] = 1, 1
+	g.upd = op.Add(s.SubScope("update"), op.Const(s.SubScope("count"), count),
+		op.Mul(s.SubScope("slot"), op.Const(s.SubScope("slot_mask"), slot), delta))
 	if err := s.Err(); err != nil {
 		return tf.Output{}, err
 	}
@@ -437,15 +441,17 @@ func (rc *ReplicaContext) makeGuard(grads []tf.Output) (tf.Output, error) {
 }
 
 // finish adds the op that records the step as applied — the counter and
-// this worker's last id, in one ScatterAdd — after every update.
+// this worker's last id, in one AssignAddVariableOp — after every update.
+// AssignAddVariableOp updates under the variable's exclusive lock; a
+// ResourceScatterAdd of int64 takes a shared one, so that two steps marking
+// at once could each overwrite the other's increment.
 func (rc *ReplicaContext) finish() (*tf.Operation, error) {
 	if rc.guard == nil {
 		return nil, nil
 	}
 	s := rc.root.SubScope("mark").WithDevice(rc.s.ps[0]).WithControlDependencies(rc.applies...)
 	_, upd := op.Switch(s.SubScope("guard"), rc.guard.upd, rc.guard.pred)
-	mark := op.ResourceScatterAdd(s.SubScope("scatter_add"), rc.w.progress,
-		op.Const(s.SubScope("indices"), []int64{0, 1 + int64(rc.w.index)}), upd)
+	mark := op.AssignAddVariableOp(s.SubScope("assign_add"), rc.w.progress, upd)
 	return mark, s.Err()
 }
 
