@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"sync"
 	"time"
 
@@ -26,13 +27,16 @@ import (
 // Workers may fail. A step whose worker dies (its run fails as a lost peer
 // makes it fail: unavailable, aborted, cancelled, or past WithStepTimeout;
 // or the worker stops accepting connections, which a heartbeat checks while
-// the step runs) goes back to the front of the queue with the same input and runs on
-// another worker; its update is applied once (see Function). The dead
-// worker's loop probes it in the background, with backoff, and takes steps
-// again once it answers. A step that fails with an error of its own (bad
-// input, an op's error) is not retried: its RemoteValue and Join report the
-// error. A step that fails as if its worker died on WithMaxAttempts runs in
-// a row is reported too, never retried forever.
+// the step runs; or, restarted at its address, the worker no longer knows
+// the run's session) goes back to the front of the queue with the same
+// input and runs on another worker; its update is applied once (see
+// Function). The dead worker's loop probes it in the background, with
+// backoff, and takes steps again once it answers: a worker restarted at its
+// address (by tfdist launch, or Kubernetes) is taken back. A step that
+// fails with an error of its own (bad input, an op's error) is not retried:
+// its RemoteValue and Join report the error. A step that fails as if its
+// worker died on WithMaxAttempts runs in a row is reported too, never
+// retried forever.
 //
 // A ps task that fails ends training: the coordinator fails every pending
 // step, and every later Schedule, with a *PSFailureError.
@@ -755,9 +759,15 @@ func workerFailure(err error) bool {
 	switch te.Code {
 	case tfrt.Unavailable, tfrt.Aborted, tfrt.DeadlineExceeded, tfrt.Cancelled:
 		return true
+	case tfrt.NotFound:
+		// TensorFlow's client retries a run whose worker went away; a
+		// worker restarted at the same address answers it so.
+		return sessionLost.MatchString(te.Msg)
 	}
 	return false
 }
+
+var sessionLost = regexp.MustCompile(`Session [0-9a-f]+ is not found`)
 
 // failAll records a ps failure and fails every queued step with it.
 func (c *Coordinator) failAll(err error) {
