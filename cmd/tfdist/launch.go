@@ -26,7 +26,8 @@ in its environment:
 	TF_CONFIG           the cluster and this process's task, as TensorFlow reads it
 	TFDIST_TASK_TYPE    the task's type: chief, worker, ps or evaluator
 	TFDIST_TASK_INDEX   the task's index in its job: 0, 1, ...
-	TFDIST_RESTART      0 on the first run, n after n restarts
+	TFDIST_RESTART      0 on the task's first run, n after n restarts (of the
+	                    whole cluster, or of this task alone)
 
 Every line a task writes, to stdout or stderr, is prefixed with its task,
 e.g. "[worker:1] ". Launch's own messages go to stderr.
@@ -34,12 +35,26 @@ e.g. "[worker:1] ". Launch's own messages go to stderr.
 When the run ends
 
 	Without --ps, when every task has exited. The first task that fails
-	stops the others and launch exits with that task's status.
+	stops the others and launch exits with that task's status; launch's
+	error names it and ends with its last lines of output.
 
 	With --ps (parameter-server training), when the chief exits: the chief
 	runs the training, the worker and ps tasks serve it until then, and
-	launch stops them and exits with the chief's status. A ps task that
-	exits early fails the run; a worker that does is left to the chief.
+	launch stops them and exits with the chief's status.
+
+	A worker that exits meanwhile is restarted alone, at the same address,
+	where the chief's coordinator takes it back and reruns the step it was
+	running: up to --task-restarts times per worker, after 1s, then 2s, 4s,
+	... up to 30s. Its TFDIST_RESTART counts its restarts. A worker that
+	exits once more ends the run with its status, and launch's error names
+	it and shows its last lines (10 of stdout, 10 of stderr).
+	--task-restarts 0 ends the run at the first worker exit.
+
+	A ps task that exits fails the run at once, never restarted alone: it
+	held its share of the variables in memory only, so a restarted one would
+	hold none and the chief could not go on. With --max-restarts the whole
+	cluster starts again, and a chief that checkpoints resumes from its last
+	checkpoint.
 
 	Stopping a task means SIGTERM to it and to everything it started (so
 	'go run' and the program it built both stop), then SIGKILL after
@@ -48,6 +63,8 @@ When the run ends
 
 	With --max-restarts K, a failed run starts again, every task anew on new
 	ports, up to K times (TFDIST_RESTART tells the program which run it is).
+	This is the only restart outside --ps clusters, and for a chief or ps
+	task.
 
 Exit status: 0 on success; a failed task's own status; 124 after --timeout;
 130 or 143 after SIGINT or SIGTERM; 1 if launch could not start the tasks;
@@ -71,6 +88,7 @@ Examples
 		ps := fs.Int("ps", 0, "run `N` parameter-server tasks, which makes the cluster a parameter-server cluster")
 		evaluator := fs.Bool("evaluator", false, "add an evaluator task")
 		restarts := fs.Int("max-restarts", 0, "restart the whole cluster up to `K` times after a failure")
+		taskRestarts := fs.Int("task-restarts", launch.DefaultTaskRestarts, "with --ps: restart each worker that exits up to `N` times, alone, at its address")
 		timeout := fs.Duration("timeout", 0, "stop everything after `D` (e.g. 10m), restarts included; 0 means never")
 		grace := fs.Duration("grace", launch.DefaultGracePeriod, "time stopping tasks get between SIGTERM and SIGKILL")
 		basePort := fs.Int("base-port", 0, "give the tasks ports `P`, P+1, ... in the order chief, workers, ps, evaluator (default: free ports)")
@@ -86,7 +104,7 @@ Examples
 			}
 			l, err := launch.New(args,
 				launch.WithWorkers(*workers), launch.WithChief(*chief), launch.WithPS(*ps),
-				launch.WithEvaluator(*evaluator), launch.WithMaxRestarts(*restarts),
+				launch.WithEvaluator(*evaluator), launch.WithMaxRestarts(*restarts), launch.WithTaskRestarts(*taskRestarts),
 				launch.WithTimeout(*timeout), launch.WithGracePeriod(*grace), launch.WithBasePort(*basePort),
 				launch.WithOutput(e.stdout, e.stderr), launch.WithLogger(cliLogger(e, level, "launch")))
 			if err != nil {

@@ -206,8 +206,8 @@ func runPS(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		return res, err
 	}
 	st := c.Stats()
-	fmt.Fprintf(log, "ps: %d steps scheduled, %d updates applied; steps per worker %v, %d worker failure(s)\n",
-		st.Scheduled, res.AppliedSteps, st.PerWorker, st.WorkerFailures)
+	fmt.Fprintf(log, "ps: %d steps scheduled, %d updates applied; steps per worker %v, %d worker failure(s), %d worker(s) taken back\n",
+		st.Scheduled, res.AppliedSteps, st.PerWorker, st.WorkerFailures, st.Reconnects)
 
 	var rvs []*paramserver.RemoteValue
 	for lo := 0; lo < test.Len(); lo += o.GlobalBatch {

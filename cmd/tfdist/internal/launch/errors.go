@@ -13,8 +13,10 @@ import (
 
 // TaskError reports the task whose exit ended an attempt.
 type TaskError struct {
-	Task    cluster.Task
-	Attempt int // 0 for the first run
+	Task cluster.Task
+	// Attempt is the TFDIST_RESTART the task ran with: 0 on its first run,
+	// n after n restarts, of the whole cluster and of this task alone.
+	Attempt int
 	// ExitCode is the task's exit status, or -1 when a signal killed it.
 	ExitCode int
 	// Signal is the signal that killed the task, 0 when it exited.
@@ -22,6 +24,10 @@ type TaskError struct {
 	// Why says, for a task whose exit is a failure whatever its status (a
 	// parameter server that stopped serving), why.
 	Why string
+	// Output holds the last lines the task wrote, at most 10 of stdout and
+	// 10 of stderr, merged in the order the launcher read them, each cut to
+	// 300 bytes.
+	Output []string
 }
 
 func newTaskError(t cluster.Task, attempt int, state *os.ProcessState, why string) *TaskError {
@@ -32,7 +38,8 @@ func newTaskError(t cluster.Task, attempt int, state *os.ProcessState, why strin
 	return e
 }
 
-// Error says which task ended how, e.g. "worker:1 exited with status 3".
+// Error says which task ended how, e.g. "worker:1 exited with status 3",
+// followed by its last lines of output, one per line, indented.
 func (e *TaskError) Error() string {
 	var b strings.Builder
 	b.WriteString(e.Task.String())
@@ -46,6 +53,9 @@ func (e *TaskError) Error() string {
 	}
 	if e.Attempt > 0 {
 		fmt.Fprintf(&b, " (after %d restart%s)", e.Attempt, plural(e.Attempt))
+	}
+	if len(e.Output) > 0 {
+		b.WriteString("; its last lines:\n\t" + strings.Join(e.Output, "\n\t"))
 	}
 	return b.String()
 }

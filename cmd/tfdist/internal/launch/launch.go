@@ -7,12 +7,9 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -25,12 +22,23 @@ import (
 const (
 	EnvTaskType  = "TFDIST_TASK_TYPE"  // the task's type, e.g. "worker"
 	EnvTaskIndex = "TFDIST_TASK_INDEX" // the task's index, e.g. "1"
-	EnvRestart   = "TFDIST_RESTART"    // the attempt: 0 on the first run, n after n restarts
+	EnvRestart   = "TFDIST_RESTART"    // the task's restarts: 0 on its first run, n after n (of the cluster, or of the task alone)
 )
 
 // DefaultGracePeriod is how long stopping tasks get between SIGTERM and
 // SIGKILL unless WithGracePeriod says otherwise.
 const DefaultGracePeriod = 10 * time.Second
+
+// DefaultTaskRestarts is how many times a worker task of a parameter-server
+// cluster is restarted unless WithTaskRestarts says otherwise.
+const DefaultTaskRestarts = 3
+
+// The delays before a task's restarts unless WithRestartBackoff says
+// otherwise: the first, and the bound of its doubling.
+const (
+	DefaultRestartBackoff    = time.Second
+	DefaultMaxRestartBackoff = 30 * time.Second
+)
 
 // Launcher runs one program as every task of a local cluster on 127.0.0.1.
 // Build one with New and call Run once.
@@ -48,6 +56,10 @@ type Launcher struct {
 	stderr      io.Writer
 	log         *zap.Logger
 	onStart     func(t cluster.Task, attempt, pid int)
+
+	// A worker of a parameter-server cluster restarts on its own.
+	taskRestarts        int
+	backoff, maxBackoff time.Duration
 
 	sigs chan os.Signal
 	mu   sync.Mutex
@@ -74,6 +86,22 @@ func WithEvaluator(on bool) Option { return func(l *Launcher) { l.eval = on } }
 // WithMaxRestarts lets the launcher restart the whole cluster up to k times
 // after a task fails, as torchrun does.
 func WithMaxRestarts(k int) Option { return func(l *Launcher) { l.maxRestarts = k } }
+
+// WithTaskRestarts sets how many times each worker task of a
+// parameter-server cluster is restarted on its own, at its own address,
+// after it exits while the chief runs (default DefaultTaskRestarts). The
+// chief's coordinator takes the restarted worker back and reruns the step
+// the dead one was running. A worker that exits once more ends the attempt
+// with its exit, so 0 ends it at the first worker exit. Other clusters, and
+// the chief and ps tasks, restart only as a whole cluster (WithMaxRestarts).
+func WithTaskRestarts(n int) Option { return func(l *Launcher) { l.taskRestarts = n } }
+
+// WithRestartBackoff sets the delays before a task's restarts
+// (WithTaskRestarts): initial before its first, doubling with each restart
+// up to limit (default DefaultRestartBackoff to DefaultMaxRestartBackoff).
+func WithRestartBackoff(initial, limit time.Duration) Option {
+	return func(l *Launcher) { l.backoff, l.maxBackoff = initial, limit }
+}
 
 // WithTimeout bounds the whole run, restarts included; 0 (the default) means
 // no bound.
@@ -104,8 +132,10 @@ func WithOutput(stdout, stderr io.Writer) Option {
 func WithLogger(log *zap.Logger) Option { return func(l *Launcher) { l.log = log } }
 
 // WithOnStart calls fn with each task's process id whenever the launcher
-// starts the task (attempt 0 first, then once per restart), e.g. to watch
-// the processes of a run.
+// starts the task: attempt is the task's TFDIST_RESTART, 0 on its first
+// start, then one more per restart, of the cluster or of the task alone.
+// fn runs on Run's goroutine, before the launcher waits for the process,
+// and must return promptly.
 func WithOnStart(fn func(t cluster.Task, attempt, pid int)) Option {
 	return func(l *Launcher) { l.onStart = fn }
 }
@@ -115,6 +145,7 @@ func WithOnStart(fn func(t cluster.Task, attempt, pid int)) Option {
 // option that makes no sense.
 func New(command []string, opts ...Option) (*Launcher, error) {
 	l := &Launcher{command: slices.Clone(command), workers: 1, grace: DefaultGracePeriod,
+		taskRestarts: DefaultTaskRestarts, backoff: DefaultRestartBackoff, maxBackoff: DefaultMaxRestartBackoff,
 		stdout: os.Stdout, stderr: os.Stderr, sigs: make(chan os.Signal, 8)}
 	for _, o := range opts {
 		o(l)
@@ -138,6 +169,10 @@ func New(command []string, opts ...Option) (*Launcher, error) {
 		return nil, fmt.Errorf("ps: %d with no workers: a parameter-server cluster needs at least one worker", l.ps)
 	case l.maxRestarts < 0:
 		return nil, fmt.Errorf("max restarts: %d, expected >= 0", l.maxRestarts)
+	case l.taskRestarts < 0:
+		return nil, fmt.Errorf("task restarts: %d, expected >= 0 (0 never restarts a task on its own)", l.taskRestarts)
+	case l.backoff <= 0 || l.maxBackoff < l.backoff:
+		return nil, fmt.Errorf("restart backoff: %v to %v, expected 0 < initial <= limit", l.backoff, l.maxBackoff)
 	case l.timeout < 0:
 		return nil, fmt.Errorf("timeout: %v, expected >= 0 (0 means none)", l.timeout)
 	case l.grace <= 0:
@@ -194,8 +229,8 @@ var errTimeout = errors.New("launch timeout")
 // Run starts the cluster and waits for it. It returns nil when every task
 // exits with status 0, or, for a parameter-server cluster, when the chief
 // does (the other tasks, which serve forever, are then stopped). Otherwise
-// it returns a *TaskError for the task that failed (after restarts, if
-// allowed), a *TimeoutError, an *InterruptedError after Signal, or the
+// it returns a *TaskError for the task that failed (after the restarts
+// WithMaxRestarts and WithTaskRestarts allow), a *TimeoutError, an *InterruptedError after Signal, or the
 // context's error; ExitCode maps each to the launcher's exit status. Every
 // task's process group is gone when Run returns.
 func (l *Launcher) Run(ctx context.Context) error {
@@ -221,237 +256,6 @@ func (l *Launcher) Run(ctx context.Context) error {
 		}
 		l.log.Warn("restarting the cluster after a failure",
 			zap.Stringer("failed", te.Task), zap.Int("restart", attempt+1), zap.Int("max_restarts", l.maxRestarts))
-	}
-}
-
-// proc is one running task.
-type proc struct {
-	task    cluster.Task
-	cmd     *exec.Cmd
-	pgid    int
-	readers []*os.File
-	pumps   sync.WaitGroup
-	done    bool
-}
-
-type exitEvent struct {
-	p     *proc
-	state *os.ProcessState
-	err   error
-}
-
-// attempt runs the cluster once.
-func (l *Launcher) attempt(ctx context.Context, attempt int) error {
-	tasks := l.Tasks()
-	ports, err := l.ports(len(tasks))
-	if err != nil {
-		return err
-	}
-	addrs := map[cluster.TaskType][]string{}
-	for i, t := range tasks {
-		addrs[t.Type] = append(addrs[t.Type], net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i])))
-	}
-	spec, err := cluster.NewClusterSpec(addrs)
-	if err != nil {
-		return fmt.Errorf("build the cluster spec: %w", err)
-	}
-	l.log.Info("starting the cluster", zap.Int("attempt", attempt), zap.Stringer("cluster", spec),
-		zap.Stringer("fingerprint", spec.Fingerprint()))
-
-	out := &syncWriters{stdout: l.stdout, stderr: l.stderr}
-	exits := make(chan exitEvent, len(tasks))
-	var procs []*proc
-	defer func() { l.sweep(procs, exits) }()
-	for _, t := range tasks {
-		p, err := l.start(spec, t, attempt, out, exits)
-		if err != nil {
-			return fmt.Errorf("start %s: %w", t, err)
-		}
-		procs = append(procs, p)
-	}
-
-	var (
-		result    error
-		stopping  bool
-		killTimer <-chan time.Time
-		ctxDone   = ctx.Done()
-		running   = len(procs)
-	)
-	stop := func(reason error, sig syscall.Signal) {
-		if stopping {
-			return
-		}
-		stopping, result = true, reason
-		for _, p := range procs {
-			if !p.done {
-				signalGroup(p.pgid, sig)
-			}
-		}
-		killTimer = time.After(l.grace)
-	}
-	for running > 0 {
-		select {
-		case ev := <-exits:
-			running--
-			ev.p.done = true
-			l.log.Info("task exited", zap.Stringer("task", ev.p.task), zap.Stringer("status", ev.state), zap.Int("attempt", attempt))
-			if stopping {
-				continue
-			}
-			if reason, end := l.judge(ev, attempt); end {
-				stop(reason, syscall.SIGTERM)
-			}
-		case <-ctxDone:
-			ctxDone = nil
-			var reason error = ctx.Err()
-			if context.Cause(ctx) == errTimeout {
-				reason = &TimeoutError{Timeout: l.timeout, Running: runningTasks(procs)}
-			}
-			l.log.Warn("stopping the cluster", zap.Error(reason))
-			stop(reason, syscall.SIGTERM)
-		case sig := <-l.sigs:
-			if stopping {
-				l.log.Warn("second signal: killing every task", zap.Stringer("signal", sig))
-				for _, p := range procs {
-					signalGroup(p.pgid, syscall.SIGKILL)
-				}
-				continue
-			}
-			s, ok := sig.(syscall.Signal)
-			if !ok {
-				s = syscall.SIGTERM
-			}
-			l.log.Info("forwarding signal to every task", zap.Stringer("signal", sig))
-			stop(&InterruptedError{Signal: sig}, s)
-		case <-killTimer:
-			killTimer = nil
-			l.log.Warn("grace period over: killing the tasks still running",
-				zap.Duration("grace", l.grace), zap.Stringers("tasks", runningTasks(procs)))
-			for _, p := range procs {
-				if !p.done {
-					signalGroup(p.pgid, syscall.SIGKILL)
-				}
-			}
-		}
-	}
-	return result
-}
-
-// judge decides, for a task that exited while nothing was stopping, whether
-// the attempt ends, and with which result.
-func (l *Launcher) judge(ev exitEvent, attempt int) (error, bool) {
-	t := ev.p.task
-	failed := !ev.state.Success()
-	if !l.paramServer() {
-		if failed {
-			return newTaskError(t, attempt, ev.state, ""), true
-		}
-		return nil, false
-	}
-	switch t.Type {
-	case cluster.Chief:
-		if failed {
-			return newTaskError(t, attempt, ev.state, ""), true
-		}
-		return nil, true // success: the servers are no longer needed
-	case cluster.PS:
-		return newTaskError(t, attempt, ev.state,
-			"while the chief was running; a parameter server must serve until the chief ends"), true
-	default:
-		// The coordinator of parameter-server training tolerates losing a
-		// worker, as TensorFlow's does: the chief decides.
-		l.log.Warn("task exited while the chief was running; the chief carries on without it",
-			zap.Stringer("task", t), zap.Stringer("status", ev.state))
-		return nil, false
-	}
-}
-
-// start starts one task in its own process group, its output prefixed.
-func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, attempt int, out *syncWriters, exits chan<- exitEvent) (*proc, error) {
-	tfConfig, err := cluster.Marshal(spec, t)
-	if err != nil {
-		return nil, err
-	}
-	env := slices.DeleteFunc(slices.Clone(l.env), func(kv string) bool {
-		k, _, _ := strings.Cut(kv, "=")
-		return k == cluster.EnvVar || k == EnvTaskType || k == EnvTaskIndex || k == EnvRestart
-	})
-	env = append(env,
-		cluster.EnvVar+"="+tfConfig,
-		EnvTaskType+"="+string(t.Type),
-		EnvTaskIndex+"="+strconv.Itoa(t.Index),
-		EnvRestart+"="+strconv.Itoa(attempt),
-	)
-	rOut, wOut, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	rErr, wErr, err := os.Pipe()
-	if err != nil {
-		rOut.Close()
-		wOut.Close()
-		return nil, err
-	}
-	cmd := exec.Command(l.command[0], l.command[1:]...)
-	cmd.Env = env
-	cmd.Dir = l.dir
-	cmd.Stdout, cmd.Stderr = wOut, wErr
-	// Its own process group, so that a signal reaches everything the task
-	// starts (go run's child, a shell's children); and killed should the
-	// launcher die without stopping it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	err = cmd.Start()
-	wOut.Close()
-	wErr.Close()
-	if err != nil {
-		rOut.Close()
-		rErr.Close()
-		return nil, err
-	}
-	p := &proc{task: t, cmd: cmd, pgid: cmd.Process.Pid, readers: []*os.File{rOut, rErr}}
-	prefix := "[" + t.String() + "] "
-	p.pumps.Add(2)
-	go func() { defer p.pumps.Done(); out.pump(rOut, false, prefix) }()
-	go func() { defer p.pumps.Done(); out.pump(rErr, true, prefix) }()
-	l.log.Info("started task", zap.Stringer("task", t), zap.Int("pid", p.pgid), zap.Int("attempt", attempt))
-	if l.onStart != nil {
-		l.onStart(t, attempt, p.pgid)
-	}
-	go func() {
-		err := cmd.Wait()
-		exits <- exitEvent{p: p, state: cmd.ProcessState, err: err}
-	}()
-	return p, nil
-}
-
-// sweep ends what is left of an attempt: it kills every task's process
-// group (leaders that already exited may have left children), reaps the
-// leaders still running and drains their output.
-func (l *Launcher) sweep(procs []*proc, exits <-chan exitEvent) {
-	for _, p := range procs {
-		signalGroup(p.pgid, syscall.SIGKILL)
-	}
-	for _, p := range procs {
-		for !p.done {
-			ev := <-exits
-			ev.p.done = true
-		}
-	}
-	for _, p := range procs {
-		drained := make(chan struct{})
-		go func() { p.pumps.Wait(); close(drained) }()
-		select {
-		case <-drained:
-		case <-time.After(2 * time.Second):
-			// A process outside the group still holds the pipe open.
-			for _, r := range p.readers {
-				r.Close()
-			}
-			<-drained
-		}
-		for _, r := range p.readers {
-			r.Close()
-		}
 	}
 }
 
@@ -487,24 +291,6 @@ func (l *Launcher) ports(n int) ([]int, error) {
 		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
-}
-
-// signalGroup sends sig to the process group pgid; a group that is gone is
-// not an error.
-func signalGroup(pgid int, sig syscall.Signal) {
-	if pgid > 0 {
-		_ = syscall.Kill(-pgid, sig)
-	}
-}
-
-func runningTasks(procs []*proc) []cluster.Task {
-	var out []cluster.Task
-	for _, p := range procs {
-		if !p.done {
-			out = append(out, p.task)
-		}
-	}
-	return out
 }
 
 func boolInt(b bool) int {

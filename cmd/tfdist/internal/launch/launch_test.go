@@ -103,7 +103,7 @@ func helper(mode string) int {
 			return 0
 		}
 		if cfg.Task.Type == cluster.Worker {
-			return 7 // a worker lost: the chief carries on
+			return 7 // a worker lost: restarted, after a delay
 		}
 		recordPIDs()
 		return forever()
@@ -354,7 +354,7 @@ func TestParameterServerThatExitsFailsTheRun(t *testing.T) {
 	<-done
 	var te *launch.TaskError
 	require.ErrorAs(t, r.err, &te)
-	assert.Equal(t, cluster.Task{Type: cluster.PS}, te.Task, "a lost worker is the chief's business; a lost ps ends the run")
+	assert.Equal(t, cluster.Task{Type: cluster.PS}, te.Task, "a lost worker is restarted; a lost ps ends the run")
 	assert.Contains(t, r.err.Error(), "must serve until the chief ends")
 	assert.Equal(t, 1, launch.ExitCode(r.err))
 	assertAllGone(t, pids)
