@@ -33,6 +33,35 @@ func loopbackSpec(t *testing.T, workers int) cluster.ClusterSpec {
 	return spec
 }
 
+// onWorkers starts a multiworker strategy for each worker of spec, in one
+// process (each with its own TensorFlow server), runs fn on each at once,
+// closes them, and returns each worker's error.
+func onWorkers(spec cluster.ClusterSpec, opts []multiworker.Option, fn func(w int, s *multiworker.Strategy) error) []error {
+	n := spec.WorkerCount()
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: w})
+			if err != nil {
+				errs[w] = err
+				return
+			}
+			s, err := multiworker.New(context.Background(), append([]multiworker.Option{multiworker.WithResolver(r)}, opts...)...)
+			if err != nil {
+				errs[w] = err
+				return
+			}
+			defer s.Close()
+			errs[w] = fn(w, s)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
 // Two workers in one process (each with its own TensorFlow server) train
 // together; both end with the default strategy's model.
 func TestInProcessWorkersMatchDefault(t *testing.T) {
@@ -43,32 +72,16 @@ func TestInProcessWorkersMatchDefault(t *testing.T) {
 	want, err := testmodel.Train(ctx, def, optimizer.NewSGD(optimizer.Constant(0.1)), steps, gb, 0)
 	require.NoError(t, err)
 
-	spec := loopbackSpec(t, 2)
-	var wg sync.WaitGroup
 	got := make([]testmodel.Outcome, 2)
-	errs := make([]error, 2)
-	for w := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: w})
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			s, err := multiworker.New(ctx, multiworker.WithResolver(r), multiworker.WithLogicalCPUs(2),
-				multiworker.WithStartupTimeout(30*time.Second), multiworker.WithCollectiveTimeout(30*time.Second))
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			defer s.Close()
+	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLogicalCPUs(2),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+		func(w int, s *multiworker.Strategy) error {
 			assert.Equal(t, 4, s.NumReplicasInSync())
 			assert.Equal(t, w == 0, s.IsChief())
-			got[w], errs[w] = testmodel.Train(ctx, s, optimizer.NewSGD(optimizer.Constant(0.1)), steps, gb, w*2)
-		}()
-	}
-	wg.Wait()
+			var err error
+			got[w], err = testmodel.Train(ctx, s, optimizer.NewSGD(optimizer.Constant(0.1)), steps, gb, w*2)
+			return err
+		})
 	require.NoError(t, errs[0])
 	require.NoError(t, errs[1])
 	for w := range 2 {
@@ -140,65 +153,48 @@ func TestTaskTypesMultiWorkerDoesNotRun(t *testing.T) {
 // replicas: all copies take global replica 0's value, or the global sum.
 func TestAggregatedWritesSpanWorkers(t *testing.T) {
 	ctx := context.Background()
-	spec := loopbackSpec(t, 2)
-	var wg sync.WaitGroup
 	got := make([][2]float32, 2)
-	errs := make([]error, 2)
-	for w := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[w] = func() error {
-				r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: w})
+	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLogicalCPUs(2),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+		func(w int, s *multiworker.Strategy) error {
+			var err error
+			var first, sum *strategy.Variable
+			if err := s.Scope(func(sc *strategy.Scope) error {
+				if first, err = sc.Variable("first", tf.Float, nil, strategy.Zeros(), strategy.WithAggregation(strategy.AggregationOnlyFirstReplica)); err != nil {
+					return err
+				}
+				sum, err = sc.Variable("sum", tf.Float, nil, strategy.Zeros(), strategy.WithAggregation(strategy.AggregationSum))
+				return err
+			}); err != nil {
+				return err
+			}
+			spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}}
+			step, err := s.Build(spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+				val := op.Const(rc.Scope().SubScope("v"), float32(rc.ReplicaID()+1)) // 1, 2 on worker 0; 3, 4 on worker 1
+				if err := rc.Assign(first, val); err != nil {
+					return nil, err
+				}
+				return strategy.Outputs{"x": op.Identity(rc.Scope().SubScope("x"), in["x"])}, rc.Assign(sum, val)
+			})
+			if err != nil {
+				return err
+			}
+			x, _ := tf.NewTensor([]float32{1})
+			if _, err := s.RunReplicas(ctx, step, []map[string]*tf.Tensor{{"x": x}, {"x": x}}, 4); err != nil {
+				return err
+			}
+			for i, v := range []*strategy.Variable{first, sum} {
+				copies, err := s.Copies(ctx, v)
 				if err != nil {
 					return err
 				}
-				s, err := multiworker.New(ctx, multiworker.WithResolver(r), multiworker.WithLogicalCPUs(2),
-					multiworker.WithStartupTimeout(30*time.Second), multiworker.WithCollectiveTimeout(30*time.Second))
-				if err != nil {
-					return err
+				if a, b := copies[0].Value().(float32), copies[1].Value().(float32); a != b {
+					return fmt.Errorf("%s: copies differ: %v, %v", v.Name(), a, b)
 				}
-				defer s.Close()
-				var first, sum *strategy.Variable
-				if err := s.Scope(func(sc *strategy.Scope) error {
-					if first, err = sc.Variable("first", tf.Float, nil, strategy.Zeros(), strategy.WithAggregation(strategy.AggregationOnlyFirstReplica)); err != nil {
-						return err
-					}
-					sum, err = sc.Variable("sum", tf.Float, nil, strategy.Zeros(), strategy.WithAggregation(strategy.AggregationSum))
-					return err
-				}); err != nil {
-					return err
-				}
-				spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}}
-				step, err := s.Build(spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
-					val := op.Const(rc.Scope().SubScope("v"), float32(rc.ReplicaID()+1)) // 1, 2 on worker 0; 3, 4 on worker 1
-					if err := rc.Assign(first, val); err != nil {
-						return nil, err
-					}
-					return strategy.Outputs{"x": op.Identity(rc.Scope().SubScope("x"), in["x"])}, rc.Assign(sum, val)
-				})
-				if err != nil {
-					return err
-				}
-				x, _ := tf.NewTensor([]float32{1})
-				if _, err := s.RunReplicas(ctx, step, []map[string]*tf.Tensor{{"x": x}, {"x": x}}, 4); err != nil {
-					return err
-				}
-				for i, v := range []*strategy.Variable{first, sum} {
-					copies, err := s.Copies(ctx, v)
-					if err != nil {
-						return err
-					}
-					if a, b := copies[0].Value().(float32), copies[1].Value().(float32); a != b {
-						return fmt.Errorf("%s: copies differ: %v, %v", v.Name(), a, b)
-					}
-					got[w][i] = copies[0].Value().(float32)
-				}
-				return nil
-			}()
-		}()
-	}
-	wg.Wait()
+				got[w][i] = copies[0].Value().(float32)
+			}
+			return nil
+		})
 	require.NoError(t, errs[0])
 	require.NoError(t, errs[1])
 	for w := range 2 {
@@ -212,35 +208,20 @@ func TestAggregatedWritesSpanWorkers(t *testing.T) {
 // instead of waiting again.
 func TestStepPastItsDeadlineEndsTheStrategy(t *testing.T) {
 	ctx := context.Background()
-	spec := loopbackSpec(t, 2)
 	const timeout = 3 * time.Second
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
 	peerDone := make(chan struct{})
 	var late, after error
 	var took time.Duration
-	for w := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: w})
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			s, err := multiworker.New(ctx, multiworker.WithResolver(r),
-				multiworker.WithStartupTimeout(30*time.Second), multiworker.WithCollectiveTimeout(timeout))
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			defer s.Close()
+	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithStartupTimeout(30 * time.Second),
+		multiworker.WithCollectiveTimeout(timeout)},
+		func(w int, s *multiworker.Strategy) error {
 			var v *strategy.Variable
-			if errs[w] = s.Scope(func(sc *strategy.Scope) error {
+			if err := s.Scope(func(sc *strategy.Scope) error {
+				var err error
 				v, err = sc.Variable("v", tf.Float, nil, strategy.Zeros())
 				return err
-			}); errs[w] != nil {
-				return
+			}); err != nil {
+				return err
 			}
 			step, err := s.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}},
 				func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
@@ -248,29 +229,27 @@ func TestStepPastItsDeadlineEndsTheStrategy(t *testing.T) {
 					return strategy.Outputs{"sum": sum}, err
 				})
 			if err != nil {
-				errs[w] = err
-				return
+				return err
 			}
 			x, _ := tf.NewTensor([]float32{1, 2})
 			run := func() error {
 				_, err := s.RunReplicas(ctx, step, []map[string]*tf.Tensor{{"x": x}}, 2)
 				return err
 			}
-			if errs[w] = run(); errs[w] != nil {
-				return
+			if err := run(); err != nil {
+				return err
 			}
 			if w == 1 {
 				<-peerDone // alive, but it takes no further step
-				return
+				return nil
 			}
 			defer close(peerDone)
 			start := time.Now()
 			late = run()
 			took = time.Since(start)
 			_, after = s.Value(ctx, v)
-		}()
-	}
-	wg.Wait()
+			return nil
+		})
 	require.NoError(t, errs[0])
 	require.NoError(t, errs[1])
 	require.Error(t, late, "a step that worker 1 never joins")
