@@ -28,6 +28,8 @@ in its environment:
 	TFDIST_TASK_INDEX   the task's index in its job: 0, 1, ...
 	TFDIST_RESTART      0 on the task's first run, n after n restarts (of the
 	                    whole cluster, or of this task alone)
+	MALLOC_ARENA_MAX    2, unless set already: glibc's arenas, which TensorFlow's
+	                    thread per step otherwise spreads memory over
 
 Every line a task writes, to stdout or stderr, is prefixed with its task,
 e.g. "[worker:1] ". Launch's own messages go to stderr.

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -64,6 +65,7 @@ func helper(mode string) int {
 			os.Getenv(launch.EnvTaskType), os.Getenv(launch.EnvTaskIndex), restart, cfg.IsChief(),
 			cfg.Cluster.Fingerprint(), addr)
 		fmt.Printf("cluster=%s\n", cfg.Cluster)
+		fmt.Printf("arenas=%s\n", os.Getenv(launch.EnvMallocArenaMax))
 		fmt.Fprintf(os.Stderr, "to stderr from %s\n", me)
 		fmt.Print("no newline at the end")
 		return 0
@@ -435,4 +437,27 @@ func TestNewRejectsNonsense(t *testing.T) {
 		names = append(names, task.String())
 	}
 	assert.Equal(t, []string{"chief:0", "worker:0", "worker:1", "ps:0", "ps:1", "evaluator:0"}, names)
+}
+
+// Every task gets glibc's arena limit unless its environment sets one.
+func TestTasksGetAMallocArenaLimit(t *testing.T) {
+	for _, c := range []struct {
+		extra []string
+		want  string
+	}{
+		{nil, "arenas=" + launch.DefaultMallocArenaMax},
+		{[]string{"MALLOC_ARENA_MAX=8"}, "arenas=8"},
+	} {
+		var r run
+		base := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "MALLOC_ARENA_MAX=") })
+		l, err := launch.New([]string{os.Args[0], "-test.run=^$"}, launch.WithEnv(append(append(base,
+			"LAUNCH_TEST_HELPER=print", "LAUNCH_TEST_DIR="+t.TempDir()), c.extra...)),
+			launch.WithOutput(&r.stdout, &r.stderr), launch.WithWorkers(2), launch.WithTimeout(30*time.Second))
+		require.NoError(t, err)
+		r.run(l)
+		require.NoError(t, r.err, r.stderr.String())
+		for _, task := range []string{"worker:0", "worker:1"} {
+			assert.Contains(t, r.stdout.String(), "["+task+"] "+c.want, "%v", c.extra)
+		}
+	}
 }

@@ -58,6 +58,9 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 		EnvTaskIndex+"="+strconv.Itoa(t.Index),
 		EnvRestart+"="+strconv.Itoa(start),
 	)
+	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, EnvMallocArenaMax+"=") }) {
+		env = append(env, EnvMallocArenaMax+"="+DefaultMallocArenaMax)
+	}
 	rOut, wOut, err := os.Pipe()
 	if err != nil {
 		return nil, err
