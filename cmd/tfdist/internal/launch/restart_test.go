@@ -56,6 +56,17 @@ func (s *starts) of(t cluster.Task) []start {
 	return out
 }
 
+// pids returns the process id of every start, in order.
+func (s *starts) pids() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []int
+	for _, st := range s.all {
+		out = append(out, st.pid)
+	}
+	return out
+}
+
 func attempts(ss []start) []int {
 	var out []int
 	for _, s := range ss {
@@ -169,11 +180,7 @@ esac`
 	assert.Equal(t, []int{0}, attempts(r.starts.of(worker1)))
 	assert.Equal(t, []string{"worker:0 restart 1 after exit status 1 in 200ms"}, r.restartLogs())
 	assert.Less(t, r.took, 20*time.Second)
-	var pids []int
-	for _, s := range r.starts.all {
-		pids = append(pids, s.pid)
-	}
-	assertAllGone(t, pids)
+	assertAllGone(t, r.starts.pids())
 	assertNoLaunchGoroutines(t)
 }
 
@@ -231,11 +238,7 @@ esac`
 	}
 	assert.Equal(t, []int{0}, attempts(r.starts.of(worker0)), "the healthy worker is left alone")
 	assert.Equal(t, 1, strings.Count(r.stderr.String(), "[worker:1] cannot serve (start 3)"))
-	var pids []int
-	for _, s := range r.starts.all {
-		pids = append(pids, s.pid)
-	}
-	assertAllGone(t, pids)
+	assertAllGone(t, r.starts.pids())
 	assertNoLaunchGoroutines(t)
 }
 
