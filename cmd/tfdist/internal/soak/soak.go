@@ -1,9 +1,10 @@
 // Package soak runs the digits classifier for a long time under a strategy,
 // as a user's job runs for hours, and watches every process of it: OS
 // threads, resident memory, open file descriptors and, as the classifier
-// reports them, goroutines and the Go heap. A run fails when a process exits with an error
-// or when any figure grows beyond its bound; the tables show the figures at
-// a tenth of the run and at its end. It reads /proc, so it runs on Linux.
+// reports them, goroutines and the Go heap. A run fails when a process
+// exits with an error or when any figure grows beyond its bound; the tables
+// show the figures at a tenth of the run and at its end. It reads /proc, so
+// it runs on Linux.
 package soak
 
 import (
