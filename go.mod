@@ -5,6 +5,7 @@ go 1.23
 require (
 	github.com/stretchr/testify v1.12.1
 	github.com/wamuir/graft v0.10.0
+	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0
 	google.golang.org/protobuf v1.34.2
 )

@@ -1,0 +1,100 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+)
+
+// AllReduce reduces data (a whole number of dt elements, possibly none) in
+// place across the group: afterwards every member holds the same result,
+// bit for bit. Calls are matched across members by name and, for repeated
+// names, by call order. Small buffers are exchanged directly and reduced in
+// rank order; large ones go around a pipelined ring.
+func (g *Group) AllReduce(ctx context.Context, name string, red Reduction, dt DType, data []byte) error {
+	if err := checkArgs(opAllReduce, name, dt, data); err != nil {
+		return err
+	}
+	if red < Sum || red > Max {
+		return fmt.Errorf("collective: all-reduce %q: unknown %v", name, red)
+	}
+	if len(g.members) == 1 {
+		return g.Err()
+	}
+	o, err := g.start(ctx, name, header{op: opAllReduce, dtype: dt, red: red, count: uint64(len(data) / dt.Size())})
+	if err != nil {
+		return err
+	}
+	if len(data) <= g.cfg.directMax {
+		return o.end(o.directReduce(data))
+	}
+	return o.end(o.ringReduce(data))
+}
+
+// checkArgs validates what a call can get wrong by itself, before anything
+// is sent.
+func checkArgs(kind opKind, name string, dt DType, data []byte) error {
+	switch {
+	case len(name) > maxNameLen:
+		return fmt.Errorf("collective: %v: name of %d bytes (at most %d)", kind, len(name), maxNameLen)
+	case len(name) > 0 && name[0] == 0:
+		return fmt.Errorf("collective: %v %q: names starting with NUL are reserved", kind, name)
+	case dt.Size() == 0:
+		return fmt.Errorf("collective: %v %q: unknown %v", kind, name, dt)
+	case len(data)%dt.Size() != 0:
+		return fmt.Errorf("collective: %v %q: %d bytes is not a whole number of %v", kind, name, len(data), dt)
+	}
+	return nil
+}
+
+// directReduce sends data to every peer, receives every peer's buffer and
+// reduces all of them in rank order, so every member computes the same
+// bits.
+func (o *op) directReduce(data []byte) error {
+	g := o.g
+	for _, p := range g.peers {
+		if err := o.send(p, 0, 0, 0, data); err != nil {
+			return err
+		}
+	}
+	frames := make([]frame, len(g.members))
+	defer func() {
+		for i := range frames {
+			frames[i].release()
+		}
+	}()
+	for i, p := range g.peers {
+		f, err := o.recv(p, g.peers[i+1:])
+		frames[p] = f
+		if err != nil {
+			return err
+		}
+		if int(f.h.length) != len(data) {
+			return o.protocolErr(p, "%d bytes, want %d", f.h.length, len(data))
+		}
+	}
+	o.combineInRankOrder(data, frames)
+	return nil
+}
+
+// combineInRankOrder computes ((x0 ∘ x1) ∘ x2)… into data, where x_rank is
+// data itself and the others are frames' payloads.
+func (o *op) combineInRankOrder(data []byte, frames []frame) {
+	g, red, dt := o.g, o.self.red, o.self.dtype
+	acc := data
+	if g.rank != 0 {
+		acc = frames[0].payload()
+	}
+	for r := 1; r < len(g.members); r++ {
+		src := data
+		if r != g.rank {
+			src = frames[r].payload()
+		}
+		reduceInto(red, dt, acc, src)
+	}
+	if red == Mean {
+		scale(dt, acc, len(g.members))
+	}
+	if g.rank != 0 {
+		copy(data, acc)
+	}
+}

@@ -1,0 +1,89 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+var benchSizes = []struct {
+	name  string
+	bytes int
+}{{"4KiB", 4 << 10}, {"1MiB", 1 << 20}, {"16MiB", 16 << 20}, {"64MiB", 64 << 20}}
+
+// BenchmarkAllReduce measures a float32 sum between members in this
+// process over loopback. MB/s is the buffer size per operation; busMB/s is
+// the bus bandwidth, bytes×2(n−1)/n per operation.
+func BenchmarkAllReduce(b *testing.B) {
+	for _, n := range []int{2, 3} {
+		for _, s := range benchSizes {
+			b.Run(fmt.Sprintf("members=%d/size=%s", n, s.name), func(b *testing.B) {
+				benchAllReduce(b, n, s.bytes)
+			})
+		}
+	}
+}
+
+func benchAllReduce(b *testing.B, n, size int) {
+	gs := newGroups(b, n, WithTimeout(time.Minute))
+	bufs := make([][]byte, n)
+	for i := range bufs {
+		bufs[i] = make([]byte, size)
+	}
+	ctx := context.Background()
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	for range b.N {
+		requireAllOK(b, onAll(gs, func(i int, g *Group) error {
+			return g.AllReduce(ctx, "bench", Sum, Float32, bufs[i])
+		}))
+	}
+	perOp := b.Elapsed().Seconds() / float64(b.N)
+	b.ReportMetric(float64(size)*2*float64(n-1)/float64(n)/perOp/1e6, "busMB/s")
+}
+
+// BenchmarkTCPCopy is the reference: a one-way copy over one loopback TCP
+// connection.
+func BenchmarkTCPCopy(b *testing.B) {
+	for _, s := range benchSizes {
+		b.Run("size="+s.name, func(b *testing.B) { benchTCPCopy(b, s.bytes) })
+	}
+}
+
+func benchTCPCopy(b *testing.B, size int) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	defer func() { _ = ln.Close() }()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	w, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(b, err)
+	defer func() { _ = w.Close() }()
+	r := <-accepted
+	require.NotNil(b, r)
+	defer func() { _ = r.Close() }()
+	src, dst := make([]byte, size), make([]byte, size)
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	for range b.N {
+		done := make(chan error, 1)
+		go func() {
+			_, err := w.Write(src)
+			done <- err
+		}()
+		_, err := io.ReadFull(r, dst)
+		require.NoError(b, err)
+		require.NoError(b, <-done)
+	}
+}

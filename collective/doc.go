@@ -1,0 +1,83 @@
+// Package collective is tfdist's cross-worker collective engine: all-reduce,
+// all-gather, broadcast and barrier over TCP between the processes of a
+// group, in pure Go.
+//
+// # Group
+//
+// New forms a group from a list of members (name and host:port) and this
+// process's rank. Members connect as a full mesh: member i dials every
+// j < i, retrying with backoff until the startup timeout, and accepts the
+// others. Each connection opens with a hello exchange (magic, protocol
+// version, fingerprint, epoch, rank, group size). A peer started with a
+// different fingerprint, epoch or size is rejected and New fails on both
+// sides naming the other member; a peer that never arrives makes New fail
+// at the startup timeout naming every missing member. The listener keeps
+// running after New: connections from hosts that are not members, that do
+// not speak the protocol (bad magic or version, an HTTP request, silence
+// for 10s) or that arrive after the group formed are refused and logged
+// (zap Warn with the remote address) without disturbing the group.
+//
+// # Matching
+//
+// Operations are matched across members by tensor name plus a per-name
+// sequence number: the n-th call with a name on one member meets the n-th
+// call with that name on every other. Calls may run concurrently and start
+// in different orders on different members. Every frame header carries
+// magic, version, frame kind, epoch, sequence number, operation kind,
+// tensor name, dtype, element count, reduction, root, chunk offset, step,
+// chunk index and payload length. One reader goroutine per connection
+// demultiplexes frames into per-operation mailboxes, buffering frames of an
+// operation not started locally yet; it never waits for an operation.
+// Writers send whole frames (header and payload with one writev) under a
+// per-connection mutex, so frames of concurrent operations interleave whole.
+//
+// A receiver compares each header with its own call. If the members
+// disagree (kind, dtype, length, reduction or root) the call fails with a
+// *MismatchError naming the operation, the tensor and both members with
+// what each has, and an abort frame carries the error to every peer so all
+// members fail promptly.
+//
+// # Algorithms
+//
+// All-reduce of up to 256 KiB is direct: every member sends its buffer to
+// every other and each reduces all buffers in rank order. Larger buffers
+// use a ring: reduce-scatter then all-gather over segments of nearly equal
+// size (lengths need not divide by the group size), each cut into chunks
+// of at most 1 MiB that are pipelined independently, so sending, receiving
+// and reducing overlap. Either way every element is reduced along one fixed
+// path and then copied, so every member ends with the same bits. Mean is a
+// sum divided by the group size (truncating for integers); Float16 and
+// BFloat16 are reduced in float32 and rounded to nearest even. All-gather
+// and broadcast send directly to every member in chunks (groups are small);
+// a broadcast's receivers also tell the root they agree on the call.
+// Barrier is an all-gather of nothing. A group of one does everything
+// locally.
+//
+// Buffers are read in host byte order, which must be little-endian on
+// every member (as on amd64 and arm64); aligned buffers are reduced in
+// place, unaligned ones through an aligned copy.
+//
+// # Failures
+//
+// Every wait honours the caller's context and the group's per-operation
+// timeout (one Go timer per operation); writes are bounded by the same
+// deadline. A peer whose connection breaks fails every pending operation at
+// once with a *PeerError naming it; a peer that hangs makes the operations
+// waiting for it fail at the timeout with a *TimeoutError (wrapping
+// context.DeadlineExceeded) naming it. Any failure other than the caller
+// cancelling its context breaks the group: Err reports the error, every
+// pending and later operation fails with it, peers receive an abort frame,
+// and every connection shuts down and its goroutines exit. A cancelled
+// call leaves the group working, but its peers' matching calls will not
+// complete.
+//
+// Close holds a barrier so that no member leaves while a peer still needs
+// it, then sends a goodbye frame, half-closes every connection, drains it
+// to EOF (bounded) and closes it. A peer that said goodbye is only an error
+// for operations that still need it.
+//
+// The transport (conn.go, frame.go, handshake.go, dial.go), matching
+// (mailbox.go, op.go, check.go) and algorithms (allreduce.go, ring.go,
+// gather.go, reduce.go) are kept apart so that TLS can wrap connections
+// after dial and accept, and new epochs or reductions can be added.
+package collective

@@ -1,0 +1,193 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// noLeaks checks, once the test's groups are closed, that no goroutine is
+// left.
+func noLeaks(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+}
+
+func TestMismatchFailsEveryMember(t *testing.T) {
+	cases := []struct {
+		name  string
+		tune  func(*config)
+		dt    func(rank int) DType
+		bytes func(rank int) int
+		has   string
+	}{
+		{"length direct", nil, func(int) DType { return Float32 },
+			func(r int) int { return 4 * (1000 - r/2) }, "float32[999]"},
+		{"length ring", smallChunks, func(int) DType { return Float32 },
+			func(r int) int { return 4 * (1000 - r/2) }, "float32[999]"},
+		{"dtype", nil, func(r int) DType { return [...]DType{Float32, Float32, Int32}[r] },
+			func(int) int { return 400 }, "int32[100]"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			noLeaks(t)
+			gs := newGroups(t, 3, optional(c.tune)...)
+			errs := onAll(gs, func(i int, g *Group) error {
+				return g.AllReduce(context.Background(), "grads/pack_0", Sum, c.dt(i), make([]byte, c.bytes(i)))
+			})
+			for i, err := range errs {
+				var me *MismatchError
+				require.ErrorAs(t, err, &me, "member %d", i)
+				assert.Contains(t, err.Error(), `all-reduce "grads/pack_0": worker:`, "member %d", i)
+				assert.Contains(t, err.Error(), "worker:2 has "+c.has, "member %d", i)
+				assert.ErrorAs(t, gs[i].Err(), &me, "member %d's group is broken", i)
+				assert.ErrorAs(t, gs[i].Barrier(context.Background(), "after"), &me, "later ops fail at once")
+			}
+		})
+	}
+}
+
+func optional(tune func(*config)) []Option {
+	if tune == nil {
+		return nil
+	}
+	return []Option{tune}
+}
+
+func TestMismatchMessageNamesBothMembers(t *testing.T) {
+	noLeaks(t)
+	gs := newGroups(t, 2)
+	errs := onAll(gs, func(i int, g *Group) error {
+		return g.AllReduce(context.Background(), "grads/pack_0", Sum, Float32, make([]byte, 4*(1000-i)))
+	})
+	for _, err := range errs {
+		assert.EqualError(t, err, `collective: all-reduce "grads/pack_0": worker:0 has float32[1000], worker:1 has float32[999]`)
+	}
+}
+
+func TestOperationKindMismatch(t *testing.T) {
+	noLeaks(t)
+	gs := newGroups(t, 2)
+	errs := onAll(gs, func(i int, g *Group) error {
+		if i == 0 {
+			return g.Broadcast(context.Background(), "x", 0, Int32, make([]byte, 8))
+		}
+		_, err := g.AllGather(context.Background(), "x", Int32, make([]byte, 8))
+		return err
+	})
+	for _, err := range errs {
+		var me *MismatchError
+		require.ErrorAs(t, err, &me)
+		assert.Equal(t, [2]string{"broadcast of int32[2]", "all-gather of int32[2]"}, me.Has)
+	}
+}
+
+// crash closes every connection of g abruptly, like a killed process.
+func crash(g *Group) {
+	for _, c := range g.conns {
+		if c == nil {
+			continue
+		}
+		if tc, ok := c.nc.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		_ = c.nc.Close()
+	}
+}
+
+func TestMemberDyingFailsPendingOps(t *testing.T) {
+	noLeaks(t)
+	gs := newGroups(t, 3, WithTimeout(20*time.Second))
+	start := time.Now()
+	errs := onAll(gs, func(i int, g *Group) error {
+		if i == 2 {
+			crash(g)
+			return nil
+		}
+		return g.AllReduce(context.Background(), "x", Sum, Float32, make([]byte, 1<<20))
+	})
+	assert.Less(t, time.Since(start), 10*time.Second, "failed promptly, not at the timeout")
+	for i, err := range errs[:2] {
+		var pe *PeerError
+		require.ErrorAs(t, err, &pe, "member %d", i)
+		assert.Contains(t, err.Error(), "worker:2", "member %d", i)
+		assert.NotErrorIs(t, err, context.DeadlineExceeded)
+	}
+}
+
+func TestHungMemberTimesOut(t *testing.T) {
+	noLeaks(t)
+	const timeout = 300 * time.Millisecond
+	gs := newGroups(t, 3, WithTimeout(timeout))
+	start := time.Now()
+	errs := onAll(gs[:2], func(i int, g *Group) error {
+		return g.AllReduce(context.Background(), "x", Sum, Float32, make([]byte, 64))
+	})
+	assert.Less(t, time.Since(start), timeout+5*time.Second)
+	for i, err := range errs {
+		require.ErrorIs(t, err, context.DeadlineExceeded, "member %d", i)
+		var te *TimeoutError
+		require.ErrorAs(t, err, &te, "member %d", i)
+		assert.Equal(t, []Member{gs[2].members[2]}, te.Peers)
+		assert.Contains(t, err.Error(), `all-reduce "x" timed out after 300ms waiting for worker:2 (127.0.0.1:`)
+	}
+}
+
+func TestTimeoutNamesOperationsPeersStarted(t *testing.T) {
+	noLeaks(t)
+	gs := newGroups(t, 2, WithTimeout(200*time.Millisecond))
+	errs := onAll(gs, func(i int, g *Group) error {
+		return g.Barrier(context.Background(), fmt.Sprintf("step-%d", i))
+	})
+	for i, err := range errs { // the member that times out first aborts the other with its error
+		assert.Regexp(t, `worker:. started "step-."#0, not started here`, err.Error(), "member %d", i)
+	}
+}
+
+func TestCallerCancellationKeepsGroup(t *testing.T) {
+	noLeaks(t)
+	gs := newGroups(t, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := gs[0].AllReduce(ctx, "never-matched", Sum, Int32, make([]byte, 4))
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Contains(t, err.Error(), "worker:1")
+	require.NoError(t, gs[0].Err())
+	requireAllOK(t, onAll(gs, func(i int, g *Group) error {
+		return g.AllReduce(context.Background(), "next", Sum, Int32, make([]byte, 4))
+	}))
+}
+
+func TestCloseIsOrderlyAndIdempotent(t *testing.T) {
+	noLeaks(t)
+	gs, err := tryGroups(t, 3)
+	require.NoError(t, err)
+	requireAllOK(t, onAll(gs, func(i int, g *Group) error { return g.Close(context.Background()) }))
+	for _, g := range gs {
+		require.NoError(t, g.Close(context.Background()))
+		require.ErrorIs(t, g.Err(), ErrClosed)
+		require.ErrorIs(t, g.Barrier(context.Background(), "b"), ErrClosed)
+		require.ErrorIs(t, g.AllReduce(context.Background(), "x", Sum, Int32, nil), ErrClosed)
+	}
+}
+
+func TestPendingOpFailsWhenPeerCloses(t *testing.T) {
+	noLeaks(t)
+	gs := newGroups(t, 2, WithTimeout(20*time.Second))
+	done := make(chan error, 1)
+	go func() { done <- gs[0].AllReduce(context.Background(), "x", Sum, Int32, make([]byte, 4)) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	closeErr := gs[1].Close(ctx) // its barrier never meets member 0
+	require.ErrorIs(t, closeErr, context.DeadlineExceeded)
+	err := <-done
+	var pe *PeerError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, "worker:1", pe.Peer.Name)
+	assert.ErrorIs(t, err, errLeft)
+}

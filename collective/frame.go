@@ -1,0 +1,233 @@
+package collective
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Wire constants. All integers are little-endian.
+const (
+	frameMagic   uint32 = 0x43444654 // "TFDC"
+	frameVersion uint8  = 1
+	fixedLen            = 56      // bytes of a header before the name
+	maxNameLen          = 4096    // longest tensor name
+	maxPayload          = 4 << 20 // largest payload of any frame
+)
+
+// frameKind says what a frame carries.
+type frameKind uint8
+
+const (
+	// kindHello opens a connection (dialer) and accepts it (acceptor). Its
+	// seq is the fingerprint, root the sender's rank, count the group size.
+	kindHello frameKind = iota + 1
+	// kindReject refuses a hello; fields as kindHello, payload the reason.
+	kindReject
+	// kindData carries a chunk of an operation.
+	kindData
+	// kindAbort breaks the group; payload the encoded error.
+	kindAbort
+	// kindGoodbye announces an orderly close; EOF follows.
+	kindGoodbye
+)
+
+// opKind is the collective operation a data frame belongs to.
+type opKind uint8
+
+const (
+	opAllReduce opKind = iota + 1
+	opAllGather
+	opBroadcast
+	opBarrier
+)
+
+func (k opKind) String() string {
+	switch k {
+	case opAllReduce:
+		return "all-reduce"
+	case opAllGather:
+		return "all-gather"
+	case opBroadcast:
+		return "broadcast"
+	case opBarrier:
+		return "barrier"
+	}
+	return fmt.Sprintf("op(%d)", uint8(k))
+}
+
+// header is a decoded frame header. Layout (offsets in bytes):
+//
+//	0 magic u32 | 4 version u8 | 5 kind u8 | 6 op u8 | 7 dtype u8
+//	8 reduction u8 | 9 reserved u8 | 10 name length u16 | 12 epoch u32
+//	16 seq u64 | 24 element count u64 | 32 chunk byte offset u64
+//	40 root u32 | 44 step u32 | 48 chunk index u32 | 52 payload length u32
+//	56 name
+type header struct {
+	kind   frameKind
+	op     opKind
+	dtype  DType
+	red    Reduction
+	epoch  uint32
+	seq    uint64
+	count  uint64
+	offset uint64
+	root   uint32
+	step   uint32
+	chunk  uint32
+	length uint32
+	name   []byte
+}
+
+// appendHeader appends h's encoding to dst.
+func appendHeader(dst []byte, h *header) []byte {
+	le := binary.LittleEndian
+	dst = le.AppendUint32(dst, frameMagic)
+	dst = append(dst, frameVersion, byte(h.kind), byte(h.op), byte(h.dtype), byte(h.red), 0)
+	dst = le.AppendUint16(dst, uint16(len(h.name)))
+	dst = le.AppendUint32(dst, h.epoch)
+	dst = le.AppendUint64(dst, h.seq)
+	dst = le.AppendUint64(dst, h.count)
+	dst = le.AppendUint64(dst, h.offset)
+	dst = le.AppendUint32(dst, h.root)
+	dst = le.AppendUint32(dst, h.step)
+	dst = le.AppendUint32(dst, h.chunk)
+	dst = le.AppendUint32(dst, h.length)
+	return append(dst, h.name...)
+}
+
+// parseFixed decodes the fixed part of a header (len(b) >= fixedLen) and
+// returns the length of the name that follows.
+func parseFixed(b []byte) (header, int, error) {
+	le := binary.LittleEndian
+	var h header
+	if m := le.Uint32(b); m != frameMagic {
+		return h, 0, fmt.Errorf("%w: bad magic %#08x", errProtocol, m)
+	}
+	if b[4] != frameVersion {
+		return h, 0, fmt.Errorf("%w: version %d, want %d", errProtocol, b[4], frameVersion)
+	}
+	h.kind, h.op, h.dtype, h.red = frameKind(b[5]), opKind(b[6]), DType(b[7]), Reduction(b[8])
+	if h.kind < kindHello || h.kind > kindGoodbye {
+		return h, 0, fmt.Errorf("%w: unknown frame kind %d", errProtocol, h.kind)
+	}
+	nameLen := int(le.Uint16(b[10:]))
+	h.epoch, h.seq, h.count = le.Uint32(b[12:]), le.Uint64(b[16:]), le.Uint64(b[24:])
+	h.offset, h.root, h.step = le.Uint64(b[32:]), le.Uint32(b[40:]), le.Uint32(b[44:])
+	h.chunk, h.length = le.Uint32(b[48:]), le.Uint32(b[52:])
+	if nameLen > maxNameLen {
+		return h, 0, fmt.Errorf("%w: name of %d bytes", errProtocol, nameLen)
+	}
+	if h.length > maxPayload {
+		return h, 0, fmt.Errorf("%w: payload of %d bytes", errProtocol, h.length)
+	}
+	return h, nameLen, nil
+}
+
+// decodeHeader decodes a whole header from b and returns the bytes it used.
+// The name aliases b.
+func decodeHeader(b []byte) (header, int, error) {
+	if len(b) < fixedLen {
+		return header{}, 0, fmt.Errorf("%w: short header (%d bytes)", errProtocol, len(b))
+	}
+	h, nameLen, err := parseFixed(b)
+	if err != nil {
+		return h, 0, err
+	}
+	if len(b) < fixedLen+nameLen {
+		return h, 0, fmt.Errorf("%w: short name", errProtocol)
+	}
+	h.name = b[fixedLen : fixedLen+nameLen]
+	return h, fixedLen + nameLen, nil
+}
+
+// Abort payloads: a code byte, then strings, each a u16 length and bytes.
+const (
+	abortGeneric  byte = 1 // message
+	abortMismatch byte = 2 // op, name, then per member: name, addr, has
+	abortTimeout  byte = 3 // op, name, after, detail, then per peer: name, addr
+)
+
+// encodeAbort encodes err for an abort frame.
+func encodeAbort(err error) []byte {
+	var me *MismatchError
+	if errors.As(err, &me) {
+		return appendStrings([]byte{abortMismatch}, me.Op, me.Name,
+			me.Members[0].Name, me.Members[0].Addr, me.Has[0],
+			me.Members[1].Name, me.Members[1].Addr, me.Has[1])
+	}
+	var te *TimeoutError
+	if errors.As(err, &te) {
+		b := appendStrings([]byte{abortTimeout}, te.Op, te.Name, te.After.String(), te.Detail)
+		for _, p := range te.Peers {
+			b = appendStrings(b, p.Name, p.Addr)
+		}
+		return b
+	}
+	return appendStrings([]byte{abortGeneric}, err.Error())
+}
+
+// decodeTimeout rebuilds a *TimeoutError from its abort strings.
+func decodeTimeout(s []string) (*TimeoutError, bool) {
+	if len(s) < 4 || len(s)%2 != 0 {
+		return nil, false
+	}
+	after, err := time.ParseDuration(s[2])
+	if err != nil {
+		return nil, false
+	}
+	e := &TimeoutError{Op: s[0], Name: s[1], After: after, Detail: s[3]}
+	for i := 4; i < len(s); i += 2 {
+		e.Peers = append(e.Peers, Member{Name: s[i], Addr: s[i+1]})
+	}
+	return e, true
+}
+
+// decodeAbort rebuilds the error a peer aborted the group with.
+func decodeAbort(from Member, p []byte) error {
+	if len(p) == 0 {
+		return &PeerError{Peer: from, Err: fmt.Errorf("%w: empty abort", errProtocol)}
+	}
+	s, ok := splitStrings(p[1:])
+	switch {
+	case ok && p[0] == abortMismatch && len(s) == 8:
+		return &MismatchError{Op: s[0], Name: s[1],
+			Members: [2]Member{{Name: s[2], Addr: s[3]}, {Name: s[5], Addr: s[6]}},
+			Has:     [2]string{s[4], s[7]}}
+	case ok && p[0] == abortTimeout:
+		if e, ok := decodeTimeout(s); ok {
+			return e
+		}
+	case ok && p[0] == abortGeneric && len(s) == 1:
+		return &PeerError{Peer: from, Err: &remoteError{msg: s[0]}}
+	}
+	return &PeerError{Peer: from, Err: fmt.Errorf("%w: malformed abort", errProtocol)}
+}
+
+func appendStrings(dst []byte, ss ...string) []byte {
+	for _, s := range ss {
+		if len(s) > 0xffff {
+			s = s[:0xffff]
+		}
+		dst = binary.LittleEndian.AppendUint16(dst, uint16(len(s)))
+		dst = append(dst, s...)
+	}
+	return dst
+}
+
+func splitStrings(b []byte) ([]string, bool) {
+	var ss []string
+	for len(b) > 0 {
+		if len(b) < 2 {
+			return nil, false
+		}
+		n := int(binary.LittleEndian.Uint16(b))
+		if len(b) < 2+n {
+			return nil, false
+		}
+		ss = append(ss, string(b[2:2+n]))
+		b = b[2+n:]
+	}
+	return ss, true
+}

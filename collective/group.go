@@ -1,0 +1,167 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+
+	"go.uber.org/zap"
+)
+
+// closeName is the reserved name of the barrier Close holds.
+const closeName = "\x00close"
+
+// Group is one member's handle on a group of processes that run collective
+// operations together. Its methods are safe for concurrent use.
+type Group struct {
+	cfg     config
+	members []Member
+	rank    int
+	peers   []int // ranks of the other members, ascending
+	log     *zap.Logger
+	ln      net.Listener
+	conns   []*peerConn // by rank; nil for this member and until connected
+	wg      sync.WaitGroup
+
+	mu         sync.Mutex
+	names      map[string]*nameState
+	left       []bool // the peer closed its group in order
+	err        error
+	broken     chan struct{} // closed when err is set
+	setup      setupState
+	handshakes map[net.Conn]struct{}
+
+	hostMu  sync.Mutex
+	hostIPs map[netip.Addr]bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+func newGroup(cfg config, members []Member, rank int) *Group {
+	g := &Group{
+		cfg:        cfg,
+		members:    append([]Member(nil), members...),
+		rank:       rank,
+		log:        cfg.log.With(zap.String("member", members[rank].Name)),
+		conns:      make([]*peerConn, len(members)),
+		names:      make(map[string]*nameState),
+		left:       make([]bool, len(members)),
+		broken:     make(chan struct{}),
+		handshakes: make(map[net.Conn]struct{}),
+		hostIPs:    make(map[netip.Addr]bool),
+	}
+	for r := range members {
+		if r != rank {
+			g.peers = append(g.peers, r)
+		}
+	}
+	g.setup = newSetupState(len(members))
+	return g
+}
+
+// Rank returns this member's index in Members.
+func (g *Group) Rank() int { return g.rank }
+
+// Size returns the number of members.
+func (g *Group) Size() int { return len(g.members) }
+
+// Members returns a copy of the group's members in rank order.
+func (g *Group) Members() []Member { return append([]Member(nil), g.members...) }
+
+// Err returns the error that broke the group (ErrClosed after Close), nil
+// while it works.
+func (g *Group) Err() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
+// Close holds a barrier with every peer (bounded by ctx and the group's
+// timeout) so that no member leaves while a peer still needs it, then shuts
+// every connection down in order: goodbye frame, half-close, drain to EOF,
+// close. Operations still pending fail with ErrClosed. Close is idempotent
+// and returns once every goroutine of the group has exited.
+func (g *Group) Close(ctx context.Context) error {
+	g.closeOnce.Do(func() { g.closeErr = g.close(ctx) })
+	return g.closeErr
+}
+
+func (g *Group) close(ctx context.Context) error {
+	var err error
+	if g.Err() == nil && len(g.members) > 1 {
+		if err = g.barrier(ctx, closeName); err != nil {
+			err = fmt.Errorf("collective: close: %w", err)
+		}
+	}
+	g.fail(ErrClosed)
+	g.wg.Wait()
+	return err
+}
+
+// fail breaks the group with err unless it is already broken, and returns
+// the error the group is broken with. Every pending operation wakes up and
+// fails; every connection is shut down (abort frame, or goodbye for
+// ErrClosed) and its reader exits.
+func (g *Group) fail(err error) error {
+	g.mu.Lock()
+	if g.err != nil {
+		defer g.mu.Unlock()
+		return g.err
+	}
+	g.err = err
+	close(g.broken)
+	handshakes := g.handshakes
+	g.handshakes = nil
+	conns := g.connectedLocked()
+	g.wg.Add(len(conns)) // before unlocking, so that Close's Wait covers them
+	g.mu.Unlock()
+	if !errors.Is(err, ErrClosed) {
+		g.log.Warn("collective group broken", zap.Error(err))
+	}
+	_ = g.ln.Close()
+	for nc := range handshakes {
+		_ = nc.Close()
+	}
+	final := g.finalFrame(err)
+	for _, c := range conns {
+		go func() {
+			defer g.wg.Done()
+			c.shutdown(final, g.cfg.linger)
+		}()
+	}
+	return err
+}
+
+// finalFrame encodes the last frame sent to every peer: goodbye after
+// Close, else an abort carrying err.
+func (g *Group) finalFrame(err error) []byte {
+	if errors.Is(err, ErrClosed) {
+		return appendHeader(nil, &header{kind: kindGoodbye, epoch: g.cfg.epoch})
+	}
+	payload := encodeAbort(err)
+	h := header{kind: kindAbort, epoch: g.cfg.epoch, length: uint32(len(payload))}
+	return append(appendHeader(nil, &h), payload...)
+}
+
+// connectedLocked returns the connections whose reader runs. Caller holds
+// g.mu.
+func (g *Group) connectedLocked() []*peerConn {
+	var cs []*peerConn
+	if g.setup.done && g.setup.err == nil {
+		for _, c := range g.conns {
+			if c != nil {
+				cs = append(cs, c)
+			}
+		}
+	}
+	return cs
+}
+
+// peerError builds the error for a peer's connection failing with err.
+func (g *Group) peerError(rank int, err error) error {
+	return &PeerError{Peer: g.members[rank], Err: err}
+}

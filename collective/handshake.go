@@ -1,0 +1,195 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// acceptLoop accepts connections until the listener closes. Each is
+// handled in its own goroutine, so a slow client never blocks it.
+func (g *Group) acceptLoop() {
+	defer g.wg.Done()
+	for {
+		nc, err := g.ln.Accept()
+		if err != nil {
+			if g.acceptFailed(err) {
+				return
+			}
+			continue
+		}
+		if !g.track(nc) {
+			_ = nc.Close()
+			return
+		}
+		g.wg.Add(1)
+		go g.handleAccepted(nc)
+	}
+}
+
+// acceptFailed reports whether the accept loop must stop; it pauses
+// briefly on other errors (e.g. too many open files).
+func (g *Group) acceptFailed(err error) bool {
+	if errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	g.log.Warn("collective accept failed", zap.Error(err))
+	t := time.NewTimer(50 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-g.broken:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// track records an accepted connection whose hello is pending, so that a
+// shutdown closes it; false if the group is shutting down.
+func (g *Group) track(nc net.Conn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.handshakes == nil {
+		return false
+	}
+	g.handshakes[nc] = struct{}{}
+	return true
+}
+
+func (g *Group) untrack(nc net.Conn) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.handshakes, nc)
+}
+
+// handleAccepted runs the acceptor's side of the hello exchange.
+func (g *Group) handleAccepted(nc net.Conn) {
+	defer g.wg.Done()
+	remote := zap.String("remote", nc.RemoteAddr().String())
+	if !g.memberHost(nc.RemoteAddr()) {
+		g.refuse(nc, "refused a connection from a host that is not a member", remote)
+		return
+	}
+	c := newPeerConn(nc)
+	_ = nc.SetReadDeadline(time.Now().Add(g.cfg.helloTimeout))
+	h, err := c.readHeader()
+	if err == nil && h.kind != kindHello {
+		err = fmt.Errorf("%w: %d frame before hello", errProtocol, h.kind)
+	}
+	if err != nil {
+		g.refuse(nc, "refused a connection that does not speak the protocol", remote, zap.Error(err))
+		return
+	}
+	g.acceptHello(c, &h, remote)
+}
+
+func (g *Group) refuse(nc net.Conn, msg string, fields ...zap.Field) {
+	g.log.Warn(msg, fields...)
+	g.untrack(nc)
+	_ = nc.Close()
+}
+
+// acceptHello answers a dialer's hello: a hello back when it is a missing
+// member of this group, a reject otherwise.
+func (g *Group) acceptHello(c *peerConn, h *header, remote zap.Field) {
+	peer := int(h.root)
+	if fatal, err := g.checkHello(h, -1); err != nil {
+		g.reject(c, err.Error(), remote)
+		g.setupFailed(-1, err, fatal)
+		return
+	}
+	if peer <= g.rank {
+		g.reject(c, fmt.Sprintf("rank %d must not dial rank %d", peer, g.rank), remote)
+		return
+	}
+	if !g.claim(peer, c) {
+		g.reject(c, "the group is formed or the member is connected already", remote)
+		return
+	}
+	_ = c.nc.SetReadDeadline(time.Time{})
+	if err := c.writeRaw(g.hello(kindHello, ""), g.cfg.helloTimeout); err != nil {
+		g.log.Warn("collective hello reply failed", remote, zap.Error(err))
+	}
+}
+
+func (g *Group) reject(c *peerConn, reason string, remote zap.Field) {
+	g.log.Warn("collective refused a hello", remote, zap.String("reason", reason))
+	_ = c.writeRaw(g.hello(kindReject, reason), time.Second)
+	g.untrack(c.nc)
+	_ = c.nc.Close()
+}
+
+// hello encodes this member's hello (or reject with reason).
+func (g *Group) hello(kind frameKind, reason string) []byte {
+	h := header{kind: kind, epoch: g.cfg.epoch, seq: g.cfg.fingerprint,
+		root: uint32(g.rank), count: uint64(len(g.members)), length: uint32(len(reason))}
+	return append(appendHeader(nil, &h), reason...)
+}
+
+// checkHello checks a peer's hello (or reject) against this member. want is
+// the rank expected to answer, or -1. fatal reports an error no retry fixes.
+func (g *Group) checkHello(h *header, want int) (fatal bool, err error) {
+	who := fmt.Sprintf("the member of rank %d", h.root)
+	if int(h.root) < len(g.members) {
+		who = g.members[h.root].String()
+	}
+	switch {
+	case h.seq != g.cfg.fingerprint:
+		return true, fmt.Errorf("collective: %s was started with a different cluster (fingerprint %#x, this member has %#x)",
+			who, h.seq, g.cfg.fingerprint)
+	case h.epoch != g.cfg.epoch:
+		return true, fmt.Errorf("collective: %s was started with membership epoch %d, this member has %d",
+			who, h.epoch, g.cfg.epoch)
+	case h.count != uint64(len(g.members)):
+		return true, fmt.Errorf("collective: %s was started with a group of %d, this member has %d",
+			who, h.count, len(g.members))
+	case int(h.root) >= len(g.members) || (want >= 0 && int(h.root) != want):
+		return false, fmt.Errorf("collective: %s answered as rank %d", who, h.root)
+	}
+	return false, nil
+}
+
+// memberHost reports whether addr's IP belongs to a member's host, resolving
+// the members' host names again if it is not known yet.
+func (g *Group) memberHost(addr net.Addr) bool {
+	ap, err := netip.ParseAddrPort(addr.String())
+	if err != nil {
+		return false
+	}
+	ip := ap.Addr().Unmap()
+	g.hostMu.Lock()
+	defer g.hostMu.Unlock()
+	if g.hostIPs[ip] {
+		return true
+	}
+	g.resolveHosts()
+	return g.hostIPs[ip]
+}
+
+// resolveHosts adds the IPs of every member's host. Caller holds hostMu.
+func (g *Group) resolveHosts() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, m := range g.members {
+		host, _, _ := net.SplitHostPort(m.Addr)
+		if host == "" {
+			host = "localhost"
+		}
+		if ip, err := netip.ParseAddr(host); err == nil {
+			g.hostIPs[ip.Unmap()] = true
+			continue
+		}
+		ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		if err != nil {
+			g.log.Debug("collective could not resolve a member host", zap.String("host", host), zap.Error(err))
+		}
+		for _, ip := range ips {
+			g.hostIPs[ip.Unmap()] = true
+		}
+	}
+}

@@ -1,0 +1,143 @@
+package collective
+
+import (
+	"fmt"
+	"strings"
+)
+
+// frame is a received data frame: its header (without name) and payload.
+type frame struct {
+	h   header
+	buf *[]byte // pooled; nil for an empty payload
+}
+
+func (f *frame) payload() []byte {
+	if f.buf == nil {
+		return nil
+	}
+	return *f.buf
+}
+
+func (f *frame) release() {
+	if f.buf != nil {
+		putBuf(f.buf)
+		f.buf = nil
+	}
+}
+
+// mailbox buffers the frames of one operation (name, seq), per sending
+// peer, in arrival order. Frames of an operation not yet started locally
+// wait here until it starts.
+type mailbox struct {
+	queues    [][]frame     // by peer rank
+	signal    chan struct{} // a frame arrived or a peer left
+	active    bool          // a local operation owns the mailbox
+	abandoned bool          // the local operation was cancelled; drop frames
+}
+
+func newMailbox(n int) *mailbox {
+	return &mailbox{queues: make([][]frame, n), signal: make(chan struct{}, 1)}
+}
+
+func (b *mailbox) notify() {
+	select {
+	case b.signal <- struct{}{}:
+	default:
+	}
+}
+
+// pop removes the oldest frame from peer, if any.
+func (b *mailbox) pop(peer int) (frame, bool) {
+	q := b.queues[peer]
+	if len(q) == 0 {
+		return frame{}, false
+	}
+	f := q[0]
+	q[0] = frame{}
+	b.queues[peer] = q[1:]
+	if len(q) == 1 {
+		b.queues[peer] = q[:0]
+	}
+	return f, true
+}
+
+// drop releases every queued frame.
+func (b *mailbox) drop() {
+	for p, q := range b.queues {
+		for i := range q {
+			q[i].release()
+		}
+		b.queues[p] = nil
+	}
+}
+
+// nameState is the matching state of one tensor name.
+type nameState struct {
+	next  uint64              // sequence number of the next local call
+	boxes map[uint64]*mailbox // by sequence number
+}
+
+// box returns the mailbox of (name, seq), creating it. Caller holds g.mu.
+func (g *Group) box(name []byte, seq uint64) *mailbox {
+	ns := g.names[string(name)]
+	if ns == nil {
+		ns = &nameState{boxes: make(map[uint64]*mailbox)}
+		g.names[string(name)] = ns
+	}
+	b := ns.boxes[seq]
+	if b == nil {
+		b = newMailbox(len(g.members))
+		ns.boxes[seq] = b
+	}
+	return b
+}
+
+// deliver queues a data frame from peer for its operation.
+func (g *Group) deliver(peer int, h header, buf *[]byte) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f := frame{h: h, buf: buf}
+	if g.err != nil {
+		f.release()
+		return
+	}
+	b := g.box(h.name, h.seq)
+	if b.abandoned {
+		f.release()
+		return
+	}
+	f.h.name = nil
+	b.queues[peer] = append(b.queues[peer], f)
+	b.notify()
+}
+
+// peerLeft records that peer closed its group in order and wakes every
+// operation, so those still needing it fail.
+func (g *Group) peerLeft(peer int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.left[peer] = true
+	for _, ns := range g.names {
+		for _, b := range ns.boxes {
+			b.notify()
+		}
+	}
+}
+
+// orphans describes up to three operations peer has sent frames for that
+// no local call has started: the usual cause of a stall is members calling
+// different names. Caller holds g.mu.
+func (g *Group) orphans(peer int) string {
+	var found []string
+	for name, ns := range g.names {
+		for seq, b := range ns.boxes {
+			if !b.active && !b.abandoned && len(b.queues[peer]) > 0 && len(found) < 3 {
+				found = append(found, fmt.Sprintf("%q#%d", name, seq))
+			}
+		}
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s started %s, not started here", g.members[peer].Name, strings.Join(found, ", "))
+}

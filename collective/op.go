@@ -1,0 +1,173 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+)
+
+// op is one local call of a collective operation.
+type op struct {
+	g         *Group
+	ctx       context.Context
+	name      string
+	self      header // this call's header; sends vary offset, step, chunk, length
+	box       *mailbox
+	timer     *time.Timer
+	timerC    <-chan time.Time
+	deadline  time.Time // bound on writes: the earlier of timeout and ctx deadline
+	cancelled bool      // ctx ended the call
+	hdr       []byte    // encoded header scratch
+	vec       [2][]byte
+	bufs      net.Buffers
+}
+
+// start registers a call under the next sequence number of its name.
+func (g *Group) start(ctx context.Context, name string, self header) (*op, error) {
+	o := &op{g: g, ctx: ctx, name: name, self: self}
+	o.self.kind, o.self.epoch, o.self.name = kindData, g.cfg.epoch, []byte(name)
+	if d := g.cfg.timeout; d > 0 {
+		o.timer = time.NewTimer(d)
+		o.timerC = o.timer.C
+		o.deadline = time.Now().Add(d)
+	}
+	if d, ok := ctx.Deadline(); ok && (o.deadline.IsZero() || d.Before(o.deadline)) {
+		o.deadline = d
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err != nil {
+		o.stopTimer()
+		return nil, g.err
+	}
+	ns := g.names[name]
+	if ns == nil {
+		ns = &nameState{boxes: make(map[uint64]*mailbox)}
+		g.names[name] = ns
+	}
+	o.self.seq = ns.next
+	ns.next++
+	o.box = g.box(o.self.name, o.self.seq)
+	o.box.active = true
+	return o, nil
+}
+
+func (o *op) stopTimer() {
+	if o.timer != nil {
+		o.timer.Stop()
+	}
+}
+
+// end unregisters the call and returns its result. Any error but the
+// caller's cancellation breaks the group.
+func (o *op) end(err error) error {
+	o.stopTimer()
+	g := o.g
+	g.mu.Lock()
+	o.box.drop()
+	if o.cancelled {
+		o.box.abandoned = true
+	} else {
+		delete(g.names[o.name].boxes, o.self.seq)
+	}
+	g.mu.Unlock()
+	if err != nil && !o.cancelled {
+		g.fail(err)
+	}
+	return err
+}
+
+// send writes one data frame of this call to peer.
+func (o *op) send(peer int, step, chunk, offset int, payload []byte) error {
+	h := &o.self
+	h.step, h.chunk, h.offset, h.length = uint32(step), uint32(chunk), uint64(offset), uint32(len(payload))
+	o.hdr = appendHeader(o.hdr[:0], h)
+	o.vec[0], o.vec[1] = o.hdr, payload
+	o.bufs = o.vec[:]
+	err := o.g.conns[peer].write(o.deadline, &o.bufs)
+	if err == nil {
+		return nil
+	}
+	if gerr := o.g.Err(); gerr != nil {
+		return gerr
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return o.timeoutErr(peer, nil)
+	}
+	return o.g.peerError(peer, fmt.Errorf("sending %s %q: %w", o.self.op, o.name, err))
+}
+
+// recv returns the next frame of this call from peer, checked against the
+// call's header. later are peers the caller will wait for next; a timeout
+// names those of them that have sent nothing either.
+func (o *op) recv(peer int, later []int) (frame, error) {
+	for {
+		f, ok, err := o.take(peer)
+		if err != nil {
+			return f, err
+		}
+		if ok {
+			if err := o.check(peer, &f.h); err != nil {
+				f.release()
+				return frame{}, err
+			}
+			return f, nil
+		}
+		if err := o.wait(peer, later); err != nil {
+			return frame{}, err
+		}
+	}
+}
+
+func (o *op) take(peer int) (frame, bool, error) {
+	g := o.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if f, ok := o.box.pop(peer); ok {
+		return f, true, nil
+	}
+	if g.left[peer] {
+		return frame{}, false, g.peerError(peer, errLeft)
+	}
+	return frame{}, false, nil
+}
+
+// wait blocks until a frame arrives, the group breaks, ctx ends or the
+// call times out.
+func (o *op) wait(peer int, later []int) error {
+	select {
+	case <-o.box.signal:
+		return nil
+	case <-o.g.broken:
+		return o.g.Err()
+	case <-o.ctx.Done():
+		o.cancelled = true
+		return fmt.Errorf("collective: %s %q waiting for %s: %w", o.self.op, o.name, o.g.members[peer], o.ctx.Err())
+	case <-o.timerC:
+		return o.timeoutErr(peer, later)
+	}
+}
+
+// timeoutErr names peer and those of later that have sent nothing.
+func (o *op) timeoutErr(peer int, later []int) error {
+	g := o.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := &TimeoutError{Op: o.self.op.String(), Name: o.name, After: g.cfg.timeout}
+	var details []string
+	for i, p := range append([]int{peer}, later...) {
+		if i > 0 && len(o.box.queues[p]) > 0 {
+			continue
+		}
+		e.Peers = append(e.Peers, g.members[p])
+		if d := g.orphans(p); d != "" {
+			details = append(details, d)
+		}
+	}
+	e.Detail = strings.Join(details, "; ")
+	return e
+}

@@ -1,0 +1,80 @@
+package collective
+
+import (
+	"net"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Default bounds and tuning of a group.
+const (
+	defaultTimeout        = 60 * time.Second
+	defaultStartupTimeout = 120 * time.Second
+	defaultHelloTimeout   = 10 * time.Second
+	defaultLinger         = 2 * time.Second
+	defaultChunkBytes     = 1 << 20
+	defaultDirectMax      = 256 << 10
+	defaultRingWindow     = 2
+)
+
+// Option configures New.
+type Option func(*config)
+
+type config struct {
+	fingerprint    uint64
+	epoch          uint32
+	timeout        time.Duration
+	startupTimeout time.Duration
+	listener       net.Listener
+	log            *zap.Logger
+
+	// Tuning, set by this package's tests.
+	helloTimeout time.Duration // bound on an accepted connection's hello
+	linger       time.Duration // bound on the orderly shutdown of a connection
+	chunkBytes   int           // largest payload of a data frame
+	directMax    int           // largest all-reduce that takes the direct path
+	ringWindow   int           // step-0 chunks a ring member sends before receiving
+}
+
+func defaultConfig() config {
+	return config{
+		timeout:        defaultTimeout,
+		startupTimeout: defaultStartupTimeout,
+		log:            zap.NewNop(),
+		helloTimeout:   defaultHelloTimeout,
+		linger:         defaultLinger,
+		chunkBytes:     defaultChunkBytes,
+		directMax:      defaultDirectMax,
+		ringWindow:     defaultRingWindow,
+	}
+}
+
+// WithFingerprint sets the group's identity, typically a hash of the cluster
+// spec. A peer started with another fingerprint is refused and New fails.
+func WithFingerprint(fp uint64) Option { return func(c *config) { c.fingerprint = fp } }
+
+// WithEpoch sets the membership epoch (0 by default). It is carried in every
+// frame; a peer of another epoch is refused.
+func WithEpoch(e uint32) Option { return func(c *config) { c.epoch = e } }
+
+// WithTimeout bounds every operation (60s by default). Zero means no bound
+// other than the operation's context.
+func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+
+// WithStartupTimeout bounds how long New waits for every peer to connect
+// (120s by default). Zero means no bound other than New's context.
+func WithStartupTimeout(d time.Duration) Option { return func(c *config) { c.startupTimeout = d } }
+
+// WithListener makes the group accept peers on l instead of listening on its
+// member address. New takes ownership of l and closes it when the group ends.
+func WithListener(l net.Listener) Option { return func(c *config) { c.listener = l } }
+
+// WithLogger sets the logger (zap.NewNop by default).
+func WithLogger(l *zap.Logger) Option {
+	return func(c *config) {
+		if l != nil {
+			c.log = l
+		}
+	}
+}

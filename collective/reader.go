@@ -1,0 +1,77 @@
+package collective
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// readLoop is the only reader of c: it demultiplexes frames into the
+// operations' mailboxes and never blocks on an operation.
+func (g *Group) readLoop(c *peerConn) {
+	defer g.wg.Done()
+	defer func() { _ = c.nc.Close() }()
+	err := g.readFrames(c)
+	g.connDone(c, err)
+}
+
+func (g *Group) readFrames(c *peerConn) error {
+	for {
+		h, err := c.readHeader()
+		if err != nil {
+			return err
+		}
+		if err := g.handleFrame(c, h); err != nil {
+			return err
+		}
+	}
+}
+
+func (g *Group) handleFrame(c *peerConn, h header) error {
+	if h.epoch != g.cfg.epoch {
+		return fmt.Errorf("%w: frame of epoch %d, this member has %d", errProtocol, h.epoch, g.cfg.epoch)
+	}
+	switch h.kind {
+	case kindData:
+		buf, err := c.readPayload(h.length)
+		if err != nil {
+			return err
+		}
+		g.deliver(c.rank, h, buf)
+	case kindAbort:
+		buf, err := c.readPayload(h.length)
+		if err != nil {
+			return err
+		}
+		var p []byte
+		if buf != nil {
+			p = *buf
+		}
+		g.fail(decodeAbort(c.member, p))
+		if buf != nil {
+			putBuf(buf)
+		}
+	case kindGoodbye:
+		c.goodbye.Store(true)
+	default:
+		return fmt.Errorf("%w: unexpected %d frame", errProtocol, h.kind)
+	}
+	return nil
+}
+
+// connDone handles the end of c's stream: after a goodbye, EOF (or the
+// drain bound) is an orderly close; anything else breaks the group.
+func (g *Group) connDone(c *peerConn, err error) {
+	orderly := errors.Is(err, io.EOF) || errors.Is(err, os.ErrDeadlineExceeded)
+	if c.goodbye.Load() && orderly {
+		g.peerLeft(c.rank)
+		return
+	}
+	if errors.Is(err, io.EOF) {
+		err = fmt.Errorf("connection closed without goodbye: %w", err)
+	} else if !errors.Is(err, errProtocol) {
+		err = fmt.Errorf("connection lost: %w", err)
+	}
+	g.fail(g.peerError(c.rank, err))
+}

@@ -1,0 +1,85 @@
+package collective
+
+import "fmt"
+
+// DType is the element type of a buffer an operation combines.
+type DType uint8
+
+// The element types the engine reduces.
+const (
+	Float32 DType = iota + 1
+	Float64
+	Float16
+	BFloat16
+	Int32
+	Int64
+)
+
+// Size returns the bytes of one element (0 for an unknown type).
+func (d DType) Size() int {
+	switch d {
+	case Float32, Int32:
+		return 4
+	case Float64, Int64:
+		return 8
+	case Float16, BFloat16:
+		return 2
+	}
+	return 0
+}
+
+// String returns the type's name, as TensorFlow spells it.
+func (d DType) String() string {
+	switch d {
+	case Float32:
+		return "float32"
+	case Float64:
+		return "float64"
+	case Float16:
+		return "float16"
+	case BFloat16:
+		return "bfloat16"
+	case Int32:
+		return "int32"
+	case Int64:
+		return "int64"
+	}
+	return fmt.Sprintf("dtype(%d)", uint8(d))
+}
+
+// Reduction combines the members' buffers element by element.
+type Reduction uint8
+
+// The reductions of AllReduce.
+const (
+	Sum Reduction = iota + 1
+	// Mean is the sum divided by the group's size (truncated for integers).
+	Mean
+	Min
+	Max
+)
+
+// String returns the reduction's name.
+func (r Reduction) String() string {
+	switch r {
+	case Sum:
+		return "sum"
+	case Mean:
+		return "mean"
+	case Min:
+		return "min"
+	case Max:
+		return "max"
+	}
+	return fmt.Sprintf("reduction(%d)", uint8(r))
+}
+
+// Member is one process of a group.
+type Member struct {
+	// Name names the member in errors and logs, e.g. "worker:1".
+	Name string
+	// Addr is the host:port the member listens on.
+	Addr string
+}
+
+func (m Member) String() string { return fmt.Sprintf("%s (%s)", m.Name, m.Addr) }
