@@ -76,9 +76,23 @@ func TestWrongVersionIsRefused(t *testing.T) {
 	require.NoError(t, os.WriteFile(src, []byte(`const char* TF_Version(void) { return "2.17.0"; }`), 0o644))
 	out, err := exec.Command("cc", "-shared", "-fPIC", "-o", filepath.Join(dir, "lib/libtensorflow.so"), src).CombinedOutput()
 	require.NoError(t, err, string(out))
+	require.NoError(t, os.Symlink("libtensorflow.so", filepath.Join(dir, "lib/libtensorflow_framework.so")))
 	_, stderr, err := bootstrap(t, map[string]string{"LIBTENSORFLOW_DIR": dir})
 	require.Error(t, err)
 	assert.Contains(t, stderr, "TensorFlow 2.17.0, expected 2.18.x")
+}
+
+// An install without libtensorflow_framework, which holds the kernel API
+// that tfdist's collective ops use, is refused and the file named.
+func TestMissingFrameworkLibraryIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "include/tensorflow/c"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "lib"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "include/tensorflow/c/c_api.h"), nil, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "lib/libtensorflow.so"), nil, 0o644))
+	_, stderr, err := bootstrap(t, map[string]string{"LIBTENSORFLOW_DIR": dir})
+	require.Error(t, err)
+	assert.Contains(t, stderr, "no lib/libtensorflow_framework.so")
 }
 
 // fakePip writes a pip stand-in: it answers --version and runs script for

@@ -99,6 +99,7 @@ EOF
 usable() {
   local dir=$1 v
   [ -e "$dir/lib/libtensorflow.so" ] || { tried+=("$dir: no lib/libtensorflow.so"); return 1; }
+  [ -e "$dir/lib/libtensorflow_framework.so" ] || { tried+=("$dir: no lib/libtensorflow_framework.so (tfdist's collective ops link the kernel API from it)"); return 1; }
   [ -f "$dir/include/tensorflow/c/c_api.h" ] || { tried+=("$dir: no include/tensorflow/c/c_api.h"); return 1; }
   v=$(version_of "$dir") || { tried+=("$dir: the library does not load or link"); return 1; }
   case "$v" in

@@ -34,6 +34,19 @@ func WithThreads(intraOp, interOp int) ConfigOption {
 	}
 }
 
+// WithoutThreadSpinning makes TensorFlow's thread pools sleep as soon as
+// they run out of work instead of spinning first. A worker whose steps wait
+// on the network (tfdist's collective ops) leaves the cores to the
+// goroutines that move its tensors.
+func WithoutThreadSpinning() ConfigOption {
+	return func(c *pb.ConfigProto) {
+		if c.Experimental == nil {
+			c.Experimental = &pb.ConfigProto_Experimental{}
+		}
+		c.Experimental.DisableThreadSpinning = true
+	}
+}
+
 // WithCollectiveGroupLeader names the task that leads collective groups, e.g.
 // "/job:worker/replica:0/task:0", for CollectiveReduceV2 across tasks.
 func WithCollectiveGroupLeader(task string) ConfigOption {

@@ -1,0 +1,207 @@
+package tfrt
+
+// #include <stdint.h>
+// #include <stdlib.h>
+// #include "collective_queue.h"
+// void tfdist_run_done(void* kept);
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/cgo"
+	"unsafe"
+
+	"github.com/tfdist/tfdist/collective"
+)
+
+var dtypes = map[C.TF_DataType]collective.DType{
+	C.TF_FLOAT: collective.Float32, C.TF_DOUBLE: collective.Float64, C.TF_HALF: collective.Float16,
+	C.TF_BFLOAT16: collective.BFloat16, C.TF_INT32: collective.Int32, C.TF_INT64: collective.Int64,
+}
+
+var kinds = [...]string{"all-reduce", "all-gather", "broadcast"}
+
+// call is one execution of a collective op's kernel. It owns the input and
+// output tensors until it runs TensorFlow's done callback, exactly once.
+type call struct {
+	k       *kernel
+	ctx     *C.TF_OpKernelContext
+	done    unsafe.Pointer // TensorFlow's done callback, moved to the heap
+	in, out *C.TF_Tensor
+	g       *collective.Group
+	dt      collective.DType
+}
+
+// serveQueue starts the goroutine that takes the kernels' calls off the
+// queue that their compute functions fill, woken by the queue's eventfd.
+func serveQueue() error {
+	fd := C.tfdist_queue_open()
+	if fd < 0 {
+		return &Error{Code: Internal, Op: "register tfdist collective ops", Msg: "eventfd failed"}
+	}
+	f := os.NewFile(uintptr(fd), "tfdist-collective-queue")
+	go func() {
+		var count [8]byte
+		for {
+			if _, err := f.Read(count[:]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				continue // an eventfd read fails only when the counter is zero
+			}
+			var q C.tfdist_call
+			for C.tfdist_queue_take(&q) != 0 {
+				c := &call{k: cgo.Handle(q.kernel).Value().(*kernel), ctx: q.ctx, done: q.done}
+				if err := c.start(); err != nil {
+					c.finish(err)
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+// start checks the input, prepares the output and hands the work to a
+// goroutine of its own, so that the queue moves on.
+func (c *call) start() error {
+	st := C.TF_NewStatus()
+	defer C.TF_DeleteStatus(st)
+	C.TF_GetInput(c.ctx, 0, &c.in, st)
+	if err := statusError(st, "input"); err != nil {
+		return err
+	}
+	g, ok := groups.Load(c.k.group)
+	if !ok {
+		return &Error{Code: FailedPrecondition, Msg: fmt.Sprintf("no collective group %s in this process (was its strategy closed?)", c.k.group)}
+	}
+	c.g = g.(*collective.Group)
+	c.dt = dtypes[C.TF_TensorType(c.in)]
+	if c.k.kind == 1 {
+		go c.gather()
+		return nil
+	}
+	dims := tensorDims(c.in)
+	idx, fwd := C.int(0), C.int(-1)
+	c.out = C.TF_ForwardInputOrAllocateOutput(c.ctx, &idx, 1, 0, dimsPtr(dims), C.int(len(dims)), &fwd, st)
+	if err := statusError(st, "allocate output"); err != nil {
+		return err
+	}
+	if fwd < 0 {
+		copy(tensorBytes(c.out), tensorBytes(c.in))
+	}
+	go c.reduceOrBroadcast()
+	return nil
+}
+
+func (c *call) reduceOrBroadcast() {
+	ctx := context.Background()
+	if c.k.kind == 0 {
+		c.finish(c.g.AllReduce(ctx, c.k.name, c.k.red, c.dt, tensorBytes(c.out)))
+		return
+	}
+	c.finish(c.g.Broadcast(ctx, c.k.name, c.k.root, c.dt, tensorBytes(c.out)))
+}
+
+// gather all-gathers the input and writes the members' blocks, in rank
+// order, into an output whose first dimension is their sum.
+func (c *call) gather() {
+	blocks, err := c.g.AllGather(context.Background(), c.k.name, c.dt, tensorBytes(c.in))
+	if err != nil {
+		c.finish(err)
+		return
+	}
+	dims := tensorDims(c.in)
+	if len(dims) == 0 {
+		c.finish(&Error{Code: InvalidArgument, Msg: "all-gather of a scalar: expected a tensor of rank 1 or more"})
+		return
+	}
+	row := int64(c.dt.Size())
+	for _, d := range dims[1:] {
+		row *= int64(d)
+	}
+	total := int64(0)
+	for r, b := range blocks {
+		if row == 0 || int64(len(b))%row != 0 {
+			c.finish(&Error{Code: InvalidArgument, Msg: fmt.Sprintf("all-gather: %s sent %d bytes, not whole rows of %v %s",
+				c.g.Members()[r], len(b), dims[1:], c.dt)})
+			return
+		}
+		total += int64(len(b)) / row
+	}
+	dims[0] = C.int64_t(total)
+	st := C.TF_NewStatus()
+	defer C.TF_DeleteStatus(st)
+	c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_TensorType(c.in), dimsPtr(dims), C.int(len(dims)), C.size_t(total*row), st)
+	if err := statusError(st, "allocate output"); err != nil {
+		c.finish(err)
+		return
+	}
+	out := tensorBytes(c.out)
+	for _, b := range blocks {
+		out = out[copy(out, b):]
+	}
+	c.finish(nil)
+}
+
+// finish records err as the op's failure, releases the tensors and tells
+// TensorFlow the op is done.
+func (c *call) finish(err error) {
+	if err != nil {
+		st := C.TF_NewStatus()
+		setStatus(st, collectiveCode(err), fmt.Sprintf("tfdist %s %q: %v", kinds[c.k.kind], c.k.name, err))
+		C.TF_OpKernelContext_Failure(c.ctx, st)
+		C.TF_DeleteStatus(st)
+	}
+	if c.in != nil {
+		C.TF_DeleteTensor(c.in)
+	}
+	if c.out != nil {
+		C.TF_DeleteTensor(c.out)
+	}
+	C.tfdist_run_done(c.done)
+}
+
+// collectiveCode maps an engine error onto the TensorFlow status code the
+// step's error carries.
+func collectiveCode(err error) Code {
+	var te *Error
+	var pe *collective.PeerError
+	var me *collective.MismatchError
+	switch {
+	case errors.As(err, &te):
+		return te.Code
+	case errors.As(err, &me):
+		return InvalidArgument
+	case errors.Is(err, context.DeadlineExceeded):
+		return DeadlineExceeded
+	case errors.As(err, &pe):
+		return Unavailable
+	case errors.Is(err, collective.ErrClosed):
+		return Aborted
+	}
+	return Unknown
+}
+
+func tensorDims(t *C.TF_Tensor) []C.int64_t {
+	dims := make([]C.int64_t, int(C.TF_NumDims(t)))
+	for i := range dims {
+		dims[i] = C.int64_t(C.TF_Dim(t, C.int(i)))
+	}
+	return dims
+}
+
+func dimsPtr(dims []C.int64_t) *C.int64_t {
+	if len(dims) == 0 {
+		return nil
+	}
+	return &dims[0]
+}
+
+// tensorBytes views t's buffer, which TensorFlow owns, as bytes.
+func tensorBytes(t *C.TF_Tensor) []byte {
+	n := int(C.TF_TensorByteSize(t))
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(C.TF_TensorData(t)), n)
+}

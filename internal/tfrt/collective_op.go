@@ -1,0 +1,166 @@
+package tfrt
+
+// #cgo LDFLAGS: -ltensorflow_framework
+// #include <stdint.h>
+// #include <stdlib.h>
+// #include "kernels.h"
+// void tfdist_register_ops(TF_Status* st);
+import "C"
+
+import (
+	"runtime/cgo"
+	"sync"
+	"unsafe"
+
+	"github.com/google/uuid"
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/collective"
+)
+
+// The collective ops' types. Each runs on a CPU device as an async kernel
+// that hands its input to a collective.Group of this process and completes
+// when the group does, so no TensorFlow thread waits on the network.
+const (
+	opAllReduce = "TfdistAllReduce"
+	opAllGather = "TfdistAllGather"
+	opBroadcast = "TfdistBroadcast"
+)
+
+var (
+	registerOnce sync.Once
+	registerErr  error
+	groups       sync.Map // group id → *collective.Group
+)
+
+// registerOps registers the collective ops and their kernels with
+// TensorFlow, once per process.
+func registerOps() error {
+	registerOnce.Do(func() {
+		st := C.TF_NewStatus()
+		defer C.TF_DeleteStatus(st)
+		if registerErr = serveQueue(); registerErr != nil {
+			return
+		}
+		C.tfdist_register_ops(st)
+		registerErr = statusError(st, "register tfdist collective ops")
+	})
+	return registerErr
+}
+
+// RegisterGroup makes g reachable from the collective ops of this process
+// under the returned id, until unregister is called.
+func RegisterGroup(g *collective.Group) (id string, unregister func()) {
+	id = uuid.NewString()
+	groups.Store(id, g)
+	return id, func() { groups.Delete(id) }
+}
+
+func addCollective(s *op.Scope, typ string, in tf.Output, attrs map[string]any) tf.Output {
+	if err := registerOps(); err != nil {
+		s.UpdateErr(typ, err)
+		return tf.Output{}
+	}
+	o := s.AddOperation(tf.OpSpec{Type: typ, Input: []tf.Input{in}, Attrs: attrs})
+	if o == nil {
+		return tf.Output{}
+	}
+	return o.Output(0)
+}
+
+// AllReduce adds an op that reduces in across the group registered as
+// group, matched on every member by name. red is collective.Sum, Min or
+// Max.
+func AllReduce(s *op.Scope, in tf.Output, group, name string, red collective.Reduction) tf.Output {
+	return addCollective(s, opAllReduce, in, map[string]any{"group": group, "tensor_name": name, "reduction": red.String()})
+}
+
+// AllGather adds an op that concatenates every member's in along axis 0, in
+// rank order.
+func AllGather(s *op.Scope, in tf.Output, group, name string) tf.Output {
+	return addCollective(s, opAllGather, in, map[string]any{"group": group, "tensor_name": name})
+}
+
+// Broadcast adds an op whose output, on every member, is in as the member
+// of rank root has it.
+func Broadcast(s *op.Scope, in tf.Output, group, name string, root int) tf.Output {
+	return addCollective(s, opBroadcast, in, map[string]any{"group": group, "tensor_name": name, "root": int64(root)})
+}
+
+// kernel is one collective op node's kernel: its attributes.
+type kernel struct {
+	kind  C.int // 0 all-reduce, 1 all-gather, 2 broadcast
+	group string
+	name  string
+	red   collective.Reduction
+	root  int
+}
+
+var reductions = map[string]collective.Reduction{"sum": collective.Sum, "min": collective.Min, "max": collective.Max}
+
+//export tfdistKernelCreate
+func tfdistKernelCreate(ctx *C.TF_OpKernelConstruction, kind C.int) C.uintptr_t {
+	st := C.TF_NewStatus()
+	defer C.TF_DeleteStatus(st)
+	k := &kernel{kind: kind}
+	var err error
+	if k.group, err = stringAttr(ctx, "group", st); err == nil {
+		k.name, err = stringAttr(ctx, "tensor_name", st)
+	}
+	if err == nil && kind == 0 {
+		var r string
+		r, err = stringAttr(ctx, "reduction", st)
+		k.red = reductions[r]
+	}
+	if err == nil && kind == 2 {
+		var root C.int64_t
+		C.TF_OpKernelConstruction_GetAttrInt64(ctx, cstr("root"), &root, st)
+		err = statusError(st, "attr root")
+		k.root = int(root)
+	}
+	if err != nil {
+		setStatus(st, InvalidArgument, err.Error())
+		C.TF_OpKernelConstruction_Failure(ctx, st)
+	}
+	return C.uintptr_t(cgo.NewHandle(k))
+}
+
+//export tfdistKernelDelete
+func tfdistKernelDelete(h C.uintptr_t) { cgo.Handle(h).Delete() }
+
+// attrNames holds C copies of the attribute names, which live as long as
+// the process.
+var attrNames sync.Map
+
+func cstr(s string) *C.char {
+	if p, ok := attrNames.Load(s); ok {
+		return p.(*C.char)
+	}
+	p, _ := attrNames.LoadOrStore(s, C.CString(s))
+	return p.(*C.char)
+}
+
+func stringAttr(ctx *C.TF_OpKernelConstruction, name string, st *C.TF_Status) (string, error) {
+	var list, total C.int32_t
+	C.TF_OpKernelConstruction_GetAttrSize(ctx, cstr(name), &list, &total, st)
+	if err := statusError(st, "attr "+name); err != nil {
+		return "", err
+	}
+	if total <= 0 {
+		return "", nil
+	}
+	buf := C.malloc(C.size_t(total))
+	defer C.free(buf)
+	C.TF_OpKernelConstruction_GetAttrString(ctx, cstr(name), (*C.char)(buf), C.size_t(total), st)
+	if err := statusError(st, "attr "+name); err != nil {
+		return "", err
+	}
+	return C.GoStringN((*C.char)(buf), C.int(total)), nil
+}
+
+func setStatus(st *C.TF_Status, code Code, msg string) {
+	m := C.CString(msg)
+	defer C.free(unsafe.Pointer(m))
+	C.TF_SetStatus(st, C.TF_Code(code), m)
+}

@@ -1,0 +1,164 @@
+package tfrt_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/tfrt"
+)
+
+// groups starts a collective group of n members in this process and
+// registers each with the collective ops.
+func groups(t *testing.T, n int) []string {
+	t.Helper()
+	ls := make([]net.Listener, n)
+	members := make([]collective.Member, n)
+	for i := range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		ls[i] = l
+		members[i] = collective.Member{Name: fmt.Sprintf("worker:%d", i), Addr: l.Addr().String()}
+	}
+	ids := make([]string, n)
+	gs := make([]*collective.Group, n)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			gs[i], errs[i] = collective.New(context.Background(), members, i,
+				collective.WithListener(ls[i]), collective.WithTimeout(10*time.Second), collective.WithStartupTimeout(10*time.Second))
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i])
+		var unregister func()
+		ids[i], unregister = tfrt.RegisterGroup(gs[i])
+		t.Cleanup(unregister)
+	}
+	t.Cleanup(func() { // every member closes at once: Close is a barrier
+		var wg sync.WaitGroup
+		for _, g := range gs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if broken := g.Err() != nil; !broken {
+					assert.NoError(t, g.Close(ctx))
+					return
+				}
+				g.Close(ctx)
+			}()
+		}
+		wg.Wait()
+	})
+	return ids
+}
+
+// onMembers builds a graph per member with build and runs them at once,
+// returning each member's fetched tensors.
+func onMembers(t *testing.T, ids []string, build func(s *op.Scope, member int, group string) []tf.Output) [][]*tf.Tensor {
+	t.Helper()
+	out := make([][]*tf.Tensor, len(ids))
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	for m, id := range ids {
+		s := op.NewScope()
+		fetches := build(s, m, id)
+		g, err := s.Finalize()
+		require.NoError(t, err)
+		sess, err := tf.NewSession(g, nil)
+		require.NoError(t, err)
+		defer sess.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[m], errs[m] = sess.Run(nil, fetches, nil)
+		}()
+	}
+	wg.Wait()
+	for m := range ids {
+		require.NoError(t, errs[m], "member %d", m)
+	}
+	return out
+}
+
+// The ops all-reduce, all-gather and broadcast tensors of every supported
+// dtype between processes' groups, in one session run, and the results are
+// written into the ops' outputs with the inputs' shapes.
+func TestCollectiveOpsCombineAcrossGroups(t *testing.T) {
+	ids := groups(t, 3)
+	out := onMembers(t, ids, func(s *op.Scope, m int, group string) []tf.Output {
+		f := float32(m + 1)
+		return []tf.Output{
+			tfrt.AllReduce(s.SubScope("f32"), op.Const(s.SubScope("a"), [][]float32{{f, 2 * f}, {3 * f, 4 * f}}), group, "f32", collective.Sum),
+			tfrt.AllReduce(s.SubScope("f64"), op.Const(s.SubScope("b"), []float64{float64(m)}), group, "f64", collective.Max),
+			tfrt.AllReduce(s.SubScope("i64"), op.Const(s.SubScope("c"), []int64{int64(m) - 5, 7}), group, "i64", collective.Min),
+			tfrt.AllReduce(s.SubScope("i32"), op.Const(s.SubScope("d"), []int32{}), group, "empty", collective.Sum),
+			tfrt.AllGather(s.SubScope("gather"), op.Const(s.SubScope("e"), rows(m+1, 2)), group, "rows"),
+			tfrt.Broadcast(s.SubScope("bcast"), op.Const(s.SubScope("f"), []float32{f, f, f}), group, "bcast", 1),
+		}
+	})
+	for m := range ids {
+		assert.Equal(t, [][]float32{{6, 12}, {18, 24}}, out[m][0].Value(), "member %d: sum", m)
+		assert.Equal(t, []float64{2}, out[m][1].Value(), "member %d: max", m)
+		assert.Equal(t, []int64{-5, 7}, out[m][2].Value(), "member %d: min", m)
+		assert.Equal(t, []int32{}, out[m][3].Value(), "member %d: empty", m)
+		assert.Equal(t, []int64{6, 2}, out[m][4].Shape(), "member %d: gathered rows 1+2+3", m)
+		assert.Equal(t, []float32{2, 2, 2}, out[m][5].Value(), "member %d: root 1's value", m)
+	}
+}
+
+// A tensor whose length differs between members fails the run on every
+// member with an error naming the tensor.
+func TestCollectiveOpMismatchFailsTheRun(t *testing.T) {
+	ids := groups(t, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for m, id := range ids {
+		s := op.NewScope()
+		y := tfrt.AllReduce(s, op.Const(s.SubScope("x"), make([]float32, 3+m)), id, "grads", collective.Sum)
+		g, err := s.Finalize()
+		require.NoError(t, err)
+		sess, err := tf.NewSession(g, nil)
+		require.NoError(t, err)
+		defer sess.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[m] = sess.Run(nil, []tf.Output{y}, nil)
+		}()
+	}
+	wg.Wait()
+	for m := range ids {
+		require.Error(t, errs[m], "member %d", m)
+		assert.Contains(t, errs[m].Error(), `"grads"`)
+		assert.Contains(t, errs[m].Error(), "worker:0")
+		assert.Contains(t, errs[m].Error(), "worker:1")
+	}
+}
+
+// rows returns n rows of width w, every element n-1.
+func rows(n, w int) [][]int32 {
+	out := make([][]int32, n)
+	for i := range out {
+		out[i] = make([]int32, w)
+		for j := range out[i] {
+			out[i][j] = int32(n - 1)
+		}
+	}
+	return out
+}

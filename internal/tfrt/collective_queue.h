@@ -1,0 +1,23 @@
+// The queue between the collective kernels' compute calls (on TensorFlow's
+// threads) and the goroutine that starts them.
+
+#ifndef TFDIST_TFRT_COLLECTIVE_QUEUE_H_
+#define TFDIST_TFRT_COLLECTIVE_QUEUE_H_
+
+#include <stdint.h>
+
+#include "kernels.h"
+
+typedef struct tfdist_call {
+  uintptr_t kernel;          // the kernel's cgo.Handle
+  TF_OpKernelContext* ctx;   // valid until done runs
+  void* done;                // TensorFlow's done callback, on the heap
+  struct tfdist_call* next;
+} tfdist_call;
+
+// tfdist_queue_open creates the eventfd that counts queued calls.
+int tfdist_queue_open(void);
+// tfdist_queue_take moves the oldest queued call into *out; 0 if none.
+int tfdist_queue_take(tfdist_call* out);
+
+#endif  // TFDIST_TFRT_COLLECTIVE_QUEUE_H_
