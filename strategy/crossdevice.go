@@ -178,6 +178,12 @@ func RequireGPUs(devices []string) error {
 type Packed struct {
 	Inner        CrossDeviceOps
 	BytesPerPack int64
+	// Reverse forms the packs from the last tensor to the first. Gradients
+	// come in variable order and backprop produces the last layers' first,
+	// so with an inner CrossDeviceOps that reduces each pack as its own
+	// async op, the first packs travel while backprop still runs (the
+	// buckets of PyTorch's DDP).
+	Reverse bool
 }
 
 // BatchGather implements CrossDeviceOps (gathers are not packed).
@@ -229,7 +235,12 @@ func (p Packed) plan(values []tf.Output) []pack {
 		}
 		cur, curBytes = pack{}, 0
 	}
-	for i, v := range values {
+	for x := range values {
+		i := x
+		if p.Reverse {
+			i = len(values) - 1 - x
+		}
+		v := values[i]
 		n, ok := staticSize(v)
 		b := n * elemBytes(v.DataType())
 		if !ok || b >= p.BytesPerPack || p.BytesPerPack <= 0 {

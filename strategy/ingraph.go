@@ -468,6 +468,14 @@ func reduceOpOf(a Aggregation) ReduceOp {
 	return Sum
 }
 
+// Err returns the error that ended the strategy (one that wraps
+// ErrCannotContinue), or nil while it can run steps.
+func (e *InGraph) Err() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.failed
+}
+
 // Close releases the session. The strategy cannot be used afterwards.
 func (e *InGraph) Close() error {
 	e.mu.Lock()
