@@ -14,22 +14,30 @@ import (
 type Communication int
 
 const (
-	// Auto uses NCCL when every device is a GPU and ring otherwise.
+	// Auto is tfdist's own engine, the default: the strategy's replicas
+	// run on CPU devices, whose tensors the engine reads in place.
 	Auto Communication = iota
 	// Ring is TensorFlow's ring all-reduce over gRPC (CPU and GPU).
 	Ring
 	// NCCL is NVIDIA's NCCL; every device must be a GPU. Untested: no
 	// machine that tests tfdist has a GPU.
 	NCCL
+	// Engine is tfdist's own collective engine (package collective): the
+	// graph's collective ops hand their buffers to it, and it moves them
+	// between worker processes over its own connections.
+	Engine
 )
 
-// String returns the communication hint TensorFlow's collective ops take.
+// String returns the communication hint TensorFlow's collective ops take
+// ("tfdist" for the engine, which they never see).
 func (c Communication) String() string {
 	switch c {
 	case Ring:
 		return "ring"
 	case NCCL:
 		return "nccl"
+	case Engine:
+		return "tfdist"
 	}
 	return "auto"
 }

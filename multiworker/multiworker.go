@@ -1,10 +1,12 @@
 // Package multiworker is MultiWorkerMirroredStrategy: synchronous data
 // parallelism across machines. Every worker runs the same program, reads its
-// TF_CONFIG, starts its in-process TensorFlow server, and builds the same
-// graph for its local devices (between-graph replication). Gradients are
-// summed across every replica of every worker by TensorFlow's collective ops
-// (ring all-reduce over gRPC on CPUs, NCCL on GPUs), so all copies of every
-// variable stay identical.
+// TF_CONFIG and builds the same graph for its local devices (between-graph
+// replication). Gradients are summed across every replica of every worker,
+// so all copies of every variable stay identical: by default with tfdist's
+// own collective engine (package collective), whose async ops in the step's
+// graph hand buffers to a group of TCP connections between the workers; or,
+// with WithCommunication, by TensorFlow's collective ops over the worker's
+// in-process TensorFlow server (ring all-reduce over gRPC, or NCCL on GPUs).
 //
 // With no TF_CONFIG, or one that names a single worker, it runs like the
 // Mirrored strategy on the local devices.
@@ -16,7 +18,6 @@ package multiworker
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -29,6 +30,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/collective"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/strategy"
@@ -42,8 +44,19 @@ type Strategy struct {
 	task     cluster.Task
 	workerID int
 	workers  []cluster.Task
+	// On TensorFlow's collectives: this task's server, the collective ops
+	// and the session options of the handshake and the closing barrier.
 	server   *tfrt.Server
+	cdo      *CollectiveOps
+	sessOpts []tfrt.ConfigOption
 	log      *zap.Logger
+
+	// On tfdist's engine: the group and its registration with the
+	// collective ops.
+	group      *collective.Group
+	unregister func()
+	// closeTimeout bounds Close's barrier.
+	closeTimeout time.Duration
 }
 
 type config struct {
@@ -57,6 +70,11 @@ type config struct {
 	log            *zap.Logger
 }
 
+// closeTimeout bounds Close's barrier: as long as New waits for the
+// workers to join, since a chief may still write a last checkpoint while
+// the others wait for it.
+func (c config) closeTimeout() time.Duration { return c.startupTimeout }
+
 // Option configures New.
 type Option func(*config)
 
@@ -68,7 +86,9 @@ func WithResolver(r cluster.Resolver) Option { return func(c *config) { c.resolv
 // have the same number of replicas.
 func WithLogicalCPUs(n int) Option { return func(c *config) { c.logicalCPUs = n } }
 
-// WithCommunication chooses ring or NCCL collectives (default Auto).
+// WithCommunication chooses who moves tensors between workers: tfdist's
+// engine (Auto, the default, or Engine), or TensorFlow's collectives (Ring,
+// or NCCL, untested: no machine that tests tfdist has a GPU).
 func WithCommunication(comm Communication) Option { return func(c *config) { c.comm = comm } }
 
 // WithBytesPerPack packs gradients into buffers of up to n bytes before the
@@ -78,12 +98,13 @@ func WithBytesPerPack(n int64) Option { return func(c *config) { c.bytesPerPack 
 // WithCollectiveTimeout bounds how long a step waits for its peers: when a
 // peer dies or stops responding, the survivors' step fails within d with an
 // error naming the task, and the strategy then refuses further steps
-// (strategy.ErrCannotContinue). The bound is each run's deadline (the
-// session's operation timeout), whose cancellation aborts the step's
-// collectives; it costs nothing per collective, however fast the steps, but
-// it covers a whole step, so d must exceed the slowest step's compute time
-// plus the time peers may lag (a chief's checkpoint, say). Default 60 s; 0
-// waits forever, and New logs a warning; a negative d is an error.
+// (strategy.ErrCannotContinue). On tfdist's engine, d bounds each
+// collective operation's wait for its peers (a Go timer; a peer's death is
+// seen at once). On TensorFlow's collectives it is each run's deadline (the
+// session's operation timeout), which covers a whole step, so d must exceed
+// the slowest step's compute time plus the time peers may lag (a chief's
+// checkpoint, say). Default 60 s; 0 waits forever, and New logs a warning;
+// a negative d is an error.
 func WithCollectiveTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
 // WithStartupTimeout bounds how long New waits for every worker to join
@@ -98,9 +119,11 @@ func WithThreads(intraOp, interOp int) Option {
 // WithLogger sets the logger; log lines carry the task type and index.
 func WithLogger(l *zap.Logger) Option { return func(c *config) { c.log = l } }
 
-// New starts this task's TensorFlow server, waits for every worker to join
-// and checks that all of them were given the same cluster. TF_CONFIG names a
-// chief or worker task; ps and evaluator tasks are an error.
+// New joins this task to its workers, on tfdist's engine (listening on the
+// task's address) or on TensorFlow's collectives (starting the task's
+// TensorFlow server), waits for every worker to join and checks that all of
+// them were given the same cluster. TF_CONFIG names a chief or worker task;
+// ps and evaluator tasks are an error.
 func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	c := config{bytesPerPack: 32 << 20, timeout: 60 * time.Second, startupTimeout: 120 * time.Second}
 	for _, o := range opts {
@@ -149,13 +172,25 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		log.Warn("collective timeout 0: a step waits forever for its peers, so a dead or stopped peer hangs this worker")
 	}
 
-	nLocal := max(c.logicalCPUs, 1)
-	leader := cluster.TaskDevice(string(workers[0].Type), workers[0].Index)
-	sessOpts := []tfrt.ConfigOption{
-		tfrt.WithLogicalCPUs(nLocal),
-		tfrt.WithCollectiveGroupLeader(leader),
-		tfrt.WithDeviceFilters(fmt.Sprintf("/job:%s/task:%d", task.Type, task.Index)),
+	w := joined{spec: spec, task: task, workers: workers, workerID: workerID, nLocal: max(c.logicalCPUs, 1), log: log}
+	if c.comm == Engine || c.comm == Auto {
+		return newOnEngine(ctx, c, w)
 	}
+	return newOnServer(ctx, c, w)
+}
+
+// joined is what New learnt of this worker's place in the cluster.
+type joined struct {
+	spec     cluster.ClusterSpec
+	task     cluster.Task
+	workers  []cluster.Task
+	workerID int
+	nLocal   int
+	log      *zap.Logger
+}
+
+// sessionOptions are the session's thread pools and logical CPUs.
+func (w joined) sessionOptions(c config, more ...tfrt.ConfigOption) []tfrt.ConfigOption {
 	intra, inter := tfrt.DefaultThreads()
 	if c.intra > 0 {
 		intra = c.intra
@@ -163,7 +198,17 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	if c.inter > 0 {
 		inter = c.inter
 	}
-	sessOpts = append(sessOpts, tfrt.WithThreads(intra, inter))
+	return append([]tfrt.ConfigOption{tfrt.WithLogicalCPUs(w.nLocal), tfrt.WithThreads(intra, inter)}, more...)
+}
+
+// newOnServer runs the collectives on TensorFlow's: this task starts its
+// TensorFlow server, and every step runs through it.
+func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
+	spec, task, workers, workerID, nLocal, log := w.spec, w.task, w.workers, w.workerID, w.nLocal, w.log
+	leader := cluster.TaskDevice(string(workers[0].Type), workers[0].Index)
+	sessOpts := w.sessionOptions(c,
+		tfrt.WithCollectiveGroupLeader(leader),
+		tfrt.WithDeviceFilters(fmt.Sprintf("/job:%s/task:%d", task.Type, task.Index)))
 	// An evaluator evaluates on the side; training tasks do not talk to it.
 	def, err := spec.SplitEvaluator(task.Type).ServerDef(task.Type, task.Index, tfrt.NewConfig(sessOpts...))
 	if err != nil {
@@ -213,7 +258,8 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}
 	s.InGraph = e
-	if err := s.handshake(ctx, cdo, spec, sessOpts, c.startupTimeout); err != nil {
+	s.cdo, s.sessOpts, s.closeTimeout = cdo, sessOpts, c.closeTimeout()
+	if err := s.handshake(ctx, spec, c.startupTimeout); err != nil {
 		e.Close()
 		return nil, err
 	}
@@ -259,29 +305,46 @@ func workerTasks(spec cluster.ClusterSpec) []cluster.Task {
 
 // handshake gathers every worker's view of the cluster (its fingerprint)
 // within timeout and names the tasks that disagree, or that never joined.
-// It is every worker's first collective, so its instance key agrees. It runs
-// in a graph and session of its own, whose deadline is the start-up timeout
-// rather than the steps' collective timeout.
-func (s *Strategy) handshake(ctx context.Context, cdo *CollectiveOps, spec cluster.ClusterSpec, sessOpts []tfrt.ConfigOption, timeout time.Duration) error {
+// It is every worker's first collective, so its instance key agrees.
+func (s *Strategy) handshake(ctx context.Context, spec cluster.ClusterSpec, timeout time.Duration) error {
 	fp := spec.Fingerprint()
-	mine := int64(binary.LittleEndian.Uint64(binary.LittleEndian.AppendUint64(nil, uint64(fp))))
-	hs := &CollectiveOps{GroupSize: cdo.GroupSize, GroupKey: cdo.GroupKey, FirstReplica: cdo.FirstReplica,
-		Communication: cdo.Communication}
-	hs.next = cdo.instanceKey() - 1
+	all, err := s.round(ctx, "handshake", int64(fp), timeout)
+	if err != nil {
+		return fmt.Errorf("multiworker: task %s: waiting %v for every worker to join: %w", s.task, timeout, err)
+	}
+	got := map[cluster.Task]cluster.Fingerprint{}
+	for w, task := range s.workers {
+		got[task] = cluster.Fingerprint(all[w])
+	}
+	if err := cluster.CheckFingerprints(fp, got); err != nil {
+		return fmt.Errorf("multiworker: task %s: %w", s.task, err)
+	}
+	return nil
+}
+
+// round all-gathers one value from every worker on TensorFlow's
+// collectives and returns worker w's at index w. It runs in a graph and
+// session of its own, whose deadline is timeout rather than the steps'
+// collective timeout; its instance key comes next in build order, so every
+// worker must hold its rounds at the same point of the program.
+func (s *Strategy) round(ctx context.Context, label string, value int64, timeout time.Duration) ([]int64, error) {
+	hs := &CollectiveOps{GroupSize: s.cdo.GroupSize, GroupKey: s.cdo.GroupKey, FirstReplica: s.cdo.FirstReplica,
+		Communication: s.cdo.Communication}
+	hs.next = s.cdo.instanceKey() - 1
 	g := tf.NewGraph()
-	sc := op.NewScopeWithGraph(g).SubScope("handshake")
+	sc := op.NewScopeWithGraph(g).SubScope(label)
 	devices := s.Devices()
 	vals := make([][]tf.Output, len(devices))
 	for r, d := range devices {
-		vals[r] = []tf.Output{op.Const(sc.SubScope(fmt.Sprintf("fingerprint_%d", r)).WithDevice(d), []int64{mine})}
+		vals[r] = []tf.Output{op.Const(sc.SubScope(fmt.Sprintf("value_%d", r)).WithDevice(d), []int64{value})}
 	}
 	out, err := hs.BatchGather(sc.SubScope("gather"), vals, devices)
 	if err != nil {
-		return fmt.Errorf("multiworker: task %s: build the start-up handshake: %w", s.task, err)
+		return nil, fmt.Errorf("build the %s: %w", label, err)
 	}
-	so, err := tfrt.SessionOptions(s.server.Target(), append(slices.Clip(sessOpts), tfrt.WithOperationTimeout(timeout))...)
+	so, err := tfrt.SessionOptions(s.server.Target(), append(slices.Clip(s.sessOpts), tfrt.WithOperationTimeout(timeout))...)
 	if err != nil {
-		return fmt.Errorf("multiworker: task %s: %w", s.task, err)
+		return nil, err
 	}
 	var targets []*tf.Operation
 	for r := range out {
@@ -295,12 +358,12 @@ func (s *Strategy) handshake(ctx context.Context, cdo *CollectiveOps, spec clust
 	go func() {
 		sess, err := tf.NewSession(g, so)
 		if err != nil {
-			done <- result{nil, tfrt.Classify("open the handshake session", err)}
+			done <- result{nil, tfrt.Classify("open the "+label+" session", err)}
 			return
 		}
 		t, err := sess.Run(nil, []tf.Output{out[0][0]}, targets)
 		if err != nil {
-			err = tfrt.Classify("run the handshake", err)
+			err = tfrt.Classify("run the "+label, err)
 		}
 		done <- result{t, err}
 		if err == nil {
@@ -311,26 +374,23 @@ func (s *Strategy) handshake(ctx context.Context, cdo *CollectiveOps, spec clust
 	select {
 	case res = <-done:
 	case <-time.After(timeout + 30*time.Second):
-		return fmt.Errorf("multiworker: task %s: not every worker joined within %v; %s", s.task, timeout, s.unreachable())
+		return nil, fmt.Errorf("not every worker joined the %s within %v; %s", label, timeout, s.unreachable())
 	case <-ctx.Done():
-		return fmt.Errorf("multiworker: task %s: waiting for workers: %w", s.task, ctx.Err())
+		return nil, fmt.Errorf("%s: %w", label, ctx.Err())
 	}
 	if res.err != nil {
 		if u := s.unreachable(); u != "" {
-			return fmt.Errorf("multiworker: task %s: waiting %v for every worker to join: %s: %w", s.task, timeout, u, res.err)
+			return nil, fmt.Errorf("%s: %w", u, res.err)
 		}
-		return fmt.Errorf("multiworker: task %s: waiting %v for every worker to join: %w", s.task, timeout, res.err)
+		return nil, res.err
 	}
 	all := res.t[0].Value().([]int64)
-	got := map[cluster.Task]cluster.Fingerprint{}
 	n := s.NumLocalReplicas()
-	for w, task := range s.workers {
-		got[task] = cluster.Fingerprint(binary.LittleEndian.Uint64(binary.LittleEndian.AppendUint64(nil, uint64(all[w*n]))))
+	vals2 := make([]int64, len(s.workers))
+	for w := range s.workers {
+		vals2[w] = all[w*n]
 	}
-	if err := cluster.CheckFingerprints(fp, got); err != nil {
-		return fmt.Errorf("multiworker: task %s: %w", s.task, err)
-	}
-	return nil
+	return vals2, nil
 }
 
 // duplicateRequest is in the error of a step that a TensorFlow worker
@@ -342,6 +402,9 @@ const duplicateRequest = "request was received twice"
 // step's deadline). Such a failure ends the strategy: the error wraps
 // strategy.ErrCannotContinue.
 func (s *Strategy) diagnose(err error) error {
+	if s.group != nil && s.group.Err() != nil {
+		return fmt.Errorf("multiworker: task %s: a step across workers failed: %w; %w", s.task, err, strategy.ErrCannotContinue)
+	}
 	if !(errors.Is(err, tfrt.ErrUnavailable) || errors.Is(err, tfrt.ErrDeadlineExceeded) ||
 		errors.Is(err, tfrt.ErrAborted) || errors.Is(err, tfrt.ErrCancelled) || errors.Is(err, tfrt.ErrUnknown)) {
 		return err
@@ -351,8 +414,10 @@ func (s *Strategy) diagnose(err error) error {
 		what = "TensorFlow's runtime refused the step as a repeated request, a defect of its distributed sessions " +
 			"(each step's request id has only 32 random bits, and a worker refuses one it saw among its last 100,000), " +
 			"which ends a step loop every few tens of thousands of steps"
-	} else if u := s.unreachable(); u != "" {
-		what = u
+	} else if s.group == nil {
+		if u := s.unreachable(); u != "" {
+			what = u
+		}
 	}
 	return fmt.Errorf("multiworker: task %s: %s: %w; %w", s.task, what, err, strategy.ErrCannotContinue)
 }
@@ -447,11 +512,31 @@ func (s *Strategy) IsChief() bool {
 	return cluster.IsChief(s.resolver)
 }
 
-// Close releases the session and the server. TensorFlow keeps a started
-// server's port until the process exits.
+// Close releases the session, then waits at a barrier (bounded by the
+// start-up timeout) until every worker has reached its own Close, so that no
+// worker leaves while a peer still needs it, and releases the group's
+// connections or the server. TensorFlow keeps a started server's port until
+// the process exits.
 func (s *Strategy) Close() error {
 	err := s.InGraph.Close()
+	if s.group != nil {
+		s.unregister()
+		broken := s.group.Err() != nil || s.InGraph.Err() != nil
+		ctx, cancel := context.WithTimeout(context.Background(), s.closeTimeout)
+		defer cancel()
+		if broken {
+			cancel() // no barrier: the peers are gone or out of step
+		}
+		if cerr := s.group.Close(ctx); cerr != nil && !broken {
+			err = errors.Join(err, fmt.Errorf("multiworker: task %s: closing barrier: %w", s.task, cerr))
+		}
+	}
 	if s.server != nil {
+		if s.InGraph.Err() == nil {
+			if _, berr := s.round(context.Background(), "closing_barrier", 0, s.closeTimeout); berr != nil {
+				err = errors.Join(err, fmt.Errorf("multiworker: task %s: closing barrier: %w", s.task, berr))
+			}
+		}
 		err = errors.Join(err, s.server.Close())
 	}
 	return err

@@ -206,9 +206,21 @@ func TestRestartResumesFromCheckpoint(t *testing.T) {
 }
 
 // A worker that stops responding (SIGSTOP: its connections stay open) makes
-// the survivor fail within the collective timeout, naming the silent task.
+// the survivor fail within the collective timeout, naming the silent task,
+// on tfdist's collective engine and on TensorFlow's.
 func TestStoppedPeerFailsTheSurvivorWithinTimeout(t *testing.T) {
 	needBinaries(t)
+	t.Run("tfdist", func(t *testing.T) {
+		stoppedPeer(t, "tfdist", "timed out after 5s waiting for worker:1 (127.0.0.1:%d)")
+	})
+	t.Run("tensorflow", func(t *testing.T) {
+		stoppedPeer(t, "tensorflow", "do not respond: worker:1 (127.0.0.1:%d)")
+	})
+}
+
+// stoppedPeer runs two workers on comm, stops worker 1 and checks that
+// worker 0's error contains want, formatted with worker 1's port.
+func stoppedPeer(t *testing.T, comm, want string) {
 	ports, err := tfrt.FreeLoopbackPorts(2)
 	require.NoError(t, err)
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: {
@@ -219,7 +231,7 @@ func TestStoppedPeerFailsTheSurvivorWithinTimeout(t *testing.T) {
 	for w := range 2 {
 		tfc, err := cluster.Marshal(spec, cluster.Task{Type: cluster.Worker, Index: w})
 		require.NoError(t, err)
-		cmd := exec.Command(bins.classifier, "-strategy", "multiworker", "-steps", "100000",
+		cmd := exec.Command(bins.classifier, "-strategy", "multiworker", "-steps", "100000", "-communication", comm,
 			"-global-batch", "32", "-collective-timeout", "5s", "-log-every", "100")
 		cmd.Env = append(os.Environ(), "TF_CONFIG="+tfc, "TF_CPP_MIN_LOG_LEVEL=2")
 		out := &syncBuffer{}
@@ -250,7 +262,7 @@ func TestStoppedPeerFailsTheSurvivorWithinTimeout(t *testing.T) {
 			t.Logf("the survivor exited (%v) without reporting its error:\n%s", err, out)
 			return
 		}
-		assert.Contains(t, out, "do not respond: worker:1", "exit: %v\n%s", err, out)
+		assert.Contains(t, out, fmt.Sprintf(want, ports[1]), "exit: %v\n%s", err, out)
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("the survivor hung after its peer stopped:\n%s", outs[0])
 	}

@@ -47,6 +47,7 @@ type Options struct {
 	CheckpointDir     string
 	CheckpointEvery   int
 	CollectiveTimeout time.Duration
+	Communication     string
 	StatsEvery        time.Duration
 	CrashAtStep       int
 	CrashTask         string
@@ -85,6 +86,7 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.CheckpointDir, "checkpoint-dir", "", "checkpoint here every -checkpoint-every steps and resume from the latest checkpoint on start")
 	fs.IntVar(&o.CheckpointEvery, "checkpoint-every", 50, "steps between checkpoints")
 	fs.DurationVar(&o.CollectiveTimeout, "collective-timeout", 60*time.Second, "multiworker: how long a step waits for its peers before failing and naming a dead or silent one (0: forever)")
+	fs.StringVar(&o.Communication, "communication", "tfdist", "multiworker: who moves tensors between workers: tfdist (its own collective engine) or tensorflow (TensorFlow's ring collectives)")
 	fs.DurationVar(&o.StatsEvery, "stats-every", 0, "print a line 'stats goroutines=N heap=BYTES' every `D` (0: never), for soak runs that watch the process")
 	fs.IntVar(&o.CrashAtStep, "crash-at-step", 0, "fault-tolerance testing: kill this process (SIGKILL) after this step, on the first attempt only")
 	fs.StringVar(&o.CrashTask, "crash-task", "", "with -crash-at-step: only the task named type:index (e.g. worker:1) crashes")
@@ -105,6 +107,8 @@ func (o Options) Check() error {
 		return fmt.Errorf("-checkpoint-every %d: expected at least 1", o.CheckpointEvery)
 	case o.CollectiveTimeout < 0:
 		return fmt.Errorf("-collective-timeout %v: expected a positive duration, or 0 to wait forever", o.CollectiveTimeout)
+	case o.Communication != "tfdist" && o.Communication != "tensorflow":
+		return fmt.Errorf("-communication %q: expected tfdist or tensorflow", o.Communication)
 	case o.StatsEvery < 0:
 		return fmt.Errorf("-stats-every %v: expected a positive duration, or 0 for none", o.StatsEvery)
 	}
@@ -144,7 +148,12 @@ func newStrategy(ctx context.Context, o Options) (engine, func() bool, int, erro
 		s, err := mirrored.New(mirrored.WithLogicalCPUs(o.Devices))
 		return s, chief, 1, err
 	case "multiworker":
-		s, err := multiworker.New(ctx, multiworker.WithLogicalCPUs(o.Devices), multiworker.WithCollectiveTimeout(o.CollectiveTimeout))
+		comm := multiworker.Engine
+		if o.Communication == "tensorflow" {
+			comm = multiworker.Ring
+		}
+		s, err := multiworker.New(ctx, multiworker.WithLogicalCPUs(o.Devices), multiworker.WithCollectiveTimeout(o.CollectiveTimeout),
+			multiworker.WithCommunication(comm))
 		if err != nil {
 			return nil, nil, 0, err
 		}

@@ -1,0 +1,186 @@
+package multiworker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/strategy"
+)
+
+// engineOps is the CrossDeviceOps of MultiWorkerMirrored on tfdist's own
+// engine: a worker first combines its local replicas' values on its host
+// CPU, then one collective op per tensor (per pack, with packing) hands the
+// result to the collective.Group, and the result is copied to every local
+// replica's device. The ops are async kernels: a pack's all-reduce starts as
+// soon as its gradients exist and overlaps the rest of the step.
+//
+// Op names are handed out in build order, so workers that build the same
+// program match their ops without talking.
+type engineOps struct {
+	group    string // the group's id in tfrt's registry
+	host     string // this worker's host CPU
+	replicas int    // replicas in sync across every worker
+
+	mu   sync.Mutex
+	next int
+}
+
+var engineTypes = map[tf.DataType]bool{tf.Float: true, tf.Double: true, tf.Half: true, tf.Bfloat16: true, tf.Int32: true, tf.Int64: true}
+
+func (c *engineOps) name(kind string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.next++
+	return fmt.Sprintf("%s_%d", kind, c.next)
+}
+
+// check names the first value whose dtype the engine cannot combine.
+func (c *engineOps) check(what string, values [][]tf.Output) error {
+	if len(values) == 0 {
+		return fmt.Errorf("multiworker: %s: no replicas", what)
+	}
+	for i, v := range values[0] {
+		if !engineTypes[v.DataType()] {
+			return fmt.Errorf("multiworker: %s of value %d: dtype %s; tfdist's collective engine takes float32, float64, float16, bfloat16, int32 and int64 (WithCommunication(Ring) takes others)",
+				what, i, strategy.DTypeName(v.DataType()))
+		}
+	}
+	return nil
+}
+
+// local combines value k of every local replica on the host with combine.
+func (c *engineOps) local(s *op.Scope, values [][]tf.Output, k int, combine func(*op.Scope, []tf.Output) tf.Output) tf.Output {
+	parts := make([]tf.Output, len(values))
+	for r := range values {
+		parts[r] = values[r][k]
+	}
+	if len(parts) == 1 {
+		return op.Identity(s, parts[0])
+	}
+	return combine(s, parts)
+}
+
+// toReplicas copies a host result to every local replica's device.
+func toReplicas(s *op.Scope, v tf.Output, devices []string, out [][]tf.Output) {
+	for r := range devices {
+		out[r] = append(out[r], op.Identity(s.SubScope(fmt.Sprintf("to_%d", r)).WithDevice(devices[r]), v))
+	}
+}
+
+// BatchReduce implements strategy.CrossDeviceOps.
+func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
+	if err := c.check("all-reduce", values); err != nil {
+		return nil, err
+	}
+	out := make([][]tf.Output, len(values))
+	for k := range values[0] {
+		name := c.name("allreduce")
+		hs := s.SubScope(name).WithDevice(c.host)
+		sum := c.local(hs.SubScope("local"), values, k, op.AddN)
+		v := tfrt.AllReduce(hs.SubScope("engine"), sum, c.group, name, collective.Sum)
+		if red == strategy.Mean {
+			n := op.Cast(hs.SubScope("n"), op.Const(hs.SubScope("replicas"), int32(c.replicas)), v.DataType())
+			v = op.Div(hs.SubScope("mean"), v, n)
+		}
+		toReplicas(hs, v, devices, out)
+	}
+	return out, s.Err()
+}
+
+// BatchGather implements strategy.CrossDeviceOps.
+func (c *engineOps) BatchGather(s *op.Scope, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
+	if err := c.check("all-gather", values); err != nil {
+		return nil, err
+	}
+	out := make([][]tf.Output, len(values))
+	for k := range values[0] {
+		name := c.name("allgather")
+		hs := s.SubScope(name).WithDevice(c.host)
+		cat := c.local(hs.SubScope("local"), values, k, func(s *op.Scope, parts []tf.Output) tf.Output {
+			return op.ConcatV2(s, parts, op.Const(s.SubScope("axis"), int32(0)))
+		})
+		toReplicas(hs, tfrt.AllGather(hs.SubScope("engine"), cat, c.group, name), devices, out)
+	}
+	return out, s.Err()
+}
+
+// Broadcast implements strategy.Broadcaster: worker 0 sends its replica 0's
+// value, and every replica of every worker receives it.
+func (c *engineOps) Broadcast(s *op.Scope, value tf.Output, devices []string) ([]tf.Output, error) {
+	if err := c.check("broadcast", [][]tf.Output{{value}}); err != nil {
+		return nil, err
+	}
+	name := c.name("broadcast")
+	hs := s.SubScope(name).WithDevice(c.host)
+	out := make([][]tf.Output, len(devices))
+	toReplicas(hs, tfrt.Broadcast(hs.SubScope("engine"), value, c.group, name, 0), devices, out)
+	res := make([]tf.Output, len(devices))
+	for r := range out {
+		res[r] = out[r][0]
+	}
+	return res, s.Err()
+}
+
+// newOnEngine runs the collectives on tfdist's engine: the worker listens on
+// its task's address for its peers' connections, and steps run in an
+// in-process session, with no TensorFlow server.
+func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
+	members := make([]collective.Member, len(w.workers))
+	for i, t := range w.workers {
+		addr, err := w.spec.TaskAddress(t.Type, t.Index)
+		if err != nil {
+			return nil, fmt.Errorf("multiworker: %w", err)
+		}
+		members[i] = collective.Member{Name: t.String(), Addr: addr}
+	}
+	g, err := collective.New(ctx, members, w.workerID,
+		collective.WithFingerprint(uint64(w.spec.Fingerprint())),
+		collective.WithTimeout(c.timeout),
+		collective.WithStartupTimeout(c.startupTimeout),
+		collective.WithLogger(w.log))
+	if err != nil {
+		return nil, fmt.Errorf("multiworker: task %s: %w", w.task, err)
+	}
+	w.log.Info("collective group joined", zap.String("address", members[w.workerID].Addr),
+		zap.Int("workers", len(w.workers)), zap.Int("local_replicas", w.nLocal))
+	id, unregister := tfrt.RegisterGroup(g)
+	var devices []string
+	for j := range w.nLocal {
+		devices = append(devices, strategy.LocalCPU(j))
+	}
+	cdo := &engineOps{group: id, host: strategy.LocalCPU(0), replicas: w.nLocal * len(w.workers)}
+	var cross strategy.CrossDeviceOps = cdo
+	if c.bytesPerPack > 0 {
+		cross = strategy.Packed{Inner: cdo, BytesPerPack: c.bytesPerPack, Reverse: true}
+	}
+	s := &Strategy{resolver: c.resolver, task: w.task, workerID: w.workerID, workers: w.workers,
+		group: g, unregister: unregister, closeTimeout: c.closeTimeout(), log: w.log}
+	e, err := strategy.NewInGraph(strategy.Config{
+		Name:              "multiworker",
+		Devices:           devices,
+		NumReplicasInSync: w.nLocal * len(w.workers),
+		FirstReplicaID:    w.workerID * w.nLocal,
+		NumWorkers:        len(w.workers),
+		WorkerID:          w.workerID,
+		CrossDeviceOps:    cross,
+		SessionOptions:    w.sessionOptions(c, tfrt.WithoutThreadSpinning()),
+		Logger:            w.log,
+		DiagnoseRunError:  s.diagnose,
+	})
+	if err != nil {
+		unregister()
+		cctx, cancel := context.WithTimeout(context.Background(), s.closeTimeout)
+		defer cancel()
+		return nil, errors.Join(fmt.Errorf("multiworker: %w", err), g.Close(cctx))
+	}
+	s.InGraph = e
+	return s, nil
+}
