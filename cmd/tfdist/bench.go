@@ -20,8 +20,9 @@ MultiWorkerMirrored in one process, one after the other in this run, and
 prints each one's examples/s and its speed relative to the default
 strategy. Machines are noisy: compare the ratios, and repeat with -rounds.
 
-For the all-reduce bandwidth between worker processes and the step
-benchmarks against a hand-written graft loop, run 'make bench'.
+For the all-reduce bandwidth between worker processes, run
+'tfdist bench allreduce' (see 'tfdist help bench allreduce'); for the step
+benchmarks against a hand-written graft loop and the rest, 'make bench'.
 
 Examples
 
@@ -34,7 +35,7 @@ Examples
 		rounds := fs.Int("rounds", 1, "runs of every configuration; the best of them is reported")
 		return func(e *env, args []string) int {
 			if len(args) > 0 {
-				fmt.Fprintf(e.stderr, "tfdist bench: unexpected arguments %q\n", args)
+				fmt.Fprintf(e.stderr, "tfdist bench: unexpected arguments %q (the one subcommand is 'tfdist bench allreduce')\n", args)
 				return exitUsage
 			}
 			if *steps < 1 || *batch < 4 || *batch%4 != 0 || *rounds < 1 {

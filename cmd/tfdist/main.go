@@ -6,6 +6,7 @@
 //	tfdist config validate [--file FILE]         check a TF_CONFIG and show what it means
 //	tfdist demo [flags]                          train the digits classifier
 //	tfdist bench [flags]                         compare the strategies' speed on this machine
+//	tfdist bench allreduce [flags]               measure the all-reduce bandwidth between worker processes
 //	tfdist soak [flags]                          train for long under each strategy; check nothing grows
 //	tfdist help [command]                        help for tfdist or a command
 //
@@ -19,6 +20,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/tfdist/tfdist/internal/allreducebench"
 )
 
 // env is what a command may touch of its process, so that tests can run
@@ -39,7 +42,7 @@ type command struct {
 }
 
 // commands lists the commands in the order "tfdist help" shows them.
-var commands = []*command{launchCommand, serverCommand, configValidateCommand, demoCommand, benchCommand, soakCommand}
+var commands = []*command{launchCommand, serverCommand, configValidateCommand, demoCommand, benchCommand, benchAllReduceCommand, soakCommand}
 
 // Exit statuses of tfdist itself (launch passes on its tasks' statuses).
 const (
@@ -49,6 +52,11 @@ const (
 )
 
 func main() {
+	// A process that bench allreduce started as one of its workers plays
+	// that role instead of parsing a command line.
+	if code, ok := allreducebench.RunRole(); ok {
+		os.Exit(code)
+	}
 	os.Exit(run(os.Args[1:], &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, lookupEnv: os.LookupEnv}))
 }
 

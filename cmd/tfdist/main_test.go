@@ -22,13 +22,18 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/allreducebench"
 	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
 // The test binary doubles as the tfdist command (TFDIST_TEST_ROLE=tfdist),
 // so that tests run it as a separate process without building it, and as a
-// parameter-server coordinator (TFDIST_TEST_ROLE=coordinator).
+// parameter-server coordinator (TFDIST_TEST_ROLE=coordinator), and, as
+// tfdist itself does, plays a bench allreduce worker when started as one.
 func TestMain(m *testing.M) {
+	if code, ok := allreducebench.RunRole(); ok {
+		os.Exit(code)
+	}
 	switch os.Getenv("TFDIST_TEST_ROLE") {
 	case "tfdist":
 		os.Exit(run(os.Args[1:], &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, lookupEnv: os.LookupEnv}))

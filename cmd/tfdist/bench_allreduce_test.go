@@ -1,0 +1,67 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/internal/allreducebench"
+)
+
+// The workers are this test binary re-executed: TestMain plays their role.
+func TestBenchAllReducePrintsWorker0sTimings(t *testing.T) {
+	code, out, errOut := runHere(nil, "", "bench", "allreduce", "--workers", "2", "--backend", "tensorflow",
+		"--sizes", "4KiB", "--iters", "2", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	require.Len(t, lines, 1, "stdout is exactly worker 0's JSON line: %q", out)
+	var ts []allreducebench.Timing
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &ts), lines[0])
+	require.Len(t, ts, 1)
+	assert.Equal(t, int64(4096), ts[0].Bytes)
+	assert.Positive(t, ts[0].Seconds)
+}
+
+func TestBenchAllReduceTable(t *testing.T) {
+	code, out, errOut := runHere(nil, "", "bench", "allreduce", "--backend", "tensorflow", "--sizes", "4096,64KiB", "--iters", "2")
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "between 2 worker processes")
+	assert.Contains(t, out, "backend tensorflow")
+	assert.Regexp(t, `(?m)^4 KiB\s+[\d.]+ (µs|ms|s)\s+[\d.]+ [MG]iB/s\s+[\d.]+ [MG]iB/s\s+[\d.]+$`, out)
+	assert.Regexp(t, `(?m)^64 KiB\s`, out)
+	assert.Regexp(t, `(?m)^plain TCP copy of 256 MiB between two processes: [\d.]+ [MG]iB/s$`, out)
+}
+
+func TestBenchAllReduceFlagErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--backend", "nccl"}, `--backend "nccl": expected tfdist or tensorflow`},
+		{[]string{"--workers", "1"}, "--workers 1: expected 2 or more"},
+		{[]string{"--sizes", "1MiB,3x"}, `--sizes "1MiB,3x": size "3x": expected a positive whole number of bytes`},
+		{[]string{"--sizes", "6"}, `size "6": expected a multiple of 4 bytes`},
+		{[]string{"--sizes", ""}, `--sizes "": size ""`},
+		{[]string{"--iters", "0"}, "--iters 0: expected 1 or more"},
+		{[]string{"--workers", "two"}, `invalid value "two" for flag -workers`},
+		{[]string{"extra"}, `unexpected arguments ["extra"]`},
+	}
+	for _, c := range cases {
+		code, out, errOut := runHere(nil, "", append([]string{"bench", "allreduce"}, c.args...)...)
+		assert.Equal(t, exitUsage, code, "%q", c.args)
+		assert.Contains(t, errOut, c.want, "%q", c.args)
+		assert.Empty(t, out, "%q", c.args)
+	}
+}
+
+func TestBenchHelpMentionsAllReduce(t *testing.T) {
+	_, help, _ := runHere(nil, "", "help", "bench")
+	assert.Contains(t, help, "tfdist bench allreduce")
+	_, help, _ = runHere(nil, "", "bench", "allreduce", "-h")
+	for _, flag := range []string{"-workers", "-backend", "-sizes", "-iters", "-json"} {
+		assert.Contains(t, help, flag)
+	}
+}

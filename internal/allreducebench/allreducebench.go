@@ -1,0 +1,341 @@
+// Package allreducebench measures MultiWorkerMirrored's all-reduce between
+// worker processes on this machine, beside a plain TCP copy between two
+// processes for reference.
+//
+// A benchmark re-executes a program as its processes: the program calls
+// RunRole first thing in main (or TestMain), which plays the role that
+// RoleEnv names, if any. AllReduce starts the worker processes of one
+// measurement and returns worker 0's timings; TCPBandwidth starts a sender
+// process and times the copy it receives.
+package allreducebench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/strategy"
+)
+
+// Environment variables of the benchmark's processes.
+const (
+	// RoleEnv names the role a re-executed process plays: RoleAllReduce or
+	// RoleTCPSend.
+	RoleEnv = "TFDIST_ALLREDUCEBENCH_ROLE"
+	// ConfigEnv holds an all-reduce worker's Config as JSON.
+	ConfigEnv = "TFDIST_ALLREDUCEBENCH_CONFIG"
+	// AddrEnv is the address a TCP sender connects to.
+	AddrEnv = "TFDIST_ALLREDUCEBENCH_ADDR"
+	// BytesEnv is how many bytes a TCP sender writes.
+	BytesEnv = "TFDIST_ALLREDUCEBENCH_BYTES"
+)
+
+// The roles RoleEnv names.
+const (
+	RoleAllReduce = "allreduce" // an all-reduce worker: see Worker
+	RoleTCPSend   = "tcpsend"   // a TCP sender: see TCPSend
+)
+
+// Backend is the collective implementation the workers all-reduce with.
+type Backend string
+
+// The backends.
+const (
+	// Tfdist is tfdist's own collective engine (multiworker.Engine).
+	Tfdist Backend = "tfdist"
+	// TensorFlow is TensorFlow's ring all-reduce over gRPC
+	// (multiworker.Ring).
+	TensorFlow Backend = "tensorflow"
+)
+
+// Backends lists the backends in the order benchmarks report them.
+var Backends = []Backend{Tfdist, TensorFlow}
+
+// ParseBackend returns the backend named s: "tfdist" or "tensorflow".
+func ParseBackend(s string) (Backend, error) {
+	for _, b := range Backends {
+		if s == string(b) {
+			return b, nil
+		}
+	}
+	return "", fmt.Errorf("unknown backend %q: expected tfdist or tensorflow", s)
+}
+
+// Communication returns the multiworker.Communication that runs b.
+func (b Backend) Communication() (multiworker.Communication, error) {
+	switch b {
+	case Tfdist:
+		return multiworker.Engine, nil
+	case TensorFlow:
+		return multiworker.Ring, nil
+	}
+	return 0, fmt.Errorf("unknown backend %q: expected tfdist or tensorflow", string(b))
+}
+
+// Config is what every all-reduce worker of a measurement does.
+type Config struct {
+	Backend Backend `json:"backend"`
+	// Sizes are the bytes of float32 all-reduced, in turn; each is a
+	// positive multiple of 4.
+	Sizes []int64 `json:"sizes"`
+	// Iters is how many all-reduces of each size are timed.
+	Iters int `json:"iters"`
+	// Warmup is how many all-reduces of each size run before the timed
+	// ones; 0 means DefaultWarmup.
+	Warmup int `json:"warmup"`
+	// Model, when set, measures overlap instead of Sizes: the layer sizes
+	// of an MLP whose training step on Batch examples per worker is timed
+	// as compute alone, its gradients' all-reduce alone and the whole
+	// distributed step, with gradients in packs of BytesPerPack bytes.
+	Model        []int `json:"model,omitempty"`
+	Batch        int   `json:"batch,omitempty"`
+	BytesPerPack int64 `json:"bytes_per_pack,omitempty"`
+}
+
+// DefaultWarmup is the warm-up all-reduces of each size when a Config sets
+// none.
+const DefaultWarmup = 2
+
+// Check reports what is wrong with c, if anything.
+func (c Config) Check() error {
+	if _, err := c.Backend.Communication(); err != nil {
+		return err
+	}
+	if len(c.Model) > 0 {
+		if len(c.Model) < 2 || slices.Min(c.Model) < 1 || c.Batch < 1 || c.BytesPerPack < 0 {
+			return fmt.Errorf("model %v, batch %d, bytes per pack %d: expected two or more positive layer sizes, a positive batch and bytes per pack ≥ 0",
+				c.Model, c.Batch, c.BytesPerPack)
+		}
+	} else if len(c.Sizes) == 0 {
+		return errors.New("no sizes: expected at least one")
+	}
+	for _, n := range c.Sizes {
+		if n <= 0 || n%4 != 0 {
+			return fmt.Errorf("size %d bytes: expected a positive multiple of 4 (float32 elements)", n)
+		}
+	}
+	if c.Iters < 1 {
+		return fmt.Errorf("%d iterations: expected at least 1", c.Iters)
+	}
+	if c.Warmup < 0 {
+		return fmt.Errorf("%d warm-ups: expected 0 or more", c.Warmup)
+	}
+	return nil
+}
+
+// Timing is one size's time per all-reduce, as worker 0 prints it.
+type Timing struct {
+	Label   string  `json:"label,omitempty"` // an overlap measurement's part
+	Bytes   int64   `json:"bytes"`
+	Seconds float64 `json:"seconds"` // per all-reduce
+}
+
+// AlgBW is the algorithm bandwidth: bytes all-reduced per second.
+func (t Timing) AlgBW() float64 { return float64(t.Bytes) / t.Seconds }
+
+// BusBW is the bus bandwidth of an all-reduce between n workers: the
+// algorithm bandwidth times 2(n-1)/n, the share of the data each worker
+// sends and receives in a ring all-reduce, so that it compares with a link's
+// bandwidth whatever n is.
+func (t Timing) BusBW(n int) float64 { return t.AlgBW() * 2 * float64(n-1) / float64(n) }
+
+// RunRole plays the role RoleEnv names and returns the process's exit
+// status and true; without RoleEnv it returns false and does nothing. An
+// all-reduce worker prints worker 0's timings to stdout as one JSON line;
+// failures go to stderr.
+func RunRole() (int, bool) {
+	role, ok := os.LookupEnv(RoleEnv)
+	if !ok {
+		return 0, false
+	}
+	var err error
+	switch role {
+	case RoleAllReduce:
+		var c Config
+		if err = json.Unmarshal([]byte(os.Getenv(ConfigEnv)), &c); err != nil {
+			err = fmt.Errorf("%s: %w", ConfigEnv, err)
+			break
+		}
+		err = Worker(context.Background(), c, os.Stdout)
+	case RoleTCPSend:
+		var n int64
+		if n, err = strconv.ParseInt(os.Getenv(BytesEnv), 10, 64); err != nil {
+			err = fmt.Errorf("%s: %w", BytesEnv, err)
+			break
+		}
+		err = TCPSend(context.Background(), os.Getenv(AddrEnv), n)
+	default:
+		err = fmt.Errorf("%s=%q: expected %s or %s", RoleEnv, role, RoleAllReduce, RoleTCPSend)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "allreducebench %s: %v\n", role, err)
+		return 1, true
+	}
+	return 0, true
+}
+
+// Worker joins the cluster TF_CONFIG describes as a MultiWorkerMirrored
+// worker with c's backend and, for every size of c in turn, all-reduces
+// (sums) a float32 variable of that size with the other workers: c.Warmup
+// times, then c.Iters times timed. Worker 0 writes the timings to out as
+// one JSON line, [{"bytes":…,"seconds":…},…]; the others write nothing.
+func Worker(ctx context.Context, c Config, out io.Writer) error {
+	if c.Warmup == 0 {
+		c.Warmup = DefaultWarmup
+	}
+	if err := c.Check(); err != nil {
+		return err
+	}
+	comm, _ := c.Backend.Communication()
+	s, err := multiworker.New(ctx, multiworker.WithCommunication(comm), multiworker.WithBytesPerPack(c.BytesPerPack),
+		multiworker.WithStartupTimeout(60*time.Second))
+	if err != nil {
+		return err
+	}
+	measure := allReduces
+	if len(c.Model) > 0 {
+		measure = overlap
+	}
+	timings, err := measure(ctx, s, c)
+	if cerr := s.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("closing the strategy: %w", cerr)
+	}
+	if err != nil {
+		return err
+	}
+	if s.WorkerID() != 0 {
+		return nil
+	}
+	line, err := json.Marshal(timings)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(out, "%s\n", line)
+	return err
+}
+
+func allReduces(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timing, error) {
+	dummy, err := tf.NewTensor(float32(0))
+	if err != nil {
+		return nil, err
+	}
+	feeds := []map[string]*tf.Tensor{{"dummy": dummy}}
+	spec := strategy.InputSpec{"dummy": {DType: tf.Float, Shape: []int64{}}}
+	var out []Timing
+	for i, size := range c.Sizes {
+		var v *strategy.Variable
+		if err := s.Scope(func(sc *strategy.Scope) error {
+			var err error
+			v, err = sc.Variable(fmt.Sprintf("x%d_%d", i, size), tf.Float, []int64{size / 4}, strategy.Zeros())
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("%d bytes: %w", size, err)
+		}
+		step, err := s.Build(spec, func(rc *strategy.ReplicaContext, _ strategy.Inputs) (strategy.Outputs, error) {
+			x, err := rc.Read(v)
+			if err != nil {
+				return nil, err
+			}
+			y, err := rc.AllReduce(strategy.Sum, x)
+			if err != nil {
+				return nil, err
+			}
+			// Fetch one element: the step's time is the all-reduce's, not a copy of its result.
+			sc := rc.Scope().SubScope("first")
+			first := op.Slice(sc, y, op.Const(sc.SubScope("begin"), []int64{0}), op.Const(sc.SubScope("size"), []int64{1}))
+			return strategy.Outputs{"first": first}, nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%d bytes: %w", size, err)
+		}
+		for range c.Warmup {
+			if _, err := s.RunReplicas(ctx, step, feeds, 1); err != nil {
+				return nil, fmt.Errorf("%d bytes, warm-up: %w", size, err)
+			}
+		}
+		start := time.Now()
+		for range c.Iters {
+			if _, err := s.RunReplicas(ctx, step, feeds, 1); err != nil {
+				return nil, fmt.Errorf("%d bytes: %w", size, err)
+			}
+		}
+		out = append(out, Timing{Bytes: size, Seconds: time.Since(start).Seconds() / float64(c.Iters)})
+	}
+	return out, nil
+}
+
+// ParseSizes parses a comma-separated list of sizes (see ParseSize).
+func ParseSizes(s string) ([]int64, error) {
+	var out []int64
+	for _, f := range strings.Split(s, ",") {
+		n, err := ParseSize(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+var sizeUnits = []struct {
+	suffix string
+	shift  uint
+}{{"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
+
+// ParseSize parses a size of float32 data: plain bytes ("4096") or a whole
+// number with a KiB, MiB or GiB suffix ("4KiB", "16MiB"). It must be a
+// positive multiple of 4 bytes.
+func ParseSize(s string) (int64, error) {
+	num, shift := s, uint(0)
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(s, u.suffix) {
+			num, shift = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.shift
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 || n > (1<<40)>>shift {
+		return 0, fmt.Errorf("size %q: expected a positive whole number of bytes, optionally with a KiB, MiB or GiB suffix (e.g. 4096, 4KiB, 16MiB)", s)
+	}
+	n <<= shift
+	if n%4 != 0 {
+		return 0, fmt.Errorf("size %q: expected a multiple of 4 bytes (float32 elements)", s)
+	}
+	return n, nil
+}
+
+// FormatSize writes n bytes in the largest binary unit that divides it.
+func FormatSize(n int64) string {
+	for _, u := range sizeUnits[:3] {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d %s", n>>u.shift, u.suffix)
+		}
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// FormatBandwidth writes bytes per second in MiB/s, or GiB/s from 10 GiB/s,
+// with three significant digits or more.
+func FormatBandwidth(bps float64) string {
+	mib := bps / (1 << 20)
+	switch {
+	case mib >= 10<<10:
+		return fmt.Sprintf("%.1f GiB/s", mib/(1<<10))
+	case mib >= 100:
+		return fmt.Sprintf("%.0f MiB/s", mib)
+	case mib >= 10:
+		return fmt.Sprintf("%.1f MiB/s", mib)
+	}
+	return fmt.Sprintf("%.2f MiB/s", mib)
+}
