@@ -393,7 +393,6 @@ func parseIndex(v any) (int, *FieldError) {
 		return 0, &FieldError{Field: "task.index", Expected: want}
 	case json.Number:
 		if i, err := strconv.Atoi(iv.String()); err == nil {
-			f = float64(i)
 			if i < 0 {
 				return 0, &FieldError{Field: "task.index", Value: iv.String(), Expected: want}
 			}

@@ -220,15 +220,6 @@ func (c column) tensor() (*tf.Tensor, error) {
 	return k.toTensor(c.data, c.shape)
 }
 
-// rows returns the size of the column's first dimension and the number of
-// values per row.
-func (c column) rows() (n, rowSize int, err error) {
-	if len(c.shape) == 0 {
-		return 0, 0, fmt.Errorf("%w: a scalar has no rows", ErrShape)
-	}
-	return int(c.shape[0]), int(numElements(c.shape[1:])), nil
-}
-
 // columnFromTensor wraps a caller's tensor.
 func columnFromTensor(t *tf.Tensor) (column, error) {
 	if _, err := kindFor(t.DataType()); err != nil {

@@ -28,12 +28,11 @@ func (e *InGraph) hostReducerLocked(kind string, dtype tf.DataType, rank int, bu
 	s := e.NewScope("host_" + kind)
 	h := &hostReducer{}
 	err := callSafely(func() error {
-		shape := tf.MakeShape(make([]int64, rank)...)
 		dims := make([]int64, rank)
 		for i := range dims {
 			dims[i] = -1
 		}
-		shape = tf.MakeShape(dims...)
+		shape := tf.MakeShape(dims...)
 		vals := make([][]tf.Output, len(e.cfg.Devices))
 		for r, dev := range e.cfg.Devices {
 			p := op.Placeholder(s.SubScope(fmt.Sprintf("in_%d", r)).WithDevice(dev), dtype, op.PlaceholderShape(shape))

@@ -14,7 +14,6 @@ type merger struct {
 	ns     string
 	events chan mergeEvent
 	resume []chan mergeResult
-	failed error
 }
 
 type mergeEvent struct {

@@ -183,8 +183,8 @@ func TestReplicaErrorsAndPanicsAreBuildErrors(t *testing.T) {
 	assert.Contains(t, err.Error(), "model refused")
 
 	_, err = e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
-		var m map[string]int
-		m["boom"] = 1 // panics
+		var s []int
+		_ = s[len(in)] // panics: index out of range
 		return nil, nil
 	})
 	require.Error(t, err)

@@ -155,10 +155,7 @@ func TestNotebooks(t *testing.T) {
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout(t))
 	defer cancel()
-	args := []string{filepath.Join(root, "scripts", "notebooks.sh"), "-o", out}
-	for _, name := range committed {
-		args = append(args, name)
-	}
+	args := append([]string{filepath.Join(root, "scripts", "notebooks.sh"), "-o", out}, committed...)
 	cmd := exec.CommandContext(ctx, "bash", append(args, bad)...)
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
