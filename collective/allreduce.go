@@ -3,6 +3,7 @@ package collective
 import (
 	"context"
 	"fmt"
+	"unsafe"
 )
 
 // AllReduce reduces data (a whole number of dt elements, possibly none) in
@@ -11,23 +12,44 @@ import (
 // names, by call order. Small buffers are exchanged directly and reduced in
 // rank order; large ones go around a pipelined ring.
 func (g *Group) AllReduce(ctx context.Context, name string, red Reduction, dt DType, data []byte) error {
-	if err := checkArgs(opAllReduce, name, dt, data); err != nil {
+	return g.AllReduceTo(ctx, name, red, dt, data, data)
+}
+
+// AllReduceTo is AllReduce from src into dst, which have the same length
+// and are either the same buffer or disjoint; src is left as it was. It
+// saves the copy of src into dst that AllReduce on dst would need: the
+// ring reads each segment of src once.
+func (g *Group) AllReduceTo(ctx context.Context, name string, red Reduction, dt DType, dst, src []byte) error {
+	if err := checkArgs(opAllReduce, name, dt, src); err != nil {
 		return err
 	}
 	if red < Sum || red > Max {
 		return fmt.Errorf("collective: all-reduce %q: unknown %v", name, red)
 	}
+	if len(dst) != len(src) {
+		return fmt.Errorf("collective: all-reduce %q: %d bytes into %d", name, len(src), len(dst))
+	}
+	if len(g.members) == 1 || len(src) <= g.cfg.directMax {
+		copyIfDistinct(dst, src)
+	}
 	if len(g.members) == 1 {
 		return g.Err()
 	}
-	o, err := g.start(ctx, name, header{op: opAllReduce, dtype: dt, red: red, count: uint64(len(data) / dt.Size())})
+	o, err := g.start(ctx, name, header{op: opAllReduce, dtype: dt, red: red, count: uint64(len(src) / dt.Size())})
 	if err != nil {
 		return err
 	}
-	if len(data) <= g.cfg.directMax {
-		return o.end(o.directReduce(data))
+	if len(src) <= g.cfg.directMax {
+		return o.end(o.directReduce(dst))
 	}
-	return o.end(o.ringReduce(data))
+	return o.end(o.ringReduce(dst, src))
+}
+
+// copyIfDistinct copies src into dst unless they are the same buffer.
+func copyIfDistinct(dst, src []byte) {
+	if len(dst) > 0 && unsafe.SliceData(dst) != unsafe.SliceData(src) {
+		copy(dst, src)
+	}
 }
 
 // checkArgs validates what a call can get wrong by itself, before anything

@@ -3,6 +3,7 @@ package collective
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -299,6 +300,42 @@ func TestBarrierWaitsForEveryMember(t *testing.T) {
 			return fmt.Errorf("member %d passed the barrier before member 2 arrived", i)
 		}
 		return err
+	})
+	requireAllOK(t, errs)
+}
+
+// AllReduceTo leaves its source as it was and writes into its destination
+// what AllReduce computes in place, on the direct path and the ring.
+func TestAllReduceToLeavesTheSourceAlone(t *testing.T) {
+	gs := newGroups(t, 3, smallChunks)
+	errs := onAll(gs, func(i int, g *Group) error {
+		for _, elems := range []int{5, 40_001} {
+			src := make([]byte, 8*elems)
+			for j := range elems {
+				binary.LittleEndian.PutUint64(src[8*j:], uint64(i*elems+j))
+			}
+			orig := append([]byte(nil), src...)
+			dst := make([]byte, len(src))
+			name := fmt.Sprint(elems)
+			if err := g.AllReduceTo(context.Background(), name, Sum, Int64, dst, src); err != nil {
+				return err
+			}
+			if !bytes.Equal(src, orig) {
+				return fmt.Errorf("%d elements: the source changed", elems)
+			}
+			if err := g.AllReduce(context.Background(), name, Sum, Int64, src); err != nil {
+				return err
+			}
+			if !bytes.Equal(dst, src) {
+				return fmt.Errorf("%d elements: AllReduceTo and AllReduce disagree", elems)
+			}
+			for j := range elems {
+				if got, want := binary.LittleEndian.Uint64(dst[8*j:]), uint64(3*elems+3*j); got != want {
+					return fmt.Errorf("%d elements: element %d = %d, want %d", elems, j, got, want)
+				}
+			}
+		}
+		return nil
 	})
 	requireAllOK(t, errs)
 }

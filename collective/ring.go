@@ -42,32 +42,34 @@ func mod(a, n int) int { return ((a % n) + n) % n }
 // Every chunk is pipelined on its own: receiving chunk c of step k lets the
 // member send chunk c of step k+1 at once, and a window of step-0 chunks
 // keeps the ring busy. Each element is reduced along one fixed path and
-// then copied, so every member ends with the same bits.
-func (o *op) ringReduce(data []byte) error {
+// then copied, so every member ends with the same bits. Step 0 sends from
+// src; every other segment is written into dst before it is sent, so dst
+// needs no copy of src first.
+func (o *op) ringReduce(dst, src []byte) error {
 	g := o.g
 	n, rank := len(g.members), g.rank
 	next, prev := mod(rank+1, n), mod(rank-1, n)
-	r := newRing(len(data), n, o.self.dtype.Size(), g.cfg.chunkBytes)
+	r := newRing(len(dst), n, o.self.dtype.Size(), g.cfg.chunkBytes)
 	steps := 2 * (n - 1)
 	expect := make([]int, r.chunks) // next step expected per chunk
 	sent0 := 0
 	for ; sent0 < min(g.cfg.ringWindow, r.chunks); sent0++ {
-		if err := o.sendChunk(next, r, data, 0, sent0); err != nil {
+		if err := o.sendChunk(next, r, src, 0, sent0); err != nil {
 			return err
 		}
 	}
 	for range steps * r.chunks {
-		k, c, err := o.ringRecv(prev, r, data, expect)
+		k, c, err := o.ringRecv(prev, r, dst, src, expect)
 		if err != nil {
 			return err
 		}
 		if k+1 < steps {
-			if err := o.sendChunk(next, r, data, k+1, c); err != nil {
+			if err := o.sendChunk(next, r, dst, k+1, c); err != nil {
 				return err
 			}
 		}
 		if k == 0 && sent0 < r.chunks {
-			if err := o.sendChunk(next, r, data, 0, sent0); err != nil {
+			if err := o.sendChunk(next, r, src, 0, sent0); err != nil {
 				return err
 			}
 			sent0++
@@ -83,8 +85,8 @@ func (o *op) sendChunk(to int, r ring, data []byte, k, c int) error {
 }
 
 // ringRecv receives the next chunk from prev, checks that it is the one the
-// schedule allows, and reduces or copies it into data.
-func (o *op) ringRecv(prev int, r ring, data []byte, expect []int) (k, c int, err error) {
+// schedule allows, and reduces it with src's chunk or copies it into dst.
+func (o *op) ringRecv(prev int, r ring, dst, src []byte, expect []int) (k, c int, err error) {
 	f, err := o.recv(prev, nil)
 	if err != nil {
 		return 0, 0, err
@@ -99,19 +101,22 @@ func (o *op) ringRecv(prev int, r ring, data []byte, expect []int) (k, c int, er
 	if f.h.offset != uint64(lo) || int(f.h.length) != hi-lo {
 		return 0, 0, o.protocolErr(prev, "chunk at %d+%d, want %d+%d", f.h.offset, f.h.length, lo, hi-lo)
 	}
-	o.ringApply(k, data[lo:hi], f.payload())
+	o.ringApply(k, dst[lo:hi], src[lo:hi], f.payload())
 	return k, c, nil
 }
 
-// ringApply reduces (reduce-scatter) or copies (all-gather) one chunk; the
-// member that completes a segment's reduction applies Mean's division.
-func (o *op) ringApply(k int, dst, src []byte) {
+// ringApply reduces (reduce-scatter: dst = local ∘ recv, where local is
+// src's chunk, as each segment is received once then) or copies (all-gather)
+// one chunk; the member that completes a segment's reduction applies Mean's
+// division.
+func (o *op) ringApply(k int, dst, local, recv []byte) {
 	n := len(o.g.members)
 	if k >= n-1 {
-		copy(dst, src)
+		copy(dst, recv)
 		return
 	}
-	reduceInto(o.self.red, o.self.dtype, dst, src)
+	copyIfDistinct(dst, local)
+	reduceInto(o.self.red, o.self.dtype, dst, recv)
 	if k == n-2 && o.self.red == Mean {
 		scale(o.self.dtype, dst, n)
 	}

@@ -86,17 +86,19 @@ func (c *call) start() error {
 	if err := statusError(st, "allocate output"); err != nil {
 		return err
 	}
-	if fwd < 0 {
+	if fwd < 0 && c.k.kind != 0 {
 		copy(tensorBytes(c.out), tensorBytes(c.in))
 	}
 	go c.reduceOrBroadcast()
 	return nil
 }
 
+// reduceOrBroadcast runs the call's all-reduce (from the input into the
+// output, which is the input when TensorFlow forwarded it) or broadcast.
 func (c *call) reduceOrBroadcast() {
 	ctx := context.Background()
 	if c.k.kind == 0 {
-		c.finish(c.g.AllReduce(ctx, c.k.name, c.k.red, c.dt, tensorBytes(c.out)))
+		c.finish(c.g.AllReduceTo(ctx, c.k.name, c.k.red, c.dt, tensorBytes(c.out), tensorBytes(c.in)))
 		return
 	}
 	c.finish(c.g.Broadcast(ctx, c.k.name, c.k.root, c.dt, tensorBytes(c.out)))
