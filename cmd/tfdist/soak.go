@@ -24,8 +24,10 @@ var soakCommand = &command{
 	help: `Soak trains the digits classifier (the examples/classifier program) for
 many steps under each strategy, one after the other, as a job that runs for
 hours does: the default strategy, Mirrored on 2 logical CPUs,
-MultiWorkerMirrored on 2 workers of 2 logical CPUs each, and parameter-
-server training with a chief, 2 workers and 1 ps task. Every -interval it
+MultiWorkerMirrored on 2 workers of 2 logical CPUs each (on tfdist's
+collective engine, and on TensorFlow's collectives for at most 10,000
+steps), and parameter-server training with a chief, 2 workers and 1 ps
+task. Every -interval it
 samples each process's OS threads, resident memory and open file
 descriptors (from /proc, so Linux only), and the goroutines the program
 reports. It prints a table per strategy and fails when a process exits
@@ -50,7 +52,7 @@ Examples
 	flags: func(fs *flag.FlagSet) func(*env, []string) int {
 		bin := fs.String("classifier", "", "the examples/classifier binary `PATH` (default: classifier next to tfdist, else on PATH)")
 		steps := fs.Int("steps", 50000, "training steps of each run")
-		strategies := fs.String("strategies", "default,mirrored,multiworker,ps", "the `LIST` of setups to run, comma-separated")
+		strategies := fs.String("strategies", "default,mirrored,multiworker,multiworker-tensorflow,ps", "the `LIST` of setups to run, comma-separated")
 		interval := fs.Duration("interval", time.Second, "time between samples")
 		timeout := fs.Duration("timeout", 2*time.Hour, "bound on each run")
 		maxThreads := fs.Int("max-threads", soak.DefaultBounds.MaxThreads, "OS threads a process may hold")

@@ -36,12 +36,18 @@ func TestMain(m *testing.M) {
 }
 
 // Two workers of two logical CPUs train 3,000 steps with the default
-// collective timeout: both exit 0 and neither ever holds more than 300 OS
-// threads (a timeout thread per collective op once held thousands and
-// killed the job within seconds).
+// collective timeout, on either backend: both exit 0 and neither ever holds
+// more than 300 OS threads (a timeout thread per TensorFlow collective op
+// once held thousands and killed the job within seconds).
 func TestMultiWorkerThreadsStayBounded(t *testing.T) {
+	for _, name := range []string{"multiworker", "multiworker-tensorflow"} {
+		t.Run(name, func(t *testing.T) { threadsStayBounded(t, name) })
+	}
+}
+
+func threadsStayBounded(t *testing.T, name string) {
 	require.NoError(t, classifierBin.err)
-	setup, err := Lookup("multiworker")
+	setup, err := Lookup(name)
 	require.NoError(t, err)
 	r, err := Run(context.Background(), setup, Options{Classifier: classifierBin.path, Steps: 3000,
 		Interval: 250 * time.Millisecond, Bounds: DefaultBounds, Timeout: 5 * time.Minute})
