@@ -45,28 +45,22 @@ func TestNewFailsNamingMissingMember(t *testing.T) {
 
 func TestNewRefusesDifferentFingerprint(t *testing.T) {
 	noLeaks(t)
-	lns, members := listeners(t, 2)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g, err := New(context.Background(), members, i, WithListener(lns[i]),
-				WithFingerprint(uint64(0xaa+i)), WithStartupTimeout(10*time.Second))
-			if g != nil {
-				_ = g.Close(context.Background())
-			}
-			errs[i] = err
-		}()
-	}
-	wg.Wait()
+	members, errs := newPair(t, func(i int) Option { return WithFingerprint(uint64(0xaa + i)) })
 	assert.EqualError(t, errs[0], "collective: worker:1 ("+members[1].Addr+") was started with a different cluster (fingerprint 0xab, this member has 0xaa)")
 	assert.EqualError(t, errs[1], "collective: worker:0 ("+members[0].Addr+") was started with a different cluster (fingerprint 0xaa, this member has 0xab)")
 }
 
 func TestNewRefusesDifferentEpoch(t *testing.T) {
 	noLeaks(t)
+	_, errs := newPair(t, func(i int) Option { return WithEpoch(uint32(i)) })
+	for _, err := range errs {
+		assert.ErrorContains(t, err, "was started with membership epoch")
+	}
+}
+
+// newPair starts a group of two whose member i also takes opt(i), closes
+// whatever forms, and returns the members and each one's error from New.
+func newPair(t *testing.T, opt func(i int) Option) ([]Member, []error) {
 	lns, members := listeners(t, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
@@ -74,8 +68,7 @@ func TestNewRefusesDifferentEpoch(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			g, err := New(context.Background(), members, i, WithListener(lns[i]),
-				WithEpoch(uint32(i)), WithStartupTimeout(10*time.Second))
+			g, err := New(context.Background(), members, i, WithListener(lns[i]), opt(i), WithStartupTimeout(10*time.Second))
 			if g != nil {
 				_ = g.Close(context.Background())
 			}
@@ -83,9 +76,7 @@ func TestNewRefusesDifferentEpoch(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		assert.ErrorContains(t, err, "was started with membership epoch")
-	}
+	return members, errs
 }
 
 func TestForeignConnectionsAreRefused(t *testing.T) {

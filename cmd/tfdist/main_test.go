@@ -23,6 +23,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/allreducebench"
+	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
@@ -44,12 +45,12 @@ func TestMain(m *testing.M) {
 }
 
 // tfdist returns the command "tfdist args..." played by the test binary.
-func tfdist(t *testing.T, extraEnv []string, args ...string) (*exec.Cmd, *syncBuffer, *syncBuffer) {
+func tfdist(t *testing.T, extraEnv []string, args ...string) (*exec.Cmd, *syncbuf.Buffer, *syncbuf.Buffer) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "TFDIST_TEST_ROLE=tfdist", "TF_CPP_MIN_LOG_LEVEL=1")
 	cmd.Env = append(cmd.Env, extraEnv...)
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second
 	t.Cleanup(func() {
@@ -59,24 +60,6 @@ func tfdist(t *testing.T, extraEnv []string, args ...string) (*exec.Cmd, *syncBu
 		}
 	})
 	return cmd, &stdout, &stderr
-}
-
-// syncBuffer is a bytes.Buffer safe to read while a process writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // exitCode runs cmd to its end, bounded, and returns its exit status.
@@ -400,7 +383,7 @@ func TestServerServes(t *testing.T) {
 	require.NoError(t, err)
 	type server struct {
 		cmd    *exec.Cmd
-		stderr *syncBuffer
+		stderr *syncbuf.Buffer
 	}
 	var servers []server
 	for i := range 2 {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/tfdist/tfdist/internal/classifier"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -14,7 +13,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/classifier"
+	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/internal/tfrt"
 )
@@ -55,24 +55,6 @@ func TestMain(m *testing.M) {
 func needBinaries(t *testing.T) {
 	t.Helper()
 	require.NoError(t, bins.err)
-}
-
-// syncBuffer is a bytes.Buffer a child process writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 var jsonLine = regexp.MustCompile(`^\[(\w+:\d+)\] (\{.*\})$`)
@@ -145,7 +127,7 @@ func TestDeadPeerFailsTheSurvivorWithinTimeout(t *testing.T) {
 	crashAt := 21 + rand.IntN(19) // between the checkpoints of steps 20 and 40
 	dir := t.TempDir()
 	var cmds []*exec.Cmd
-	var outs []*syncBuffer
+	var outs []*syncbuf.Buffer
 	for w := range 2 {
 		tfc, err := cluster.Marshal(spec, cluster.Task{Type: cluster.Worker, Index: w})
 		require.NoError(t, err)
@@ -153,7 +135,7 @@ func TestDeadPeerFailsTheSurvivorWithinTimeout(t *testing.T) {
 			"-global-batch", "32", "-checkpoint-dir", dir, "-checkpoint-every", "20", "-collective-timeout", "10s",
 			"-crash-at-step", fmt.Sprint(crashAt), "-crash-task", "worker:1", "-log-every", "0")
 		cmd.Env = append(os.Environ(), "TF_CONFIG="+tfc, "TFDIST_TASK_TYPE=worker", fmt.Sprintf("TFDIST_TASK_INDEX=%d", w), "TF_CPP_MIN_LOG_LEVEL=2")
-		out := &syncBuffer{}
+		out := &syncbuf.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		require.NoError(t, cmd.Start())
 		cmds, outs = append(cmds, cmd), append(outs, out)
@@ -227,14 +209,14 @@ func stoppedPeer(t *testing.T, comm, want string) {
 		fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}})
 	require.NoError(t, err)
 	var cmds []*exec.Cmd
-	var outs []*syncBuffer
+	var outs []*syncbuf.Buffer
 	for w := range 2 {
 		tfc, err := cluster.Marshal(spec, cluster.Task{Type: cluster.Worker, Index: w})
 		require.NoError(t, err)
 		cmd := exec.Command(bins.classifier, "-strategy", "multiworker", "-steps", "100000", "-communication", comm,
 			"-global-batch", "32", "-collective-timeout", "5s", "-log-every", "100")
 		cmd.Env = append(os.Environ(), "TF_CONFIG="+tfc, "TF_CPP_MIN_LOG_LEVEL=2")
-		out := &syncBuffer{}
+		out := &syncbuf.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		require.NoError(t, cmd.Start())
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })

@@ -16,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/internal/syncbuf"
 )
 
 // Under tfdist launch --chief --workers 3 --ps 2, parameter-server training
@@ -38,7 +40,7 @@ func TestParameterServerSurvivesKilledWorkers(t *testing.T) {
 		"--task-restarts", "3", "--", bins.classifier, "-strategy", "ps", "-steps", strconv.Itoa(steps),
 		"-json", "-log-every", "100")
 	cmd.Env = append(os.Environ(), "TF_CPP_MIN_LOG_LEVEL=2")
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	var err error
@@ -78,7 +80,7 @@ var (
 // random moment once the chief has reported a step past a random point of
 // the run, and returns the tasks it killed, in order. It returns early once
 // exited is closed.
-func killWorkers(t *testing.T, out *syncBuffer, exited <-chan struct{}, steps, kills int, rng *rand.Rand) []string {
+func killWorkers(t *testing.T, out *syncbuf.Buffer, exited <-chan struct{}, steps, kills int, rng *rand.Rand) []string {
 	t.Helper()
 	var at []int
 	for range kills {

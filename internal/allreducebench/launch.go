@@ -1,7 +1,6 @@
 package allreducebench
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,10 +10,10 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/syncbuf"
 )
 
 // Exec is how a benchmark starts its processes: a program that calls
@@ -173,9 +172,9 @@ func freeAddrs(n int) ([]string, error) {
 type process struct {
 	name   string
 	cmd    *exec.Cmd
-	stdout syncBuffer // its stdout
-	out    syncBuffer // its stdout and stderr, interleaved
-	exited bool       // whether it exited by itself
+	stdout syncbuf.Buffer // its stdout
+	out    syncbuf.Buffer // its stdout and stderr, interleaved
+	exited bool           // whether it exited by itself
 }
 
 // failure is the error of p's exit with err, with p's last output lines.
@@ -191,24 +190,6 @@ func (p *process) tail() string {
 	}
 	lines = lines[max(0, len(lines)-tailLines):]
 	return "\t" + strings.Join(lines, "\n\t")
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TCPBytes is the size of the TCP copy benchmarks take for reference: large

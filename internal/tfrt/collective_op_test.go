@@ -72,6 +72,16 @@ func groups(t *testing.T, n int) []string {
 // returning each member's fetched tensors.
 func onMembers(t *testing.T, ids []string, build func(s *op.Scope, member int, group string) []tf.Output) [][]*tf.Tensor {
 	t.Helper()
+	out, errs := runMembers(t, ids, build)
+	for m := range ids {
+		require.NoError(t, errs[m], "member %d", m)
+	}
+	return out
+}
+
+// runMembers is onMembers returning each member's run error.
+func runMembers(t *testing.T, ids []string, build func(s *op.Scope, member int, group string) []tf.Output) ([][]*tf.Tensor, []error) {
+	t.Helper()
 	out := make([][]*tf.Tensor, len(ids))
 	errs := make([]error, len(ids))
 	var wg sync.WaitGroup
@@ -90,10 +100,7 @@ func onMembers(t *testing.T, ids []string, build func(s *op.Scope, member int, g
 		}()
 	}
 	wg.Wait()
-	for m := range ids {
-		require.NoError(t, errs[m], "member %d", m)
-	}
-	return out
+	return out, errs
 }
 
 // The ops all-reduce, all-gather and broadcast tensors of every supported
@@ -126,23 +133,9 @@ func TestCollectiveOpsCombineAcrossGroups(t *testing.T) {
 // member with an error naming the tensor.
 func TestCollectiveOpMismatchFailsTheRun(t *testing.T) {
 	ids := groups(t, 2)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for m, id := range ids {
-		s := op.NewScope()
-		y := tfrt.AllReduce(s, op.Const(s.SubScope("x"), make([]float32, 3+m)), id, "grads", collective.Sum)
-		g, err := s.Finalize()
-		require.NoError(t, err)
-		sess, err := tf.NewSession(g, nil)
-		require.NoError(t, err)
-		defer sess.Close()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[m] = sess.Run(nil, []tf.Output{y}, nil)
-		}()
-	}
-	wg.Wait()
+	_, errs := runMembers(t, ids, func(s *op.Scope, m int, group string) []tf.Output {
+		return []tf.Output{tfrt.AllReduce(s, op.Const(s.SubScope("x"), make([]float32, 3+m)), group, "grads", collective.Sum)}
+	})
 	for m := range ids {
 		require.Error(t, errs[m], "member %d", m)
 		assert.Contains(t, errs[m].Error(), `"grads"`)
