@@ -107,7 +107,7 @@ Examples
 			defer stop()
 			code := exitOK
 			for _, s := range setups {
-				fmt.Fprintf(e.stderr, "tfdist soak: %s, %d steps...\n", s.Name, *steps)
+				fmt.Fprintf(e.stderr, "tfdist soak: %s, %d steps...\n", s.Name, s.StepsOf(*steps))
 				r, err := soak.Run(ctx, s, o)
 				if err != nil {
 					fmt.Fprintf(e.stderr, "tfdist soak: %v\n", err)

@@ -30,6 +30,14 @@ type Setup struct {
 	MaxSteps int
 }
 
+// StepsOf returns the steps a run asked for steps takes under s.
+func (s Setup) StepsOf(steps int) int {
+	if s.MaxSteps > 0 {
+		return min(steps, s.MaxSteps)
+	}
+	return steps
+}
+
 // Setups are the strategies a soak run covers, in order: the default
 // strategy, Mirrored on 2 logical CPUs, MultiWorkerMirrored on 2 workers of
 // 2 logical CPUs each on tfdist's collective engine and on TensorFlow's
@@ -104,9 +112,7 @@ func Run(ctx context.Context, setup Setup, o Options) (*Report, error) {
 	if o.Steps < 1 {
 		return nil, fmt.Errorf("steps: %d, expected at least 1", o.Steps)
 	}
-	if setup.MaxSteps > 0 {
-		o.Steps = min(o.Steps, setup.MaxSteps)
-	}
+	o.Steps = setup.StepsOf(o.Steps)
 	w := newWatcher(o.Output)
 	args := append([]string{o.Classifier}, setup.Args...)
 	args = append(args, "-steps", fmt.Sprint(o.Steps), "-json", "-log-every", fmt.Sprint(max(o.Steps/10, 1)),
