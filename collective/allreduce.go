@@ -11,15 +11,15 @@ import (
 // bit for bit. Calls are matched across members by name and, for repeated
 // names, by call order. Small buffers are exchanged directly and reduced in
 // rank order; large ones go around a pipelined ring.
-func (g *Group) AllReduce(ctx context.Context, name string, red Reduction, dt DType, data []byte) error {
-	return g.AllReduceTo(ctx, name, red, dt, data, data)
+func (g *Group) AllReduce(ctx context.Context, name string, red Reduction, dt DType, data []byte, opts ...CallOption) error {
+	return g.AllReduceTo(ctx, name, red, dt, data, data, opts...)
 }
 
 // AllReduceTo is AllReduce from src into dst, which have the same length
 // and are either the same buffer or disjoint; src is left as it was. It
 // saves the copy of src into dst that AllReduce on dst would need: the
 // ring reads each segment of src once.
-func (g *Group) AllReduceTo(ctx context.Context, name string, red Reduction, dt DType, dst, src []byte) error {
+func (g *Group) AllReduceTo(ctx context.Context, name string, red Reduction, dt DType, dst, src []byte, opts ...CallOption) error {
 	if err := checkArgs(opAllReduce, name, dt, src); err != nil {
 		return err
 	}
@@ -35,7 +35,11 @@ func (g *Group) AllReduceTo(ctx context.Context, name string, red Reduction, dt 
 	if len(g.members) == 1 {
 		return g.Err()
 	}
-	o, err := g.start(ctx, name, header{op: opAllReduce, dtype: dt, red: red, count: uint64(len(src) / dt.Size())})
+	h, err := withOptions(header{op: opAllReduce, dtype: dt, red: red, count: uint64(len(src) / dt.Size())}, opts)
+	if err != nil {
+		return fmt.Errorf("collective: all-reduce %q: %w", name, err)
+	}
+	o, err := g.start(ctx, name, h)
 	if err != nil {
 		return err
 	}

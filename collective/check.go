@@ -1,6 +1,11 @@
 package collective
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
 
 // check compares a peer's frame header with this call's. A difference in
 // what the members called the operation with is a *MismatchError.
@@ -9,7 +14,7 @@ func (o *op) check(peer int, h *header) error {
 	switch {
 	case h.op != s.op:
 		return o.mismatch(peer, h, describeOp)
-	case h.dtype != s.dtype || (h.count != s.count && s.op != opAllGather):
+	case h.dtype != s.dtype || (h.count != s.count && s.op != opAllGather) || !sameShape(s.op, s.dims, h.dims):
 		return o.mismatch(peer, h, describeShape)
 	case h.red != s.red:
 		return o.mismatch(peer, h, describeReduction)
@@ -31,7 +36,30 @@ func (o *op) mismatch(peer int, h *header, describe func(*header) string) error 
 	return e
 }
 
-func describeShape(h *header) string { return fmt.Sprintf("%v[%d]", h.dtype, h.count) }
+// sameShape reports whether two calls' shapes agree: those both gave, in
+// every dimension but an all-gather's first.
+func sameShape(op opKind, a, b []uint64) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return true
+	}
+	if op == opAllGather {
+		return len(a) == len(b) && slices.Equal(a[1:], b[1:])
+	}
+	return slices.Equal(a, b)
+}
+
+// describeShape writes a call's tensor as dtype[shape], or dtype[count]
+// when the caller gave no shape.
+func describeShape(h *header) string {
+	if len(h.dims) == 0 {
+		return fmt.Sprintf("%v[%d]", h.dtype, h.count)
+	}
+	dims := make([]string, len(h.dims))
+	for i, d := range h.dims {
+		dims[i] = strconv.FormatUint(d, 10)
+	}
+	return fmt.Sprintf("%v[%s]", h.dtype, strings.Join(dims, ","))
+}
 
 func describeOp(h *header) string {
 	if h.op == opBarrier {

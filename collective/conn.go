@@ -21,7 +21,8 @@ type peerConn struct {
 	member Member
 	nc     net.Conn
 	br     *bufio.Reader
-	hbuf   []byte // the reader's header scratch
+	hbuf   []byte   // the reader's header scratch
+	dims   []uint64 // the reader's shape scratch
 
 	wmu      sync.Mutex
 	wdl      time.Time // write deadline in effect (under wmu)
@@ -35,23 +36,28 @@ func newPeerConn(nc net.Conn) *peerConn {
 		rank: -1,
 		nc:   nc,
 		br:   bufio.NewReaderSize(nc, 64<<10),
-		hbuf: make([]byte, fixedLen+maxNameLen),
+		hbuf: make([]byte, fixedLen+maxNameLen+8*maxRank),
+		dims: make([]uint64, 0, maxRank),
 	}
 }
 
-// readHeader reads the next frame header. The name aliases c.hbuf and is
-// valid until the next call.
+// readHeader reads the next frame header. The name and shape alias the
+// connection's scratch and are valid until the next call.
 func (c *peerConn) readHeader() (header, error) {
 	if _, err := io.ReadFull(c.br, c.hbuf[:fixedLen]); err != nil {
 		return header{}, err
 	}
-	h, nameLen, err := parseFixed(c.hbuf)
+	h, nameLen, rank, err := parseFixed(c.hbuf)
 	if err != nil {
 		return h, err
 	}
-	h.name = c.hbuf[fixedLen : fixedLen+nameLen]
-	if _, err := io.ReadFull(c.br, h.name); err != nil {
+	rest := c.hbuf[fixedLen : fixedLen+nameLen+8*rank]
+	if _, err := io.ReadFull(c.br, rest); err != nil {
 		return h, err
+	}
+	h.name = rest[:nameLen]
+	if rank > 0 {
+		h.dims = decodeDims(rest[nameLen:], c.dims[:0])
 	}
 	return h, nil
 }

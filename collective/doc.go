@@ -24,15 +24,16 @@
 // call with that name on every other. Calls may run concurrently and start
 // in different orders on different members. Every frame header carries
 // magic, version, frame kind, epoch, sequence number, operation kind,
-// tensor name, dtype, element count, reduction, root, chunk offset, step,
-// chunk index and payload length. One reader goroutine per connection
+// tensor name, dtype, element count, the shape when the caller gave one
+// (Shape), reduction, root, chunk offset, step, chunk index and payload
+// length. One reader goroutine per connection
 // demultiplexes frames into per-operation mailboxes, buffering frames of an
 // operation not started locally yet; it never waits for an operation.
 // Writers send whole frames (header and payload with one writev) under a
 // per-connection mutex, so frames of concurrent operations interleave whole.
 //
 // A receiver compares each header with its own call. If the members
-// disagree (kind, dtype, length, reduction or root) the call fails with a
+// disagree (kind, dtype, length, shape, reduction or root) the call fails with a
 // *MismatchError naming the operation, the tensor and both members with
 // what each has, and an abort frame carries the error to every peer so all
 // members fail promptly.

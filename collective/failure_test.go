@@ -70,6 +70,33 @@ func TestMismatchMessageNamesBothMembers(t *testing.T) {
 	}
 }
 
+// Tensors of the same dtype and length but different shapes fail on every
+// member, naming both shapes; an all-gather's first dimension may differ.
+func TestShapeMismatch(t *testing.T) {
+	noLeaks(t)
+	gs := newGroups(t, 2)
+	shapes := [][]int64{{2, 3}, {3, 2}}
+	errs := onAll(gs, func(i int, g *Group) error {
+		if _, err := g.AllGather(context.Background(), "rows", Int32, make([]byte, 4*2*(i+1)), Shape(int64(i+1), 2)); err != nil {
+			return err
+		}
+		return g.AllReduce(context.Background(), "w", Sum, Float32, make([]byte, 24), Shape(shapes[i]...))
+	})
+	for _, err := range errs {
+		assert.EqualError(t, err, `collective: all-reduce "w": worker:0 has float32[2,3], worker:1 has float32[3,2]`)
+	}
+}
+
+// A shape that does not describe the buffer is the caller's error, found
+// before anything is sent.
+func TestShapeMustDescribeTheBuffer(t *testing.T) {
+	noLeaks(t)
+	gs := newGroups(t, 2)
+	err := gs[0].AllReduce(context.Background(), "w", Sum, Float32, make([]byte, 24), Shape(2, 2))
+	assert.EqualError(t, err, `collective: all-reduce "w": shape [2 2] has 4 elements, the buffer 6`)
+	assert.NoError(t, gs[0].Err(), "the group still works")
+}
+
 func TestOperationKindMismatch(t *testing.T) {
 	noLeaks(t)
 	gs := newGroups(t, 2)

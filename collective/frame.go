@@ -13,6 +13,7 @@ const (
 	frameVersion uint8  = 1
 	fixedLen            = 56      // bytes of a header before the name
 	maxNameLen          = 4096    // longest tensor name
+	maxRank             = 32      // most dimensions a shape may have
 	maxPayload          = 4 << 20 // largest payload of any frame
 )
 
@@ -60,10 +61,10 @@ func (k opKind) String() string {
 // header is a decoded frame header. Layout (offsets in bytes):
 //
 //	0 magic u32 | 4 version u8 | 5 kind u8 | 6 op u8 | 7 dtype u8
-//	8 reduction u8 | 9 reserved u8 | 10 name length u16 | 12 epoch u32
+//	8 reduction u8 | 9 rank u8 | 10 name length u16 | 12 epoch u32
 //	16 seq u64 | 24 element count u64 | 32 chunk byte offset u64
 //	40 root u32 | 44 step u32 | 48 chunk index u32 | 52 payload length u32
-//	56 name
+//	56 name, then rank dimensions u64 (the shape, when the caller gave one)
 type header struct {
 	kind   frameKind
 	op     opKind
@@ -78,13 +79,14 @@ type header struct {
 	chunk  uint32
 	length uint32
 	name   []byte
+	dims   []uint64 // the tensor's shape; none when the caller gave none
 }
 
 // appendHeader appends h's encoding to dst.
 func appendHeader(dst []byte, h *header) []byte {
 	le := binary.LittleEndian
 	dst = le.AppendUint32(dst, frameMagic)
-	dst = append(dst, frameVersion, byte(h.kind), byte(h.op), byte(h.dtype), byte(h.red), 0)
+	dst = append(dst, frameVersion, byte(h.kind), byte(h.op), byte(h.dtype), byte(h.red), byte(len(h.dims)))
 	dst = le.AppendUint16(dst, uint16(len(h.name)))
 	dst = le.AppendUint32(dst, h.epoch)
 	dst = le.AppendUint64(dst, h.seq)
@@ -94,35 +96,43 @@ func appendHeader(dst []byte, h *header) []byte {
 	dst = le.AppendUint32(dst, h.step)
 	dst = le.AppendUint32(dst, h.chunk)
 	dst = le.AppendUint32(dst, h.length)
-	return append(dst, h.name...)
+	dst = append(dst, h.name...)
+	for _, d := range h.dims {
+		dst = le.AppendUint64(dst, d)
+	}
+	return dst
 }
 
 // parseFixed decodes the fixed part of a header (len(b) >= fixedLen) and
-// returns the length of the name that follows.
-func parseFixed(b []byte) (header, int, error) {
+// returns the length of the name and the number of dimensions that follow.
+func parseFixed(b []byte) (header, int, int, error) {
 	le := binary.LittleEndian
 	var h header
 	if m := le.Uint32(b); m != frameMagic {
-		return h, 0, fmt.Errorf("%w: bad magic %#08x", errProtocol, m)
+		return h, 0, 0, fmt.Errorf("%w: bad magic %#08x", errProtocol, m)
 	}
 	if b[4] != frameVersion {
-		return h, 0, fmt.Errorf("%w: version %d, want %d", errProtocol, b[4], frameVersion)
+		return h, 0, 0, fmt.Errorf("%w: version %d, want %d", errProtocol, b[4], frameVersion)
 	}
 	h.kind, h.op, h.dtype, h.red = frameKind(b[5]), opKind(b[6]), DType(b[7]), Reduction(b[8])
 	if h.kind < kindHello || h.kind > kindGoodbye {
-		return h, 0, fmt.Errorf("%w: unknown frame kind %d", errProtocol, h.kind)
+		return h, 0, 0, fmt.Errorf("%w: unknown frame kind %d", errProtocol, h.kind)
 	}
 	nameLen := int(le.Uint16(b[10:]))
 	h.epoch, h.seq, h.count = le.Uint32(b[12:]), le.Uint64(b[16:]), le.Uint64(b[24:])
 	h.offset, h.root, h.step = le.Uint64(b[32:]), le.Uint32(b[40:]), le.Uint32(b[44:])
 	h.chunk, h.length = le.Uint32(b[48:]), le.Uint32(b[52:])
+	rank := int(b[9])
+	if rank > maxRank {
+		return h, 0, 0, fmt.Errorf("%w: shape of %d dimensions", errProtocol, rank)
+	}
 	if nameLen > maxNameLen {
-		return h, 0, fmt.Errorf("%w: name of %d bytes", errProtocol, nameLen)
+		return h, 0, 0, fmt.Errorf("%w: name of %d bytes", errProtocol, nameLen)
 	}
 	if h.length > maxPayload {
-		return h, 0, fmt.Errorf("%w: payload of %d bytes", errProtocol, h.length)
+		return h, 0, 0, fmt.Errorf("%w: payload of %d bytes", errProtocol, h.length)
 	}
-	return h, nameLen, nil
+	return h, nameLen, rank, nil
 }
 
 // decodeHeader decodes a whole header from b and returns the bytes it used.
@@ -131,15 +141,25 @@ func decodeHeader(b []byte) (header, int, error) {
 	if len(b) < fixedLen {
 		return header{}, 0, fmt.Errorf("%w: short header (%d bytes)", errProtocol, len(b))
 	}
-	h, nameLen, err := parseFixed(b)
+	h, nameLen, rank, err := parseFixed(b)
 	if err != nil {
 		return h, 0, err
 	}
-	if len(b) < fixedLen+nameLen {
-		return h, 0, fmt.Errorf("%w: short name", errProtocol)
+	n := fixedLen + nameLen + 8*rank
+	if len(b) < n {
+		return h, 0, fmt.Errorf("%w: short name or shape", errProtocol)
 	}
 	h.name = b[fixedLen : fixedLen+nameLen]
-	return h, fixedLen + nameLen, nil
+	h.dims = decodeDims(b[fixedLen+nameLen:n], nil)
+	return h, n, nil
+}
+
+// decodeDims appends the dimensions encoded in b to dst (nil when none).
+func decodeDims(b []byte, dst []uint64) []uint64 {
+	for i := 0; i+8 <= len(b); i += 8 {
+		dst = append(dst, binary.LittleEndian.Uint64(b[i:]))
+	}
+	return dst
 }
 
 // Abort payloads: a code byte, then strings, each a u16 length and bytes.

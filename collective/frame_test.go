@@ -49,6 +49,7 @@ func FuzzDecodeHeader(f *testing.F) {
 	f.Add(appendHeader(nil, &header{kind: kindData, op: opAllReduce, dtype: Float32, red: Sum, count: 10, length: 40, name: []byte("x")}))
 	f.Add(appendHeader(nil, &header{kind: kindHello, seq: 0xfeed, root: 1, count: 2}))
 	f.Add(appendHeader(nil, &header{kind: kindAbort, length: 7}))
+	f.Add(appendHeader(nil, &header{kind: kindData, op: opAllGather, dtype: Int64, count: 6, name: []byte("rows"), dims: []uint64{3, 2}}))
 	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -56,8 +57,8 @@ func FuzzDecodeHeader(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if n > len(b) || n != fixedLen+len(h.name) {
-			t.Fatalf("used %d of %d bytes with a name of %d", n, len(b), len(h.name))
+		if n > len(b) || n != fixedLen+len(h.name)+8*len(h.dims) {
+			t.Fatalf("used %d of %d bytes with a name of %d and %d dimensions", n, len(b), len(h.name), len(h.dims))
 		}
 		again, m, err := decodeHeader(appendHeader(nil, &h))
 		if err != nil || m != n {

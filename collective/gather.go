@@ -8,7 +8,7 @@ import (
 // AllGather returns every member's buffer in rank order, this member's
 // included (as a copy). Members' buffers may differ in length but must hold
 // the same dtype.
-func (g *Group) AllGather(ctx context.Context, name string, dt DType, data []byte) ([][]byte, error) {
+func (g *Group) AllGather(ctx context.Context, name string, dt DType, data []byte, opts ...CallOption) ([][]byte, error) {
 	if err := checkArgs(opAllGather, name, dt, data); err != nil {
 		return nil, err
 	}
@@ -17,7 +17,11 @@ func (g *Group) AllGather(ctx context.Context, name string, dt DType, data []byt
 	if len(g.members) == 1 {
 		return out, g.Err()
 	}
-	o, err := g.start(ctx, name, header{op: opAllGather, dtype: dt, count: uint64(len(data) / dt.Size())})
+	h, err := withOptions(header{op: opAllGather, dtype: dt, count: uint64(len(data) / dt.Size())}, opts)
+	if err != nil {
+		return nil, fmt.Errorf("collective: all-gather %q: %w", name, err)
+	}
+	o, err := g.start(ctx, name, h)
 	if err != nil {
 		return nil, err
 	}
@@ -42,7 +46,7 @@ func (o *op) gather(data []byte, out [][]byte) error {
 
 // Broadcast overwrites data on every member with root's data. Every member
 // must pass the same root and length.
-func (g *Group) Broadcast(ctx context.Context, name string, root int, dt DType, data []byte) error {
+func (g *Group) Broadcast(ctx context.Context, name string, root int, dt DType, data []byte, opts ...CallOption) error {
 	if err := checkArgs(opBroadcast, name, dt, data); err != nil {
 		return err
 	}
@@ -52,7 +56,11 @@ func (g *Group) Broadcast(ctx context.Context, name string, root int, dt DType, 
 	if len(g.members) == 1 {
 		return g.Err()
 	}
-	o, err := g.start(ctx, name, header{op: opBroadcast, dtype: dt, count: uint64(len(data) / dt.Size()), root: uint32(root)})
+	h, err := withOptions(header{op: opBroadcast, dtype: dt, count: uint64(len(data) / dt.Size()), root: uint32(root)}, opts)
+	if err != nil {
+		return fmt.Errorf("collective: broadcast %q: %w", name, err)
+	}
+	o, err := g.start(ctx, name, h)
 	if err != nil {
 		return err
 	}

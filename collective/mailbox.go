@@ -2,6 +2,7 @@ package collective
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -107,6 +108,7 @@ func (g *Group) deliver(peer int, h header, buf *[]byte) {
 		return
 	}
 	f.h.name = nil
+	f.h.dims = slices.Clone(h.dims) // h.dims aliases the reader's scratch
 	b.queues[peer] = append(b.queues[peer], f)
 	b.notify()
 }

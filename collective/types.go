@@ -83,3 +83,38 @@ type Member struct {
 }
 
 func (m Member) String() string { return fmt.Sprintf("%s (%s)", m.Name, m.Addr) }
+
+// CallOption describes one call of an operation further.
+type CallOption func(*header)
+
+// Shape gives the tensor's shape, which every member's call must agree on
+// (all but the first dimension, for AllGather): a call whose shape differs
+// fails on every member with a *MismatchError naming both shapes. Without
+// it, members compare only dtypes and element counts. At most 32
+// dimensions.
+func Shape(dims ...int64) CallOption {
+	return func(h *header) {
+		h.dims = make([]uint64, len(dims))
+		for i, d := range dims {
+			h.dims[i] = uint64(d)
+		}
+	}
+}
+
+// withOptions applies opts to h and checks the result.
+func withOptions(h header, opts []CallOption) (header, error) {
+	for _, o := range opts {
+		o(&h)
+	}
+	if len(h.dims) > maxRank {
+		return h, fmt.Errorf("shape of %d dimensions (at most %d)", len(h.dims), maxRank)
+	}
+	n := uint64(1)
+	for _, d := range h.dims {
+		n *= d
+	}
+	if len(h.dims) > 0 && n != h.count {
+		return h, fmt.Errorf("shape %v has %d elements, the buffer %d", h.dims, n, h.count)
+	}
+	return h, nil
+}

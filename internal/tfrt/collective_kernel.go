@@ -97,17 +97,18 @@ func (c *call) start() error {
 // output, which is the input when TensorFlow forwarded it) or broadcast.
 func (c *call) reduceOrBroadcast() {
 	ctx := context.Background()
+	shape := c.shape()
 	if c.k.kind == 0 {
-		c.finish(c.g.AllReduceTo(ctx, c.k.name, c.k.red, c.dt, tensorBytes(c.out), tensorBytes(c.in)))
+		c.finish(c.g.AllReduceTo(ctx, c.k.name, c.k.red, c.dt, tensorBytes(c.out), tensorBytes(c.in), shape))
 		return
 	}
-	c.finish(c.g.Broadcast(ctx, c.k.name, c.k.root, c.dt, tensorBytes(c.out)))
+	c.finish(c.g.Broadcast(ctx, c.k.name, c.k.root, c.dt, tensorBytes(c.out), shape))
 }
 
 // gather all-gathers the input and writes the members' blocks, in rank
 // order, into an output whose first dimension is their sum.
 func (c *call) gather() {
-	blocks, err := c.g.AllGather(context.Background(), c.k.name, c.dt, tensorBytes(c.in))
+	blocks, err := c.g.AllGather(context.Background(), c.k.name, c.dt, tensorBytes(c.in), c.shape())
 	if err != nil {
 		c.finish(err)
 		return
@@ -182,6 +183,16 @@ func collectiveCode(err error) Code {
 		return Aborted
 	}
 	return Unknown
+}
+
+// shape is the input's shape, which every member's call must agree on.
+func (c *call) shape() collective.CallOption {
+	dims := tensorDims(c.in)
+	s := make([]int64, len(dims))
+	for i, d := range dims {
+		s[i] = int64(d)
+	}
+	return collective.Shape(s...)
 }
 
 func tensorDims(t *C.TF_Tensor) []C.int64_t {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,16 +133,25 @@ func TestCollectiveOpsCombineAcrossGroups(t *testing.T) {
 // A tensor whose length differs between members fails the run on every
 // member with an error naming the tensor.
 func TestCollectiveOpMismatchFailsTheRun(t *testing.T) {
-	ids := groups(t, 2)
-	_, errs := runMembers(t, ids, func(s *op.Scope, m int, group string) []tf.Output {
-		return []tf.Output{tfrt.AllReduce(s, op.Const(s.SubScope("x"), make([]float32, 3+m)), group, "grads", collective.Sum)}
-	})
-	for m := range ids {
-		require.Error(t, errs[m], "member %d", m)
-		assert.Contains(t, errs[m].Error(), `"grads"`)
-		assert.Contains(t, errs[m].Error(), "worker:0")
-		assert.Contains(t, errs[m].Error(), "worker:1")
+	for name, shapes := range map[string][2][]int64{"length": {{3}, {4}}, "shape": {{2, 3}, {3, 2}}} {
+		t.Run(name, func(t *testing.T) {
+			ids := groups(t, 2)
+			_, errs := runMembers(t, ids, func(s *op.Scope, m int, group string) []tf.Output {
+				x := op.Fill(s.SubScope("x"), op.Const(s.SubScope("dims"), shapes[m]), op.Const(s.SubScope("one"), float32(1)))
+				return []tf.Output{tfrt.AllReduce(s, x, group, "grads", collective.Sum)}
+			})
+			want := fmt.Sprintf(`"grads": worker:0 has float32%s, worker:1 has float32%s`, dims(shapes[0]), dims(shapes[1]))
+			for m := range ids {
+				require.Error(t, errs[m], "member %d", m)
+				assert.Contains(t, errs[m].Error(), want, "member %d", m)
+			}
+		})
 	}
+}
+
+// dims writes a shape as the engine's errors do, e.g. [2,3].
+func dims(shape []int64) string {
+	return strings.ReplaceAll(fmt.Sprint(shape), " ", ",")
 }
 
 // rows returns n rows of width w, every element n-1.
