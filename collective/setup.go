@@ -89,13 +89,21 @@ func validateMembers(members []Member, rank int) error {
 	return nil
 }
 
+// listen listens on this member's port on every interface, as
+// TensorFlow's servers do: the member's host name may resolve to an address
+// that is not the machine's own (a service's virtual IP, say). Peers'
+// connections are checked against the members' hosts.
 func (g *Group) listen() (net.Listener, error) {
 	if g.cfg.listener != nil {
 		return g.cfg.listener, nil
 	}
-	ln, err := net.Listen("tcp", g.members[g.rank].Addr)
+	_, port, err := net.SplitHostPort(g.members[g.rank].Addr)
 	if err != nil {
-		return nil, fmt.Errorf("collective: listen: %w", err)
+		return nil, fmt.Errorf("collective: member %s: %w", g.members[g.rank], err)
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort("", port))
+	if err != nil {
+		return nil, fmt.Errorf("collective: listen on port %s for %s: %w", port, g.members[g.rank], err)
 	}
 	return ln, nil
 }

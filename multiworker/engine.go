@@ -130,7 +130,7 @@ func (c *engineOps) Broadcast(s *op.Scope, value tf.Output, devices []string) ([
 }
 
 // newOnEngine runs the collectives on tfdist's engine: the worker listens on
-// its task's address for its peers' connections, and steps run in an
+// its task's port for its peers' connections, and steps run in an
 // in-process session, with no TensorFlow server.
 func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	members := make([]collective.Member, len(w.workers))

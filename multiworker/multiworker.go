@@ -120,7 +120,7 @@ func WithThreads(intraOp, interOp int) Option {
 func WithLogger(l *zap.Logger) Option { return func(c *config) { c.log = l } }
 
 // New joins this task to its workers, on tfdist's engine (listening on the
-// task's address) or on TensorFlow's collectives (starting the task's
+// task's port) or on TensorFlow's collectives (starting the task's
 // TensorFlow server), waits for every worker to join and checks that all of
 // them were given the same cluster. TF_CONFIG names a chief or worker task;
 // ps and evaluator tasks are an error.
