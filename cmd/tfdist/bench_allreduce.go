@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -11,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/allreducebench"
 )
 
@@ -38,11 +41,17 @@ one JSON line: [{"bytes":…,"seconds":…},…], seconds per all-reduce.
 The measurement stops after 10 minutes; a worker's failure stops the others
 and shows that worker's last output lines.
 
+To measure a network between machines, run 'tfdist bench allreduce --worker'
+on every machine, each with the TF_CONFIG of its task (as for training):
+each process joins the cluster as one worker, and worker 0 prints the
+table (without the TCP reference) or, with --json, its JSON line.
+
 Examples
 
 	tfdist bench allreduce
 	tfdist bench allreduce --workers 3 --backend tensorflow
 	tfdist bench allreduce --sizes 4KiB,1MiB,256MiB --iters 20 --json
+	TF_CONFIG='{"cluster":{"worker":["10.0.0.1:2222","10.0.0.2:2222"]},"task":{"type":"worker","index":0}}' tfdist bench allreduce --worker
 `,
 	flags: func(fs *flag.FlagSet) func(*env, []string) int {
 		workers := fs.Int("workers", 2, "worker processes, 2 or more")
@@ -50,6 +59,7 @@ Examples
 		sizes := fs.String("sizes", "1MiB,16MiB,64MiB", "comma-separated sizes to all-reduce: bytes, or with a KiB, MiB or GiB suffix")
 		iters := fs.Int("iters", 10, "timed all-reduces of each size")
 		jsonOut := fs.Bool("json", false, "print worker 0's timings as one JSON line instead of the table")
+		worker := fs.Bool("worker", false, "join the cluster TF_CONFIG describes as one of its workers instead of starting local ones")
 		return func(e *env, args []string) int {
 			usage := func(format string, a ...any) int {
 				fmt.Fprintf(e.stderr, "tfdist bench allreduce: "+format+"\nRun 'tfdist bench allreduce -h' for help.\n", a...)
@@ -57,6 +67,9 @@ Examples
 			}
 			if len(args) > 0 {
 				return usage("unexpected arguments %q", args)
+			}
+			if *worker && flagSet(fs, "workers") {
+				return usage("--workers %d with --worker: the cluster in TF_CONFIG says how many workers there are", *workers)
 			}
 			if *workers < 2 {
 				return usage("--workers %d: expected 2 or more worker processes", *workers)
@@ -73,7 +86,11 @@ Examples
 				return usage("--iters %d: expected 1 or more", *iters)
 			}
 			c := allreducebench.Config{Backend: b, Sizes: sz, Iters: *iters, Warmup: allreducebench.DefaultWarmup}
-			if err := benchAllReduce(e.stdout, *workers, c, *jsonOut); err != nil {
+			run := benchAllReduce
+			if *worker {
+				run = benchAllReduceAsWorker
+			}
+			if err := run(e.stdout, *workers, c, *jsonOut); err != nil {
 				fmt.Fprintf(e.stderr, "tfdist bench allreduce: %v\n", err)
 				return exitFail
 			}
@@ -116,19 +133,71 @@ func benchAllReduce(out io.Writer, workers int, c allreducebench.Config, jsonOut
 		return err
 	}
 	fmt.Fprintf(out, "all-reduce (sum) of float32 between %d worker processes on 127.0.0.1\n", workers)
-	fmt.Fprintf(out, "backend %s (%s), %d timed runs per size after %d warm-ups\n\n", c.Backend, backendDescriptions[c.Backend], c.Iters, c.Warmup)
-	tw := tabwriter.NewWriter(out, 0, 4, 3, ' ', 0)
-	fmt.Fprintf(tw, "size\ttime/all-reduce\talgbw\tbusbw\tbusbw/tcp\n")
-	for _, t := range res.Timings {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3f\n", allreducebench.FormatSize(t.Bytes), formatSeconds(t.Seconds),
-			allreducebench.FormatBandwidth(t.AlgBW()), allreducebench.FormatBandwidth(t.BusBW(workers)), t.BusBW(workers)/tcp)
-	}
-	if err := tw.Flush(); err != nil {
+	if err := writeTimings(out, workers, c, res.Timings, tcp); err != nil {
 		return err
 	}
 	_, err = fmt.Fprintf(out, "\nplain TCP copy of %s between two processes: %s\n",
 		allreducebench.FormatSize(allreducebench.TCPBytes), allreducebench.FormatBandwidth(tcp))
 	return err
+}
+
+// benchAllReduceAsWorker runs c as one worker of the cluster TF_CONFIG
+// describes; worker 0 writes the table, or with jsonOut its JSON line.
+func benchAllReduceAsWorker(out io.Writer, _ int, c allreducebench.Config, jsonOut bool) error {
+	r, err := cluster.FromEnv()
+	if err != nil {
+		return err
+	}
+	workers := r.ClusterSpec().WorkerCount()
+	if workers < 2 {
+		return fmt.Errorf("--worker: TF_CONFIG's cluster has %d workers; expected a TF_CONFIG naming 2 or more chief and worker tasks", workers)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, benchAllReduceTimeout)
+	defer cancel()
+	var line bytes.Buffer
+	if err := allreducebench.Worker(ctx, c, &line); err != nil {
+		return err
+	}
+	if line.Len() == 0 || jsonOut { // another worker prints nothing
+		_, err := out.Write(line.Bytes())
+		return err
+	}
+	var ts []allreducebench.Timing
+	if err := json.Unmarshal(line.Bytes(), &ts); err != nil {
+		return fmt.Errorf("worker 0's timings: %w", err)
+	}
+	fmt.Fprintf(out, "all-reduce (sum) of float32 between the %d workers of TF_CONFIG's cluster\n", workers)
+	return writeTimings(out, workers, c, ts, 0)
+}
+
+// writeTimings writes the backend line and the table of timings between
+// workers; with tcp > 0, each bus bandwidth's ratio to it.
+func writeTimings(out io.Writer, workers int, c allreducebench.Config, timings []allreducebench.Timing, tcp float64) error {
+	fmt.Fprintf(out, "backend %s (%s), %d timed runs per size after %d warm-ups\n\n", c.Backend, backendDescriptions[c.Backend], c.Iters, c.Warmup)
+	tw := tabwriter.NewWriter(out, 0, 4, 3, ' ', 0)
+	head := "size\ttime/all-reduce\talgbw\tbusbw"
+	if tcp > 0 {
+		head += "\tbusbw/tcp"
+	}
+	fmt.Fprintln(tw, head)
+	for _, t := range timings {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s", allreducebench.FormatSize(t.Bytes), formatSeconds(t.Seconds),
+			allreducebench.FormatBandwidth(t.AlgBW()), allreducebench.FormatBandwidth(t.BusBW(workers)))
+		if tcp > 0 {
+			fmt.Fprintf(tw, "\t%.3f", t.BusBW(workers)/tcp)
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
+}
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // formatSeconds writes s seconds in µs, ms or s with three significant

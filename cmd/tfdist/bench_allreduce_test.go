@@ -2,13 +2,19 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/allreducebench"
+	"github.com/tfdist/tfdist/internal/syncbuf"
+	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
 // The workers are this test binary re-executed: TestMain plays their role.
@@ -35,6 +41,43 @@ func TestBenchAllReduceTable(t *testing.T) {
 	assert.Regexp(t, `(?m)^plain TCP copy of 256 MiB between two processes: [\d.]+ [MG]iB/s$`, out)
 }
 
+// With --worker, each process joins TF_CONFIG's cluster as one worker, as on
+// separate machines: worker 0 prints the table, the others nothing.
+func TestBenchAllReduceAsClusterWorkers(t *testing.T) {
+	ports, err := tfrt.FreeLoopbackPorts(2)
+	require.NoError(t, err)
+	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: {
+		fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}})
+	require.NoError(t, err)
+	var outs []*syncbuf.Buffer
+	var cmds []*exec.Cmd
+	for w := range 2 {
+		tfc, err := cluster.Marshal(spec, cluster.Task{Type: cluster.Worker, Index: w})
+		require.NoError(t, err)
+		cmd, out, errOut := tfdist(t, []string{"TF_CONFIG=" + tfc}, "bench", "allreduce", "--worker", "--sizes", "4KiB", "--iters", "2")
+		require.NoError(t, cmd.Start())
+		cmds, outs = append(cmds, cmd), append(outs, out)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("worker %d:\n%s%s", w, out, errOut)
+			}
+		})
+	}
+	for w, cmd := range cmds {
+		assert.Equal(t, exitOK, exitCode(t, cmd, 2*time.Minute), "worker %d", w)
+	}
+	assert.Contains(t, outs[0].String(), "between the 2 workers of TF_CONFIG's cluster")
+	assert.Regexp(t, `(?m)^4 KiB\s+[\d.]+ (µs|ms|s)\s+[\d.]+ [MG]iB/s\s+[\d.]+ [MG]iB/s$`, outs[0].String())
+	assert.Empty(t, outs[1].String(), "only worker 0 prints")
+}
+
+func TestBenchAllReduceWorkerNeedsACluster(t *testing.T) {
+	code, out, errOut := runHere(nil, "", "bench", "allreduce", "--worker")
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, "--worker: TF_CONFIG's cluster has 0 workers; expected a TF_CONFIG naming 2 or more chief and worker tasks")
+	assert.Empty(t, out)
+}
+
 func TestBenchAllReduceFlagErrors(t *testing.T) {
 	cases := []struct {
 		args []string
@@ -48,6 +91,7 @@ func TestBenchAllReduceFlagErrors(t *testing.T) {
 		{[]string{"--iters", "0"}, "--iters 0: expected 1 or more"},
 		{[]string{"--workers", "two"}, `invalid value "two" for flag -workers`},
 		{[]string{"extra"}, `unexpected arguments ["extra"]`},
+		{[]string{"--worker", "--workers", "3"}, "--workers 3 with --worker: the cluster in TF_CONFIG says how many workers there are"},
 	}
 	for _, c := range cases {
 		code, out, errOut := runHere(nil, "", append([]string{"bench", "allreduce"}, c.args...)...)
