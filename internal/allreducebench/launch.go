@@ -14,6 +14,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/syncbuf"
+	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
 // Exec is how a benchmark starts its processes: a program that calls
@@ -72,9 +73,13 @@ func AllReduce(ctx context.Context, x Exec, workers int, c Config) (Result, erro
 	if err != nil {
 		return Result{}, err
 	}
-	addrs, err := freeAddrs(workers)
+	ports, err := tfrt.FreeLoopbackPorts(workers)
 	if err != nil {
 		return Result{}, err
+	}
+	addrs := make([]string, workers)
+	for w, p := range ports {
+		addrs[w] = fmt.Sprintf("127.0.0.1:%d", p)
 	}
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: addrs})
 	if err != nil {
@@ -151,21 +156,6 @@ func parseResult(p *process) (Result, error) {
 		return Result{}, fmt.Errorf("%s's timings %q: %w", p.name, line, err)
 	}
 	return Result{Line: line, Timings: ts}, nil
-}
-
-// freeAddrs returns n distinct free ports on 127.0.0.1.
-func freeAddrs(n int) ([]string, error) {
-	var addrs []string
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("picking a free port: %w", err)
-		}
-		// Held until all are picked, so that they differ.
-		defer l.Close()
-		addrs = append(addrs, l.Addr().String())
-	}
-	return addrs, nil
 }
 
 // process is one started benchmark process and its output.
