@@ -33,8 +33,6 @@ type engineOps struct {
 	next int
 }
 
-var engineTypes = map[tf.DataType]bool{tf.Float: true, tf.Double: true, tf.Half: true, tf.Bfloat16: true, tf.Int32: true, tf.Int64: true}
-
 func (c *engineOps) name(kind string) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -48,7 +46,7 @@ func (c *engineOps) check(what string, values [][]tf.Output) error {
 		return fmt.Errorf("multiworker: %s: no replicas", what)
 	}
 	for i, v := range values[0] {
-		if !engineTypes[v.DataType()] {
+		if _, ok := tfrt.CollectiveDType(v.DataType()); !ok {
 			return fmt.Errorf("multiworker: %s of value %d: dtype %s; tfdist's collective engine takes float32, float64, float16, bfloat16, int32 and int64 (WithCommunication(Ring) takes others)",
 				what, i, strategy.DTypeName(v.DataType()))
 		}
@@ -57,7 +55,7 @@ func (c *engineOps) check(what string, values [][]tf.Output) error {
 }
 
 // local combines value k of every local replica on the host with combine.
-func (c *engineOps) local(s *op.Scope, values [][]tf.Output, k int, combine func(*op.Scope, []tf.Output) tf.Output) tf.Output {
+func local(s *op.Scope, values [][]tf.Output, k int, combine func(*op.Scope, []tf.Output) tf.Output) tf.Output {
 	parts := make([]tf.Output, len(values))
 	for r := range values {
 		parts[r] = values[r][k]
@@ -69,9 +67,18 @@ func (c *engineOps) local(s *op.Scope, values [][]tf.Output, k int, combine func
 }
 
 // toReplicas copies a host result to every local replica's device.
-func toReplicas(s *op.Scope, v tf.Output, devices []string, out [][]tf.Output) {
+func toReplicas(s *op.Scope, v tf.Output, devices []string) []tf.Output {
+	out := make([]tf.Output, len(devices))
 	for r := range devices {
-		out[r] = append(out[r], op.Identity(s.SubScope(fmt.Sprintf("to_%d", r)).WithDevice(devices[r]), v))
+		out[r] = op.Identity(s.SubScope(fmt.Sprintf("to_%d", r)).WithDevice(devices[r]), v)
+	}
+	return out
+}
+
+// appendPerReplica appends value k of every replica, vals[r], to out[r].
+func appendPerReplica(out [][]tf.Output, vals []tf.Output) {
+	for r, v := range vals {
+		out[r] = append(out[r], v)
 	}
 }
 
@@ -84,13 +91,13 @@ func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]t
 	for k := range values[0] {
 		name := c.name("allreduce")
 		hs := s.SubScope(name).WithDevice(c.host)
-		sum := c.local(hs.SubScope("local"), values, k, op.AddN)
+		sum := local(hs.SubScope("local"), values, k, op.AddN)
 		v := tfrt.AllReduce(hs.SubScope("engine"), sum, c.group, name, collective.Sum)
 		if red == strategy.Mean {
 			n := op.Cast(hs.SubScope("n"), op.Const(hs.SubScope("replicas"), int32(c.replicas)), v.DataType())
 			v = op.Div(hs.SubScope("mean"), v, n)
 		}
-		toReplicas(hs, v, devices, out)
+		appendPerReplica(out, toReplicas(hs, v, devices))
 	}
 	return out, s.Err()
 }
@@ -104,10 +111,10 @@ func (c *engineOps) BatchGather(s *op.Scope, values [][]tf.Output, devices []str
 	for k := range values[0] {
 		name := c.name("allgather")
 		hs := s.SubScope(name).WithDevice(c.host)
-		cat := c.local(hs.SubScope("local"), values, k, func(s *op.Scope, parts []tf.Output) tf.Output {
+		cat := local(hs.SubScope("local"), values, k, func(s *op.Scope, parts []tf.Output) tf.Output {
 			return op.ConcatV2(s, parts, op.Const(s.SubScope("axis"), int32(0)))
 		})
-		toReplicas(hs, tfrt.AllGather(hs.SubScope("engine"), cat, c.group, name), devices, out)
+		appendPerReplica(out, toReplicas(hs, tfrt.AllGather(hs.SubScope("engine"), cat, c.group, name), devices))
 	}
 	return out, s.Err()
 }
@@ -120,13 +127,7 @@ func (c *engineOps) Broadcast(s *op.Scope, value tf.Output, devices []string) ([
 	}
 	name := c.name("broadcast")
 	hs := s.SubScope(name).WithDevice(c.host)
-	out := make([][]tf.Output, len(devices))
-	toReplicas(hs, tfrt.Broadcast(hs.SubScope("engine"), value, c.group, name, 0), devices, out)
-	res := make([]tf.Output, len(devices))
-	for r := range out {
-		res[r] = out[r][0]
-	}
-	return res, s.Err()
+	return toReplicas(hs, tfrt.Broadcast(hs.SubScope("engine"), value, c.group, name, 0), devices), s.Err()
 }
 
 // newOnEngine runs the collectives on tfdist's engine: the worker listens on

@@ -12,17 +12,15 @@ import (
 	"fmt"
 	"os"
 	"runtime/cgo"
+	"slices"
 	"unsafe"
+
+	tf "github.com/wamuir/graft/tensorflow"
 
 	"github.com/tfdist/tfdist/collective"
 )
 
-var dtypes = map[C.TF_DataType]collective.DType{
-	C.TF_FLOAT: collective.Float32, C.TF_DOUBLE: collective.Float64, C.TF_HALF: collective.Float16,
-	C.TF_BFLOAT16: collective.BFloat16, C.TF_INT32: collective.Int32, C.TF_INT64: collective.Int64,
-}
-
-var kinds = [...]string{"all-reduce", "all-gather", "broadcast"}
+var kinds = [...]string{kindAllReduce: "all-reduce", kindAllGather: "all-gather", kindBroadcast: "broadcast"}
 
 // call is one execution of a collective op's kernel. It owns the input and
 // output tensors until it runs TensorFlow's done callback, exactly once.
@@ -31,6 +29,7 @@ type call struct {
 	ctx     *C.TF_OpKernelContext
 	done    unsafe.Pointer // TensorFlow's done callback, moved to the heap
 	in, out *C.TF_Tensor
+	dims    []C.int64_t // the input's shape
 	g       *collective.Group
 	dt      collective.DType
 }
@@ -75,18 +74,18 @@ func (c *call) start() error {
 		return &Error{Code: FailedPrecondition, Msg: fmt.Sprintf("no collective group %s in this process (was its strategy closed?)", c.k.group)}
 	}
 	c.g = g.(*collective.Group)
-	c.dt = dtypes[C.TF_TensorType(c.in)]
-	if c.k.kind == 1 {
+	c.dt, _ = CollectiveDType(tf.DataType(C.TF_TensorType(c.in))) // the op's T attribute allows no other
+	c.dims = tensorDims(c.in)
+	if c.k.kind == kindAllGather {
 		go c.gather()
 		return nil
 	}
-	dims := tensorDims(c.in)
 	idx, fwd := C.int(0), C.int(-1)
-	c.out = C.TF_ForwardInputOrAllocateOutput(c.ctx, &idx, 1, 0, dimsPtr(dims), C.int(len(dims)), &fwd, st)
+	c.out = C.TF_ForwardInputOrAllocateOutput(c.ctx, &idx, 1, 0, dimsPtr(c.dims), C.int(len(c.dims)), &fwd, st)
 	if err := statusError(st, "allocate output"); err != nil {
 		return err
 	}
-	if fwd < 0 && c.k.kind != 0 {
+	if fwd < 0 && c.k.kind == kindBroadcast {
 		copy(tensorBytes(c.out), tensorBytes(c.in))
 	}
 	go c.reduceOrBroadcast()
@@ -98,7 +97,7 @@ func (c *call) start() error {
 func (c *call) reduceOrBroadcast() {
 	ctx := context.Background()
 	shape := c.shape()
-	if c.k.kind == 0 {
+	if c.k.kind == kindAllReduce {
 		c.finish(c.g.AllReduceTo(ctx, c.k.name, c.k.red, c.dt, tensorBytes(c.out), tensorBytes(c.in), shape))
 		return
 	}
@@ -113,7 +112,7 @@ func (c *call) gather() {
 		c.finish(err)
 		return
 	}
-	dims := tensorDims(c.in)
+	dims := slices.Clone(c.dims)
 	if len(dims) == 0 {
 		c.finish(&Error{Code: InvalidArgument, Msg: "all-gather of a scalar: expected a tensor of rank 1 or more"})
 		return
@@ -187,9 +186,8 @@ func collectiveCode(err error) Code {
 
 // shape is the input's shape, which every member's call must agree on.
 func (c *call) shape() collective.CallOption {
-	dims := tensorDims(c.in)
-	s := make([]int64, len(dims))
-	for i, d := range dims {
+	s := make([]int64, len(c.dims))
+	for i, d := range c.dims {
 		s[i] = int64(d)
 	}
 	return collective.Shape(s...)

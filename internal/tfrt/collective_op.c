@@ -11,6 +11,8 @@
 #include "_cgo_export.h"
 #include "collective_queue.h"
 
+// The second argument is the kernel's kind: kindAllReduce, kindAllGather
+// and kindBroadcast in collective_op.go.
 static void* tfdist_create_allreduce(TF_OpKernelConstruction* ctx) {
   return (void*)tfdistKernelCreate(ctx, 0);
 }

@@ -49,6 +49,20 @@ func registerOps() error {
 	return registerErr
 }
 
+// collectiveDTypes are the element types the collective ops take: their T
+// attribute in collective_op.c.
+var collectiveDTypes = map[tf.DataType]collective.DType{
+	tf.Float: collective.Float32, tf.Double: collective.Float64, tf.Half: collective.Float16,
+	tf.Bfloat16: collective.BFloat16, tf.Int32: collective.Int32, tf.Int64: collective.Int64,
+}
+
+// CollectiveDType returns the engine's element type for dt, and whether
+// the collective ops take dt at all.
+func CollectiveDType(dt tf.DataType) (collective.DType, bool) {
+	d, ok := collectiveDTypes[dt]
+	return d, ok
+}
+
 // RegisterGroup makes g reachable from the collective ops of this process
 // under the returned id, until unregister is called.
 func RegisterGroup(g *collective.Group) (id string, unregister func()) {
@@ -88,9 +102,17 @@ func Broadcast(s *op.Scope, in tf.Output, group, name string, root int) tf.Outpu
 	return addCollective(s, opBroadcast, in, map[string]any{"group": group, "tensor_name": name, "root": int64(root)})
 }
 
+// The kinds of collective kernel, as collective_op.c's create functions
+// pass them.
+const (
+	kindAllReduce C.int = iota
+	kindAllGather
+	kindBroadcast
+)
+
 // kernel is one collective op node's kernel: its attributes.
 type kernel struct {
-	kind  C.int // 0 all-reduce, 1 all-gather, 2 broadcast
+	kind  C.int
 	group string
 	name  string
 	red   collective.Reduction
@@ -108,12 +130,12 @@ func tfdistKernelCreate(ctx *C.TF_OpKernelConstruction, kind C.int) C.uintptr_t 
 	if k.group, err = stringAttr(ctx, "group", st); err == nil {
 		k.name, err = stringAttr(ctx, "tensor_name", st)
 	}
-	if err == nil && kind == 0 {
+	if err == nil && kind == kindAllReduce {
 		var r string
 		r, err = stringAttr(ctx, "reduction", st)
 		k.red = reductions[r]
 	}
-	if err == nil && kind == 2 {
+	if err == nil && kind == kindBroadcast {
 		var root C.int64_t
 		C.TF_OpKernelConstruction_GetAttrInt64(ctx, cstr("root"), &root, st)
 		err = statusError(st, "attr root")
