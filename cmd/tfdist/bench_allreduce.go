@@ -102,6 +102,13 @@ Examples
 // benchAllReduceTimeout bounds a whole bench allreduce run.
 const benchAllReduceTimeout = 10 * time.Minute
 
+// benchAllReduceContext ends at an interrupt or after benchAllReduceTimeout.
+func benchAllReduceContext() (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, benchAllReduceTimeout)
+	return ctx, func() { cancel(); stop() }
+}
+
 var backendDescriptions = map[allreducebench.Backend]string{
 	allreducebench.Tfdist:     "tfdist's collective engine",
 	allreducebench.TensorFlow: "TensorFlow's ring all-reduce over gRPC",
@@ -115,9 +122,7 @@ func benchAllReduce(out io.Writer, workers int, c allreducebench.Config, jsonOut
 		return fmt.Errorf("finding this executable to start the workers: %w", err)
 	}
 	x := allreducebench.Exec{Path: self}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, benchAllReduceTimeout)
+	ctx, cancel := benchAllReduceContext()
 	defer cancel()
 
 	res, err := allreducebench.AllReduce(ctx, x, workers, c)
@@ -152,9 +157,7 @@ func benchAllReduceAsWorker(out io.Writer, _ int, c allreducebench.Config, jsonO
 	if workers < 2 {
 		return fmt.Errorf("--worker: TF_CONFIG's cluster has %d workers; expected a TF_CONFIG naming 2 or more chief and worker tasks", workers)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, benchAllReduceTimeout)
+	ctx, cancel := benchAllReduceContext()
 	defer cancel()
 	var line bytes.Buffer
 	if err := allreducebench.Worker(ctx, c, &line); err != nil {
