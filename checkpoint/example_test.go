@@ -6,7 +6,6 @@ import (
 	"os"
 
 	tf "github.com/wamuir/graft/tensorflow"
-	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/strategy"
@@ -29,18 +28,13 @@ func ExampleManager() {
 			return err
 		}
 		defer s.Close()
-		var w *strategy.Variable
-		if err := s.Scope(func(sc *strategy.Scope) error {
+		var w strategy.Variable
+		if err := s.Scope(func(sc strategy.Scope) error {
 			w, err = sc.Variable("w", tf.Float, nil, strategy.Zeros())
 			return err
 		}); err != nil {
 			return err
 		}
-		s.Lock()
-		sc := s.NewScope("step")
-		inc := op.AssignAddVariableOp(sc, w.Handle(0), op.Const(sc.SubScope("one"), float32(1)))
-		s.Unlock()
-
 		m, err := checkpoint.NewManager(s, dir, checkpoint.WithMaxToKeep(3))
 		if err != nil {
 			return err
@@ -52,7 +46,12 @@ func ExampleManager() {
 		pos, _ := md.Int64("input_position")
 		fmt.Printf("resumed at step %d, input position %d\n", step, pos)
 		for ; step < until; step++ {
-			if _, err := s.RunOps(ctx, nil, nil, []*tf.Operation{inc}); err != nil {
+			// A step of training: here, w counts the steps.
+			next, err := tf.NewTensor(float32(step + 1))
+			if err != nil {
+				return err
+			}
+			if err := s.Assign(ctx, w, next); err != nil {
 				return err
 			}
 			if (step+1)%50 == 0 {

@@ -71,7 +71,7 @@ type trainer struct {
 func newTrainer(t *testing.T, e *strategy.InGraph, opt strategy.Optimizer) *trainer {
 	t.Helper()
 	tr := &trainer{e: e, data: loadDigits(t)}
-	require.NoError(t, e.Scope(func(sc *strategy.Scope) error {
+	require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 		var err error
 		tr.mlp, err = nn.NewMLP(sc, "mlp", []int{digits.Features, 32, digits.Classes}, 1)
 		return err
@@ -81,12 +81,12 @@ func newTrainer(t *testing.T, e *strategy.InGraph, opt strategy.Optimizer) *trai
 		"y": {DType: tf.Int32, Shape: []int64{-1}},
 	}
 	var err error
-	tr.step, err = e.Build(spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	tr.step, err = e.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		logits, err := tr.mlp.Apply(rc, in["x"])
 		if err != nil {
 			return nil, err
 		}
-		loss := strategy.ComputeAverageLoss(rc, nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
+		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
 		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, tr.mlp.Vars())
 	})
 	require.NoError(t, err)
@@ -128,8 +128,9 @@ func values(t *testing.T, e *strategy.InGraph) map[string]*tf.Tensor {
 }
 
 // copies reads every copy of v, on its replica's device.
-func copies(t *testing.T, e *strategy.InGraph, v *strategy.Variable) []*tf.Tensor {
+func copies(t *testing.T, e *strategy.InGraph, vv strategy.Variable) []*tf.Tensor {
 	t.Helper()
+	v := vv.(strategy.Copies)
 	e.Lock()
 	s := e.NewScope("test_read")
 	outs := make([]tf.Output, v.NumCopies())
@@ -144,7 +145,7 @@ func copies(t *testing.T, e *strategy.InGraph, v *strategy.Variable) []*tf.Tenso
 	return res
 }
 
-func variable(t *testing.T, e *strategy.InGraph, name string) *strategy.Variable {
+func variable(t *testing.T, e *strategy.InGraph, name string) strategy.Variable {
 	t.Helper()
 	for _, v := range e.Variables() {
 		if v.Name() == name {

@@ -17,7 +17,7 @@ import (
 func savedIndex(t *testing.T) []byte {
 	prefix := filepath.Join(t.TempDir(), "ckpt")
 	e := newEngine(t, 0)
-	require.NoError(t, e.Scope(func(sc *strategy.Scope) error {
+	require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 		for _, name := range []string{"layer/kernel", "layer/kernel/Adam/m", "layer/kernel/Adam/v", "layer/bias", "Adam/iterations"} {
 			dt, shape := tf.Float, []int64{3, 2}
 			if name == "Adam/iterations" {

@@ -77,13 +77,13 @@ func WithCheckpointName(name string) Option { return func(c *config) { c.name = 
 // ShardFunc returns the CPU device whose SaveV2 writes variable v in a
 // sharded save ("" = the host device). Variables with the same device share
 // a shard.
-type ShardFunc func(v *strategy.Variable) string
+type ShardFunc func(v strategy.Copies) string
 
 // ShardByTask shards a checkpoint by task, as TensorFlow does: each
 // variable is written by the CPU:0 of the task that holds its primary copy,
 // so that under a parameter-server strategy each ps task writes its own
 // variables. On one machine it gives one shard.
-func ShardByTask(v *strategy.Variable) string {
+func ShardByTask(v strategy.Copies) string {
 	d, err := tfrt.ParseDevice(v.Handle(0).Op.Device())
 	if err != nil || d.Job == "" {
 		return ""

@@ -20,7 +20,7 @@ import (
 // it, and so do mirrored.Strategy and every strategy built on it.
 type Engine interface {
 	// Variables returns every variable, optimizer slots included.
-	Variables() []*strategy.Variable
+	Variables() []strategy.Variable
 	// NewScope returns a fresh scope over the engine's graph; the caller
 	// holds Lock.
 	NewScope(name string) *op.Scope
@@ -31,7 +31,7 @@ type Engine interface {
 	Unlock()
 	// RunOpsInitializing runs ops that restore vs and, on success, marks vs
 	// initialised under the same lock so their initialisers never re-run.
-	RunOpsInitializing(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation, vs ...*strategy.Variable) ([]*tf.Tensor, error)
+	RunOpsInitializing(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation, vs ...strategy.Variable) ([]*tf.Tensor, error)
 	// HostDevice is where SaveV2 and RestoreV2 run.
 	HostDevice() string
 	// Devices are the local replicas' devices.
@@ -134,7 +134,10 @@ func (s *Saver) Save(ctx context.Context, prefix string, md Metadata) error {
 		return err
 	}
 	start := time.Now()
-	vars := s.e.Variables()
+	vars, err := copiesOf(s.e)
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sig := signature(vars, keys, dtypesOf(vals))
@@ -177,7 +180,10 @@ func (s *Saver) Restore(ctx context.Context, prefix string) (Metadata, error) {
 	if err != nil {
 		return nil, err
 	}
-	vars := s.e.Variables()
+	vars, err := copiesOf(s.e)
+	if err != nil {
+		return nil, err
+	}
 	restore, err := s.plan(prefix, ix, vars)
 	if err != nil {
 		return nil, err
@@ -208,7 +214,11 @@ func (s *Saver) Restore(ctx context.Context, prefix string) (Metadata, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: restore %s: %w", prefix, err)
 	}
-	out, err := s.e.RunOpsInitializing(ctx, map[tf.Output]*tf.Tensor{g.prefix: pt}, g.meta, []*tf.Operation{g.target}, restore...)
+	restored := make([]strategy.Variable, len(restore))
+	for i, v := range restore {
+		restored[i] = v
+	}
+	out, err := s.e.RunOpsInitializing(ctx, map[tf.Output]*tf.Tensor{g.prefix: pt}, g.meta, []*tf.Operation{g.target}, restored...)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: restore %s: %w", prefix, err)
 	}
@@ -223,10 +233,10 @@ func (s *Saver) Restore(ctx context.Context, prefix string) (Metadata, error) {
 
 // plan checks the checkpoint against the model and returns the variables to
 // restore.
-func (s *Saver) plan(prefix string, ix *index, vars []*strategy.Variable) ([]*strategy.Variable, error) {
+func (s *Saver) plan(prefix string, ix *index, vars []strategy.Copies) ([]strategy.Copies, error) {
 	merr := &MismatchError{Prefix: prefix}
 	taken := map[string]bool{}
-	var restore []*strategy.Variable
+	var restore []strategy.Copies
 	for _, v := range vars {
 		ent, ok := ix.entries[v.Name()]
 		if !ok {
@@ -256,7 +266,7 @@ func (s *Saver) plan(prefix string, ix *index, vars []*strategy.Variable) ([]*st
 	return restore, nil
 }
 
-func (s *Saver) buildSave(vars []*strategy.Variable, mdKeys []string, mdTypes []tf.DataType) (*saveGraph, error) {
+func (s *Saver) buildSave(vars []strategy.Copies, mdKeys []string, mdTypes []tf.DataType) (*saveGraph, error) {
 	s.e.Lock()
 	defer s.e.Unlock()
 	sc := s.e.NewScope("checkpoint_save")
@@ -298,7 +308,7 @@ func (s *Saver) buildSave(vars []*strategy.Variable, mdKeys []string, mdTypes []
 }
 
 // saveValue returns the value a checkpoint holds for v.
-func (s *Saver) saveValue(sc *op.Scope, v *strategy.Variable) (tf.Output, error) {
+func (s *Saver) saveValue(sc *op.Scope, v strategy.Copies) (tf.Output, error) {
 	read := func(r int) tf.Output {
 		return op.ReadVariableOp(sc.SubScope(fmt.Sprintf("read_%d", r)).WithDevice(s.deviceOf(v, r)), v.Handle(r), v.DType())
 	}
@@ -349,7 +359,7 @@ func (s *Saver) saveValue(sc *op.Scope, v *strategy.Variable) (tf.Output, error)
 	return sum, nil
 }
 
-func (s *Saver) buildRestore(vars []*strategy.Variable, mdKeys []string, mdTypes []tf.DataType) (*restoreGraph, error) {
+func (s *Saver) buildRestore(vars []strategy.Copies, mdKeys []string, mdTypes []tf.DataType) (*restoreGraph, error) {
 	s.e.Lock()
 	defer s.e.Unlock()
 	sc := s.e.NewScope("checkpoint_restore")
@@ -394,7 +404,7 @@ func (s *Saver) buildRestore(vars []*strategy.Variable, mdKeys []string, mdTypes
 // restoreValue returns what each copy of v receives: the saved value, or
 // value/replicas for an OnRead variable summed across replicas
 // (TensorFlow's get_on_read_restore_ops).
-func (s *Saver) restoreValue(sc *op.Scope, v *strategy.Variable, val tf.Output) tf.Output {
+func (s *Saver) restoreValue(sc *op.Scope, v strategy.Copies, val tf.Output) tf.Output {
 	n := s.e.NumReplicasInSync()
 	if v.Synchronization() != strategy.OnRead || v.Aggregation() != strategy.AggregationSum || n == 1 {
 		return val
@@ -409,7 +419,7 @@ func (s *Saver) restoreValue(sc *op.Scope, v *strategy.Variable, val tf.Output) 
 }
 
 // deviceOf returns the device of copy r of v.
-func (s *Saver) deviceOf(v *strategy.Variable, r int) string {
+func (s *Saver) deviceOf(v strategy.Copies, r int) string {
 	if d := v.Handle(r).Op.Device(); d != "" {
 		return d
 	}
@@ -465,7 +475,7 @@ func dtypesOf(ts []*tf.Tensor) []tf.DataType {
 }
 
 // signature identifies a set of variables and metadata for caching ops.
-func signature(vars []*strategy.Variable, keys []string, dtypes []tf.DataType) string {
+func signature(vars []strategy.Copies, keys []string, dtypes []tf.DataType) string {
 	var b strings.Builder
 	for _, v := range vars {
 		fmt.Fprintf(&b, "%p,", v)
@@ -507,4 +517,19 @@ func safely(fn func() error) (err error) {
 		}
 	}()
 	return fn()
+}
+
+// copiesOf returns e's variables with their copies: an in-graph engine's
+// variables have them.
+func copiesOf(e Engine) ([]strategy.Copies, error) {
+	vars := e.Variables()
+	out := make([]strategy.Copies, len(vars))
+	for i, v := range vars {
+		c, ok := v.(strategy.Copies)
+		if !ok {
+			return nil, fmt.Errorf("checkpoint: variable %q has no local copies to save", v.Name())
+		}
+		out[i] = c
+	}
+	return out, nil
 }

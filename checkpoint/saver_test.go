@@ -29,7 +29,7 @@ func TestRoundTripRestoresValuesAndMetadata(t *testing.T) {
 	prefix := filepath.Join(t.TempDir(), "model")
 
 	src := newEngine(t, 0)
-	require.NoError(t, src.Scope(func(sc *strategy.Scope) error {
+	require.NoError(t, src.Scope(func(sc strategy.Scope) error {
 		if _, err := sc.Variable("w", tf.Float, []int64{2, 3}, constant(t, [][]float32{{1, 2, 3}, {4, 5, 6}})); err != nil {
 			return err
 		}
@@ -46,7 +46,7 @@ func TestRoundTripRestoresValuesAndMetadata(t *testing.T) {
 	assert.FileExists(t, DataFile(prefix, 0, 1))
 
 	dst := newEngine(t, 0)
-	require.NoError(t, dst.Scope(func(sc *strategy.Scope) error {
+	require.NoError(t, dst.Scope(func(sc strategy.Scope) error {
 		if _, err := sc.Variable("w", tf.Float, []int64{2, 3}, strategy.Zeros()); err != nil {
 			return err
 		}
@@ -76,10 +76,10 @@ func TestTwoReplicaCheckpointRestoresIntoFourAndDefault(t *testing.T) {
 	ctx := testContext(t)
 	prefix := filepath.Join(t.TempDir(), "ckpt")
 
-	build := func(e *strategy.InGraph) (*trainer, *strategy.Variable, *strategy.Variable) {
+	build := func(e *strategy.InGraph) (*trainer, strategy.Variable, strategy.Variable) {
 		tr := newTrainer(t, e, adam())
-		var sum, mean *strategy.Variable
-		require.NoError(t, e.Scope(func(sc *strategy.Scope) error {
+		var sum, mean strategy.Variable
+		require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 			var err error
 			if sum, err = sc.Variable("metrics/seen", tf.Float, nil, strategy.Zeros(),
 				strategy.WithSynchronization(strategy.OnRead), strategy.WithAggregation(strategy.AggregationSum)); err != nil {
@@ -98,11 +98,11 @@ func TestTwoReplicaCheckpointRestoresIntoFourAndDefault(t *testing.T) {
 	// Give each replica's copy of the OnRead variables its own value:
 	// replica r adds r+1, so the sum is 3 and the mean of [r+1, 10(r+1)] is [1.5, 15].
 	add, err := src.Build(strategy.InputSpec{"unused": {DType: tf.Float, Shape: []int64{-1}}},
-		func(rc *strategy.ReplicaContext, _ strategy.Inputs) (strategy.Outputs, error) {
+		func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
 			s := rc.Scope().SubScope("bump")
-			k := float32(rc.LocalReplica() + 1)
-			rc.AddTarget(op.AssignAddVariableOp(s.SubScope("sum"), sum.Handle(rc.LocalReplica()), op.Const(s.SubScope("one"), k)))
-			rc.AddTarget(op.AssignAddVariableOp(s.SubScope("mean"), mean.Handle(rc.LocalReplica()), op.Const(s.SubScope("two"), []float32{k, 10 * k})))
+			k := float32(rc.ReplicaID() + 1)
+			rc.AddTarget(op.AssignAddVariableOp(s.SubScope("sum"), sum.(strategy.Copies).Handle(rc.ReplicaID()), op.Const(s.SubScope("one"), k)))
+			rc.AddTarget(op.AssignAddVariableOp(s.SubScope("mean"), mean.(strategy.Copies).Handle(rc.ReplicaID()), op.Const(s.SubScope("two"), []float32{k, 10 * k})))
 			return strategy.Outputs{"k": op.Const(s.SubScope("k"), k)}, s.Err()
 		})
 	require.NoError(t, err)
@@ -251,7 +251,7 @@ func TestShardedSaveMergesShards(t *testing.T) {
 	tr := newTrainer(t, newEngine(t, 2), sgd())
 	tr.run(t, 0, 1)
 	// Kernels are written from CPU:1, everything else from the host.
-	byKind := func(v *strategy.Variable) string {
+	byKind := func(v strategy.Copies) string {
 		if filepath.Base(v.Name()) == "kernel" {
 			return strategy.LocalCPU(1)
 		}
@@ -277,7 +277,7 @@ func TestShardedSaveMergesShards(t *testing.T) {
 	for name, v := range values(t, dst.e) {
 		assert.Equal(t, want[name].Value(), v.Value(), name)
 	}
-	assert.Equal(t, strategy.LocalCPU(0), ShardByTask(variable(t, tr.e, "mlp/dense_0/kernel")))
+	assert.Equal(t, strategy.LocalCPU(0), ShardByTask(variable(t, tr.e, "mlp/dense_0/kernel").(strategy.Copies)))
 }
 
 // The saver picks up variables created after it: optimizer slots appear
@@ -288,12 +288,12 @@ func TestSaverSeesVariablesCreatedLater(t *testing.T) {
 	e := newEngine(t, 0)
 	saver, err := NewSaver(e)
 	require.NoError(t, err)
-	require.NoError(t, e.Scope(func(sc *strategy.Scope) error {
+	require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 		_, err := sc.Variable("a", tf.Float, nil, strategy.Zeros())
 		return err
 	}))
 	require.NoError(t, saver.Save(ctx, filepath.Join(dir, "one"), nil))
-	require.NoError(t, e.Scope(func(sc *strategy.Scope) error {
+	require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 		_, err := sc.Variable("b", tf.Float, nil, strategy.Zeros())
 		return err
 	}))
@@ -312,7 +312,7 @@ func TestRestoreErrorsNameTheVariables(t *testing.T) {
 	ctx := testContext(t)
 	prefix := filepath.Join(t.TempDir(), "ckpt")
 	src := newEngine(t, 0)
-	require.NoError(t, src.Scope(func(sc *strategy.Scope) error {
+	require.NoError(t, src.Scope(func(sc strategy.Scope) error {
 		if _, err := sc.Variable("dense/kernel", tf.Float, []int64{3, 4}, constant(t, [][]float32{{1, 2, 3, 4}, {5, 6, 7, 8}, {9, 10, 11, 12}})); err != nil {
 			return err
 		}
@@ -325,7 +325,7 @@ func TestRestoreErrorsNameTheVariables(t *testing.T) {
 
 	model := func(t *testing.T, vars map[string][]int64, dtype tf.DataType) *strategy.InGraph {
 		e := newEngine(t, 0)
-		require.NoError(t, e.Scope(func(sc *strategy.Scope) error {
+		require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 			for name, shape := range vars {
 				if _, err := sc.Variable(name, dtype, shape, strategy.Zeros()); err != nil {
 					return err

@@ -53,7 +53,7 @@ func TestManagerReadsPythonStateFile(t *testing.T) {
 	ctx := testContext(t)
 	dir := t.TempDir()
 	e := newEngine(t, 0)
-	require.NoError(t, e.Scope(func(sc *strategy.Scope) error {
+	require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 		_, err := sc.Variable("v", tf.Float, nil, strategy.Zeros())
 		return err
 	}))

@@ -95,18 +95,18 @@ type engineLoop struct {
 
 func newEngineLoop(t testing.TB, name string, e testmodel.Engine, x [][]float32, y []int32) *engineLoop {
 	var m *nn.MLP
-	require.NoError(t, e.Scope(func(sc *strategy.Scope) error {
+	require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 		var err error
 		m, err = nn.NewMLP(sc, "mlp", []int{digits.Features, 64, digits.Classes}, 1)
 		return err
 	}))
 	opt := optimizer.NewSGD(optimizer.Constant(0.1))
-	step, err := e.Build(testmodel.Spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	step, err := e.Build(testmodel.Spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		logits, err := m.Apply(rc, in["x"])
 		if err != nil {
 			return nil, err
 		}
-		loss := strategy.ComputeAverageLoss(rc, nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
+		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
 		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, m.Vars())
 	})
 	require.NoError(t, err)

@@ -158,8 +158,8 @@ func TestAggregatedWritesSpanWorkers(t *testing.T) {
 		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
 		func(w int, s *multiworker.Strategy) error {
 			var err error
-			var first, sum *strategy.Variable
-			if err := s.Scope(func(sc *strategy.Scope) error {
+			var first, sum strategy.Variable
+			if err := s.Scope(func(sc strategy.Scope) error {
 				if first, err = sc.Variable("first", tf.Float, nil, strategy.Zeros(), strategy.WithAggregation(strategy.AggregationOnlyFirstReplica)); err != nil {
 					return err
 				}
@@ -169,7 +169,7 @@ func TestAggregatedWritesSpanWorkers(t *testing.T) {
 				return err
 			}
 			spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}}
-			step, err := s.Build(spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+			step, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 				val := op.Const(rc.Scope().SubScope("v"), float32(rc.ReplicaID()+1)) // 1, 2 on worker 0; 3, 4 on worker 1
 				if err := rc.Assign(first, val); err != nil {
 					return nil, err
@@ -183,7 +183,7 @@ func TestAggregatedWritesSpanWorkers(t *testing.T) {
 			if _, err := s.RunReplicas(ctx, step, []map[string]*tf.Tensor{{"x": x}, {"x": x}}, 4); err != nil {
 				return err
 			}
-			for i, v := range []*strategy.Variable{first, sum} {
+			for i, v := range []strategy.Variable{first, sum} {
 				copies, err := s.Copies(ctx, v)
 				if err != nil {
 					return err
@@ -215,8 +215,8 @@ func TestStepPastItsDeadlineEndsTheStrategy(t *testing.T) {
 	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithStartupTimeout(30 * time.Second),
 		multiworker.WithCollectiveTimeout(timeout)},
 		func(w int, s *multiworker.Strategy) error {
-			var v *strategy.Variable
-			if err := s.Scope(func(sc *strategy.Scope) error {
+			var v strategy.Variable
+			if err := s.Scope(func(sc strategy.Scope) error {
 				var err error
 				v, err = sc.Variable("v", tf.Float, nil, strategy.Zeros())
 				return err
@@ -224,7 +224,7 @@ func TestStepPastItsDeadlineEndsTheStrategy(t *testing.T) {
 				return err
 			}
 			step, err := s.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}},
-				func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+				func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 					sum, err := rc.AllReduce(strategy.Sum, op.Sum(rc.Scope().SubScope("sum"), in["x"], op.Const(rc.Scope().SubScope("axis"), int32(0))))
 					return strategy.Outputs{"sum": sum}, err
 				})

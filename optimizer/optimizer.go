@@ -92,7 +92,7 @@ type base struct {
 
 // iterations returns the replica's step count read and the op that
 // increments it after deps.
-func (b *base) iterations(ac *strategy.ApplyContext) (*strategy.Variable, tf.Output, error) {
+func (b *base) iterations(ac strategy.ApplyContext) (strategy.Variable, tf.Output, error) {
 	it, err := ac.NonSlot(b.name, "iterations", tf.Int64, nil, strategy.Zeros())
 	if err != nil {
 		return nil, tf.Output{}, err
@@ -101,14 +101,14 @@ func (b *base) iterations(ac *strategy.ApplyContext) (*strategy.Variable, tf.Out
 	return it, op.ReadVariableOp(s, ac.Handle(it), tf.Int64), nil
 }
 
-func (b *base) finish(ac *strategy.ApplyContext, it *strategy.Variable, updates []*tf.Operation) (*tf.Operation, error) {
+func (b *base) finish(ac strategy.ApplyContext, it strategy.Variable, updates []*tf.Operation) (*tf.Operation, error) {
 	s := ac.Scope().SubScope(b.name + "_finish").WithControlDependencies(updates...)
 	inc := op.AssignAddVariableOp(s.SubScope("increment"), ac.Handle(it), op.Const(s.SubScope("one"), int64(1)))
 	done := op.NoOp(s.SubScope("done").WithControlDependencies(inc))
 	return done, s.Err()
 }
 
-func checkGrads(grads []tf.Output, vars []*strategy.Variable) error {
+func checkGrads(grads []tf.Output, vars []strategy.Variable) error {
 	if len(grads) != len(vars) {
 		return fmt.Errorf("%d gradients for %d variables", len(grads), len(vars))
 	}
@@ -137,7 +137,7 @@ type SGD struct {
 func NewSGD(lr Schedule) *SGD { return &SGD{base{name: "SGD", lr: scheduleOr(lr, 0.01)}} }
 
 // Apply implements strategy.Optimizer.
-func (o *SGD) Apply(ac *strategy.ApplyContext, grads []tf.Output, vars []*strategy.Variable) (*tf.Operation, error) {
+func (o *SGD) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strategy.Variable) (*tf.Operation, error) {
 	if err := checkGrads(grads, vars); err != nil {
 		return nil, err
 	}
@@ -172,7 +172,7 @@ func NewMomentum(lr Schedule, m float32, nesterov bool) *Momentum {
 }
 
 // Apply implements strategy.Optimizer.
-func (o *Momentum) Apply(ac *strategy.ApplyContext, grads []tf.Output, vars []*strategy.Variable) (*tf.Operation, error) {
+func (o *Momentum) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strategy.Variable) (*tf.Operation, error) {
 	if err := checkGrads(grads, vars); err != nil {
 		return nil, err
 	}
@@ -219,7 +219,7 @@ func (o *Adam) WithBetas(b1, b2 float32) *Adam { o.beta1, o.beta2 = b1, b2; retu
 func (o *Adam) WithEpsilon(eps float32) *Adam { o.epsilon = eps; return o }
 
 // Apply implements strategy.Optimizer.
-func (o *Adam) Apply(ac *strategy.ApplyContext, grads []tf.Output, vars []*strategy.Variable) (*tf.Operation, error) {
+func (o *Adam) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strategy.Variable) (*tf.Operation, error) {
 	if err := checkGrads(grads, vars); err != nil {
 		return nil, err
 	}

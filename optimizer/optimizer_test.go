@@ -27,16 +27,16 @@ func train(t *testing.T, opt strategy.Optimizer, w0 []float32, grads [][]float32
 	defer s.Close()
 	init, err := tf.NewTensor(w0)
 	require.NoError(t, err)
-	var w *strategy.Variable
-	require.NoError(t, s.Scope(func(sc *strategy.Scope) error {
+	var w strategy.Variable
+	require.NoError(t, s.Scope(func(sc strategy.Scope) error {
 		w, err = sc.Variable("w", tf.Float, []int64{int64(len(w0))}, strategy.Constant(init))
 		return err
 	}))
 	spec := strategy.InputSpec{"g": {DType: tf.Float, Shape: []int64{int64(len(w0))}}}
-	step, err := s.Build(spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	step, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		sc := rc.Scope().SubScope("loss")
-		loss := op.Sum(sc, op.Mul(sc.SubScope("mul"), rc.MustRead(w), in["g"]), op.Const(sc.SubScope("axis"), int32(0)))
-		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, []*strategy.Variable{w})
+		loss := op.Sum(sc, op.Mul(sc.SubScope("mul"), strategy.MustRead(rc, w), in["g"]), op.Const(sc.SubScope("axis"), int32(0)))
+		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, []strategy.Variable{w})
 	})
 	require.NoError(t, err)
 	var out [][]float32

@@ -10,7 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // BenchmarkClassifier trains the digits classifier (64-64-10 MLP, batch 64,
@@ -44,8 +46,8 @@ func measureClassifier(b *testing.B, workers int) (stepsPerSec, overhead float64
 	s, err := New(ctx, chiefResolver(b, spec), WithStartupTimeout(time.Minute), WithThreads(1, 2))
 	require.NoError(b, err)
 	defer s.Close()
-	var m *mlp
-	require.NoError(b, s.Scope(func(sc *Scope) (err error) { m, err = newMLP(sc, 64); return err }))
+	var m *nn.MLP
+	require.NoError(b, s.Scope(func(sc strategy.Scope) (err error) { m, err = newMLP(sc, 64); return err }))
 	train, _ := buildDigits(b, s, m, optimizer.NewSGD(optimizer.Constant(0.1)))
 	c, err := NewCoordinator(s)
 	require.NoError(b, err)

@@ -21,33 +21,33 @@ import (
 // recModel is a tiny recommender: a user embedding table sharded over the
 // ps tasks, updated sparsely, and a dense projection trained with Adam.
 type recModel struct {
-	emb, proj *Variable
+	emb, proj strategy.Variable
 	fn        *Function
 }
 
 func newRecModel(t *testing.T, s *Strategy, shards int) *recModel {
 	t.Helper()
 	m := &recModel{}
-	require.NoError(t, s.Scope(func(sc *Scope) (err error) {
-		if m.emb, err = sc.Variable("user_emb", tf.Float, []int64{9, 4}, strategy.Constant(tensor(t, table(9, 4))), Partitioned(FixedShards(shards))); err != nil {
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) {
+		if m.emb, err = sc.Variable("user_emb", tf.Float, []int64{9, 4}, strategy.Constant(tensor(t, table(9, 4))), strategy.WithPartitioner(FixedShards(shards))); err != nil {
 			return err
 		}
 		m.proj, err = sc.Variable("proj", tf.Float, []int64{4, 1}, strategy.Constant(tensor(t, [][]float32{{0.1}, {-0.2}, {0.3}, {0.05}})),
-			Partitioned(FixedShards(shards)))
+			strategy.WithPartitioner(FixedShards(shards)))
 		return err
 	}))
 	spec := strategy.InputSpec{"users": {DType: tf.Int32, Shape: []int64{-1}}, "y": {DType: tf.Float, Shape: []int64{-1, 1}}}
 	var err error
-	m.fn, err = s.Build(spec, func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	m.fn, err = s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		u, err := rc.Lookup(m.emb, in["users"])
 		if err != nil {
 			return nil, err
 		}
 		sc := rc.Scope()
-		d := op.Sub(sc.SubScope("d"), op.MatMul(sc.SubScope("mm"), u, rc.MustRead(m.proj)), in["y"])
+		d := op.Sub(sc.SubScope("d"), op.MatMul(sc.SubScope("mm"), u, strategy.MustRead(rc, m.proj)), in["y"])
 		loss := rc.AverageLoss(op.Mul(sc.SubScope("sq"), d, d))
-		return strategy.Outputs{"loss": loss}, rc.Minimize(optimizer.NewAdam(optimizer.Constant(0.01)), loss, []*Variable{m.emb, m.proj},
-			WithSparseOptimizer(SparseSGD{LearningRate: 0.01}))
+		return strategy.Outputs{"loss": loss}, rc.Minimize(optimizer.NewAdam(optimizer.Constant(0.01)), loss, []strategy.Variable{m.emb, m.proj},
+			strategy.WithSparseOptimizer(optimizer.SparseSGD{LearningRate: 0.01}))
 	})
 	require.NoError(t, err)
 	return m
@@ -131,7 +131,7 @@ func TestCheckpointRestoresIntoOtherNumbersOfPS(t *testing.T) {
 	for _, ps := range []int{1, 3} {
 		s := newInProcess(t, 1, ps)
 		m := newRecModel(t, s, ps)
-		require.Equal(t, ps, m.emb.NumShards())
+		require.Equal(t, ps, psVar(m.emb).NumShards())
 		mgrN, err := NewCheckpointManager(s, dir)
 		require.NoError(t, err)
 		step, md, err := mgrN.RestoreLatest(ctx)
@@ -155,7 +155,7 @@ func TestCheckpointRestoresIntoOtherNumbersOfPS(t *testing.T) {
 func TestRestoreMismatchIsRefused(t *testing.T) {
 	ctx := testContext(t, time.Minute)
 	a := newInProcess(t, 1, 1)
-	require.NoError(t, a.Scope(func(sc *Scope) error {
+	require.NoError(t, a.Scope(func(sc strategy.Scope) error {
 		_, err := sc.Variable("x", tf.Float, []int64{3}, strategy.Zeros())
 		return err
 	}))
@@ -163,7 +163,7 @@ func TestRestoreMismatchIsRefused(t *testing.T) {
 	require.NoError(t, a.Save(ctx, prefix, nil))
 
 	b := newInProcess(t, 1, 1)
-	require.NoError(t, b.Scope(func(sc *Scope) error {
+	require.NoError(t, b.Scope(func(sc strategy.Scope) error {
 		if _, err := sc.Variable("x", tf.Float, []int64{4}, strategy.Constant(tensor(t, []float32{1, 2, 3, 4}))); err != nil {
 			return err
 		}

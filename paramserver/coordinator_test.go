@@ -12,6 +12,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -22,8 +23,8 @@ import (
 func TestScheduledTrainingReachesNinetyPercent(t *testing.T) {
 	s := newInProcess(t, 2, 2)
 	ctx := testContext(t, 2*time.Minute)
-	var m *mlp
-	require.NoError(t, s.Scope(func(sc *Scope) (err error) { m, err = newMLP(sc, 64); return err }))
+	var m *nn.MLP
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) { m, err = newMLP(sc, 64); return err }))
 	train, eval := buildDigits(t, s, m, optimizer.NewSGD(optimizer.Constant(0.1)))
 	c := newCoordinator(t, s)
 	trainData, test := digitsData(t)
@@ -55,7 +56,7 @@ func TestPerWorkerDatasetFeedsItsOwnWorker(t *testing.T) {
 	s := newInProcess(t, 2, 1)
 	ctx := testContext(t, time.Minute)
 	fn, err := s.Build(strategy.InputSpec{"w": {DType: tf.Int32, Shape: []int64{-1}}},
-		func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+		func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 			return strategy.Outputs{"w": in["w"]}, nil
 		})
 	require.NoError(t, err)
@@ -92,13 +93,13 @@ func TestPerWorkerDatasetFeedsItsOwnWorker(t *testing.T) {
 func TestStepErrorIsReportedNotRetried(t *testing.T) {
 	s := newInProcess(t, 2, 1)
 	ctx := testContext(t, time.Minute)
-	var emb *Variable
-	require.NoError(t, s.Scope(func(sc *Scope) (err error) {
+	var emb strategy.Variable
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) {
 		emb, err = sc.Variable("emb", tf.Float, []int64{4, 2}, strategy.Zeros())
 		return err
 	}))
 	fn, err := s.Build(strategy.InputSpec{"ids": {DType: tf.Int32, Shape: []int64{-1}}},
-		func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+		func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 			rows, err := rc.Lookup(emb, in["ids"])
 			return strategy.Outputs{"rows": rows}, err
 		})
@@ -129,7 +130,7 @@ func TestStepFailingOnEveryWorkerIsNotRetriedForever(t *testing.T) {
 	ctx := testContext(t, time.Minute)
 	// A dequeue from a queue nothing ever fills.
 	stuckFn, err := s.Build(strategy.InputSpec{"x": {DType: tf.Int32, Shape: []int64{}}},
-		func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+		func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 			sc := rc.Scope()
 			q := op.FIFOQueueV2(sc.SubScope("queue"), []tf.DataType{tf.Int32})
 			deq := op.QueueDequeueV2(sc.SubScope("dequeue"), q, []tf.DataType{tf.Int32})
@@ -137,7 +138,7 @@ func TestStepFailingOnEveryWorkerIsNotRetriedForever(t *testing.T) {
 		})
 	require.NoError(t, err)
 	okFn, err := s.Build(strategy.InputSpec{"x": {DType: tf.Int32, Shape: []int64{}}},
-		func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+		func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 			return strategy.Outputs{"x": in["x"]}, nil
 		})
 	require.NoError(t, err)
@@ -166,7 +167,7 @@ func TestScheduleMisuse(t *testing.T) {
 	s := newInProcess(t, 1, 1)
 	ctx := testContext(t, time.Minute)
 	fn, err := s.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}},
-		func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+		func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 			return strategy.Outputs{"x": in["x"]}, nil
 		})
 	require.NoError(t, err)

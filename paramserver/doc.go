@@ -19,17 +19,17 @@
 //	if errors.Is(err, paramserver.ErrNotChief) {
 //		return nil // this task served until the job ended
 //	}
-//	err = s.Scope(func(sc *paramserver.Scope) error {
+//	err = s.Scope(func(sc strategy.Scope) error {
 //		emb, err = sc.Variable("emb", tf.Float, []int64{1 << 20, 64}, init,
-//			paramserver.Partitioned(paramserver.MaxShardBytes(64<<20, 0)))
+//			strategy.WithPartitioner(paramserver.MaxShardBytes(64<<20, 0)))
 //		...
 //	})
-//	train, err := s.Build(spec, func(rc *paramserver.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+//	train, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 //		rows, err := rc.Lookup(emb, in["ids"])
 //		...
 //		loss := rc.AverageLoss(perExample)
 //		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, vars,
-//			paramserver.WithSparseOptimizer(paramserver.SparseSGD{LearningRate: 0.1}))
+//			strategy.WithSparseOptimizer(optimizer.SparseSGD{LearningRate: 0.1}))
 //	})
 //	c, err := paramserver.NewCoordinator(s)
 //	input, err := c.CreatePerWorkerDataset(datasetFn)
@@ -44,18 +44,19 @@
 // # Variables
 //
 // A Scope places each variable on the next ps task, round-robin. A
-// Partitioner (FixedShards, MaxShardBytes; per variable with Partitioned,
+// Partitioner (FixedShards, MaxShardBytes; per variable with strategy.WithPartitioner,
 // or for all with WithPartitioner) splits a large variable along its first
 // axis into shards of consecutive rows, placed round-robin too. A step reads
-// a variable whole (ReplicaContext.Read: each shard read on its ps task,
-// concatenated on the worker) or looks rows of it up (ReplicaContext.Lookup:
+// a variable whole (Replica.Read: each shard read on its ps task,
+// concatenated on the worker) or looks rows of it up (Replica.Lookup:
 // an embedding lookup; each id goes to its shard and only the rows looked up
 // travel). Minimize gives the variables a step reads a dense update from an
 // optimizer of package optimizer (its slots live with the variable, on the
 // same ps task, as TensorFlow's slot creator colocates them), and the
 // variables it looks up a sparse update of the looked-up rows only, from a
-// SparseOptimizer; SparseSGD, a scatter-subtract, is the one this package
-// provides.
+// strategy.SparseOptimizer; optimizer.SparseSGD is a scatter-subtract. An OnRead
+// variable is one variable like any other, written by each step in turn;
+// AllReduce and AllGather are errors, since workers do not run in sync.
 //
 // # How it maps onto TensorFlow
 //

@@ -33,9 +33,9 @@ func TestSparseStepChangesOnlyLookedUpRows(t *testing.T) {
 	ctx := testContext(t, time.Minute)
 	const lr = 0.5
 	w0 := []float32{1, -2, 3}
-	var sharded, whole, w *Variable
-	require.NoError(t, s.Scope(func(sc *Scope) (err error) {
-		if sharded, err = sc.Variable("user_emb", tf.Float, []int64{10, 3}, strategy.Constant(tensor(t, table(10, 3))), Partitioned(FixedShards(2))); err != nil {
+	var sharded, whole, w strategy.Variable
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) {
+		if sharded, err = sc.Variable("user_emb", tf.Float, []int64{10, 3}, strategy.Constant(tensor(t, table(10, 3))), strategy.WithPartitioner(FixedShards(2))); err != nil {
 			return err
 		}
 		if whole, err = sc.Variable("item_emb", tf.Float, []int64{6, 3}, strategy.Constant(tensor(t, table(6, 3)))); err != nil {
@@ -44,9 +44,9 @@ func TestSparseStepChangesOnlyLookedUpRows(t *testing.T) {
 		w, err = sc.Variable("w", tf.Float, []int64{3}, strategy.Constant(tensor(t, w0)))
 		return err
 	}))
-	require.Equal(t, []ShardInfo{{s.ps[0], 0, 5}, {s.ps[1], 5, 5}}, sharded.Shards())
+	require.Equal(t, []ShardInfo{{s.ps[0], 0, 5}, {s.ps[1], 5, 5}}, psVar(sharded).Shards())
 	spec := strategy.InputSpec{"users": {DType: tf.Int64, Shape: []int64{-1}}, "items": {DType: tf.Int32, Shape: []int64{-1}}}
-	fn, err := s.Build(spec, func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	fn, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		u, err := rc.Lookup(sharded, in["users"])
 		if err != nil {
 			return nil, err
@@ -57,10 +57,10 @@ func TestSparseStepChangesOnlyLookedUpRows(t *testing.T) {
 		}
 		sc := rc.Scope()
 		both := op.Add(sc.SubScope("both"), u, i)
-		perExample := op.Sum(sc.SubScope("dot"), op.Mul(sc.SubScope("mul"), both, rc.MustRead(w)), op.Const(sc.SubScope("axis"), int32(1)))
+		perExample := op.Sum(sc.SubScope("dot"), op.Mul(sc.SubScope("mul"), both, strategy.MustRead(rc, w)), op.Const(sc.SubScope("axis"), int32(1)))
 		loss := rc.AverageLoss(perExample)
 		return strategy.Outputs{"loss": loss, "rows": u}, rc.Minimize(optimizer.NewSGD(optimizer.Constant(lr)), loss,
-			[]*Variable{sharded, whole, w}, WithSparseOptimizer(SparseSGD{LearningRate: lr}))
+			[]strategy.Variable{sharded, whole, w}, strategy.WithSparseOptimizer(optimizer.SparseSGD{LearningRate: lr}))
 	})
 	require.NoError(t, err)
 	assert.True(t, fn.Updates())
@@ -76,7 +76,7 @@ func TestSparseStepChangesOnlyLookedUpRows(t *testing.T) {
 	assert.True(t, rv.Info().Applied)
 
 	// d loss / d row = w0 / batch for each occurrence of the row.
-	check := func(v *Variable, rows int, looked map[int]int) {
+	check := func(v strategy.Variable, rows int, looked map[int]int) {
 		got, err := s.Value(ctx, v)
 		require.NoError(t, err)
 		before := table(rows, 3)
@@ -98,35 +98,35 @@ func TestSparseStepChangesOnlyLookedUpRows(t *testing.T) {
 // optimizer and a variable both read and looked up.
 func TestMinimizeMisuse(t *testing.T) {
 	s := newInProcess(t, 1, 1)
-	var emb *Variable
-	require.NoError(t, s.Scope(func(sc *Scope) (err error) {
+	var emb strategy.Variable
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) {
 		emb, err = sc.Variable("emb", tf.Float, []int64{4, 2}, strategy.Zeros())
 		return err
 	}))
 	spec := strategy.InputSpec{"ids": {DType: tf.Int32, Shape: []int64{-1}}}
 	opt := optimizer.NewSGD(nil)
-	_, err := s.Build(spec, func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	_, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		rows, err := rc.Lookup(emb, in["ids"])
 		if err != nil {
 			return nil, err
 		}
 		loss := rc.AverageLoss(rows)
-		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, []*Variable{emb})
+		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, []strategy.Variable{emb})
 	})
 	var be *strategy.BuildError
 	require.ErrorAs(t, err, &be)
 	assert.ErrorContains(t, err, `looks up variable "emb", which takes a sparse update: give WithSparseOptimizer`)
-	_, err = s.Build(spec, func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	_, err = s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		rows, err := rc.Lookup(emb, in["ids"])
 		if err != nil {
 			return nil, err
 		}
 		sc := rc.Scope()
-		loss := rc.AverageLoss(op.Add(sc.SubScope("add"), rows, op.Sum(sc.SubScope("sum"), rc.MustRead(emb), op.Const(sc.SubScope("axis"), int32(0)))))
-		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, []*Variable{emb}, WithSparseOptimizer(SparseSGD{LearningRate: 0.1}))
+		loss := rc.AverageLoss(op.Add(sc.SubScope("add"), rows, op.Sum(sc.SubScope("sum"), strategy.MustRead(rc, emb), op.Const(sc.SubScope("axis"), int32(0)))))
+		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, []strategy.Variable{emb}, strategy.WithSparseOptimizer(optimizer.SparseSGD{LearningRate: 0.1}))
 	})
 	assert.ErrorContains(t, err, `both reads and looks up variable "emb"`)
-	_, err = s.Build(spec, func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	_, err = s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		_, err := rc.Lookup(emb, op.Cast(rc.Scope().SubScope("f"), in["ids"], tf.Float))
 		return nil, err
 	})

@@ -66,7 +66,7 @@ func (f *Function) Updates() bool { return f.updates }
 // disagree — is reported here as a *strategy.BuildError naming the worker,
 // never at run time. New optimizer slots are created on the ps tasks and
 // initialised before Build returns.
-func (s *Strategy) Build(spec strategy.InputSpec, fn StepFn) (*Function, error) {
+func (s *Strategy) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (*Function, error) {
 	if fn == nil {
 		return nil, &strategy.BuildError{Replica: -1, Err: fmt.Errorf("nil step function")}
 	}
@@ -107,12 +107,12 @@ func (s *Strategy) Build(spec strategy.InputSpec, fn StepFn) (*Function, error) 
 }
 
 // trace builds fn in w's graph.
-func (s *Strategy) trace(f *Function, w *workerGraph, fn StepFn) (*workerFn, []string, bool, error) {
+func (s *Strategy) trace(f *Function, w *workerGraph, fn strategy.ReplicaFn) (*workerFn, []string, bool, error) {
 	root := w.newScope(f.name) // f.name is unique: root's namespace is f.name
 	ns := f.name
 	scope := root.WithDevice(w.device)
 	wf := &workerFn{}
-	rc := &ReplicaContext{s: s, w: w, ns: ns, root: root, scope: scope,
+	rc := &replicaContext{s: s, w: w, ns: ns, root: root, scope: scope,
 		reads: map[*Variable]*denseRead{}, lookups: map[*Variable][]*lookup{}}
 	in := strategy.Inputs{}
 	for _, name := range f.names {
@@ -156,6 +156,7 @@ func (s *Strategy) trace(f *Function, w *workerGraph, fn StepFn) (*workerFn, []s
 	if err != nil {
 		return nil, nil, false, err
 	}
+	wf.targets = append(wf.targets, rc.targets...)
 	if mark != nil {
 		wf.cid, wf.applied = rc.guard.cid, rc.guard.pred
 		wf.targets = append(append(wf.targets, rc.applies...), mark)

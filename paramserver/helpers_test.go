@@ -80,54 +80,33 @@ func tensor(t testing.TB, v any) *tf.Tensor {
 	return x
 }
 
-// mlp is the digits classifier: 64 inputs, a ReLU hidden layer, 10 logits.
-type mlp struct {
-	w1, b1, w2, b2 *Variable
-}
-
-func newMLP(sc *Scope, hidden int, opts ...VariableOption) (*mlp, error) {
-	m := &mlp{}
-	var err error
-	vars := []struct {
-		v     **Variable
-		name  string
-		shape []int64
-		init  strategy.Initializer
-	}{
-		{&m.w1, "mlp/dense_0/kernel", []int64{digits.Features, int64(hidden)}, nn.GlorotUniform(1)},
-		{&m.b1, "mlp/dense_0/bias", []int64{int64(hidden)}, strategy.Zeros()},
-		{&m.w2, "mlp/dense_1/kernel", []int64{int64(hidden), digits.Classes}, nn.GlorotUniform(2)},
-		{&m.b2, "mlp/dense_1/bias", []int64{digits.Classes}, strategy.Zeros()},
-	}
-	for _, v := range vars {
-		if *v.v, err = sc.Variable(v.name, tf.Float, v.shape, v.init, opts...); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
-}
-
-func (m *mlp) vars() []*Variable { return []*Variable{m.w1, m.b1, m.w2, m.b2} }
-
-func (m *mlp) logits(rc *ReplicaContext, x tf.Output) tf.Output {
-	s := rc.Scope().SubScope("mlp")
-	h := op.Relu(s.SubScope("relu"), op.BiasAdd(s.SubScope("bias_0"), op.MatMul(s.SubScope("matmul_0"), x, rc.MustRead(m.w1)), rc.MustRead(m.b1)))
-	return op.BiasAdd(s.SubScope("bias_1"), op.MatMul(s.SubScope("matmul_1"), h, rc.MustRead(m.w2)), rc.MustRead(m.b2))
+// newMLP is the digits classifier of every strategy's tests: 64 inputs, a
+// ReLU hidden layer, 10 logits.
+func newMLP(sc strategy.Scope, hidden int) (*nn.MLP, error) {
+	return nn.NewMLP(sc, "mlp", []int{digits.Features, hidden, digits.Classes}, 1)
 }
 
 var digitsSpec = strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
 
 // buildDigits builds the training and evaluation functions of m.
-func buildDigits(t testing.TB, s *Strategy, m *mlp, opt strategy.Optimizer) (train, eval *Function) {
+func buildDigits(t testing.TB, s *Strategy, m *nn.MLP, opt strategy.Optimizer) (train, eval *Function) {
 	t.Helper()
-	train, err := s.Build(digitsSpec, func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
-		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), m.logits(rc, in["x"]), in["y"], digits.Classes))
-		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, m.vars())
+	train, err := s.Build(digitsSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		logits, err := m.Apply(rc, in["x"])
+		if err != nil {
+			return nil, err
+		}
+		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
+		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, m.Vars())
 	})
 	require.NoError(t, err)
-	eval, err = s.Build(digitsSpec, func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	eval, err = s.Build(digitsSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		logits, err := m.Apply(rc, in["x"])
+		if err != nil {
+			return nil, err
+		}
 		s := rc.Scope().SubScope("accuracy")
-		c := nn.Correct(s, m.logits(rc, in["x"]), in["y"])
+		c := nn.Correct(s, logits, in["y"])
 		return strategy.Outputs{"correct": op.Sum(s.SubScope("sum"), c, op.Const(s.SubScope("axis"), int32(0)))}, nil
 	})
 	require.NoError(t, err)
@@ -272,3 +251,6 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// psVar returns v as the strategy's own variable, to inspect its shards.
+func psVar(v strategy.Variable) *Variable { return v.(*Variable) }

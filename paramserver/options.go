@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // Option configures New and Serve.
@@ -14,7 +16,7 @@ type config struct {
 	startupTimeout time.Duration
 	opTimeout      time.Duration
 	stepTimeout    time.Duration
-	partitioner    Partitioner
+	partitioner    strategy.Partitioner
 	intra, inter   int
 }
 
@@ -50,7 +52,7 @@ func WithStepTimeout(d time.Duration) Option { return func(c *config) { c.stepTi
 
 // WithPartitioner sets the partitioner of every variable created without
 // one of its own (default: none, every variable in one piece).
-func WithPartitioner(p Partitioner) Option { return func(c *config) { c.partitioner = p } }
+func WithPartitioner(p strategy.Partitioner) Option { return func(c *config) { c.partitioner = p } }
 
 // WithThreads sets the intra-op and inter-op thread pools of the servers
 // this package starts (0: TensorFlow's default).

@@ -11,7 +11,9 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // A worker killed with SIGKILL in the middle of training: every scheduled
@@ -24,8 +26,8 @@ func TestKilledWorkerLosesNoStepAndRejoins(t *testing.T) {
 	s, err := New(ctx, chiefResolver(t, spec), WithStartupTimeout(time.Minute), WithStepTimeout(30*time.Second), WithThreads(1, 2), WithLogger(zaptest.NewLogger(t)))
 	require.NoError(t, err)
 	defer s.Close()
-	var m *mlp
-	require.NoError(t, s.Scope(func(sc *Scope) (err error) { m, err = newMLP(sc, 32); return err }))
+	var m *nn.MLP
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) { m, err = newMLP(sc, 32); return err }))
 	train, eval := buildDigits(t, s, m, optimizer.NewSGD(optimizer.Constant(0.1)))
 	c := newCoordinator(t, s, WithProbeInterval(50*time.Millisecond, 500*time.Millisecond))
 	trainData, test := digitsData(t)
@@ -113,8 +115,8 @@ func TestPSFailureIsReportedAndARelaunchResumes(t *testing.T) {
 	s, err := New(ctx, chiefResolver(t, spec), WithStartupTimeout(time.Minute), WithStepTimeout(30*time.Second), WithThreads(1, 2))
 	require.NoError(t, err)
 	defer s.Close()
-	var m *mlp
-	require.NoError(t, s.Scope(func(sc *Scope) (err error) { m, err = newMLP(sc, 16); return err }))
+	var m *nn.MLP
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) { m, err = newMLP(sc, 16); return err }))
 	train, _ := buildDigits(t, s, m, optimizer.NewAdam(optimizer.Constant(0.01)))
 	c := newCoordinator(t, s)
 	trainData, _ := digitsData(t)
@@ -132,7 +134,7 @@ func TestPSFailureIsReportedAndARelaunchResumes(t *testing.T) {
 		require.NoError(t, err)
 	}
 	saved := map[string]*tf.Tensor{}
-	for _, v := range m.vars() {
+	for _, v := range m.Vars() {
 		saved[v.Name()], err = s.Value(ctx, v)
 		require.NoError(t, err)
 	}
@@ -161,8 +163,8 @@ func TestPSFailureIsReportedAndARelaunchResumes(t *testing.T) {
 	s2, err := New(ctx, chiefResolver(t, spec2), WithStartupTimeout(time.Minute), WithThreads(1, 2))
 	require.NoError(t, err)
 	defer s2.Close()
-	var m2 *mlp
-	require.NoError(t, s2.Scope(func(sc *Scope) (err error) { m2, err = newMLP(sc, 16); return err }))
+	var m2 *nn.MLP
+	require.NoError(t, s2.Scope(func(sc strategy.Scope) (err error) { m2, err = newMLP(sc, 16); return err }))
 	buildDigits(t, s2, m2, optimizer.NewAdam(optimizer.Constant(0.01)))
 	mgr2, err := NewCheckpointManager(s2, dir)
 	require.NoError(t, err)
@@ -173,7 +175,7 @@ func TestPSFailureIsReportedAndARelaunchResumes(t *testing.T) {
 	applied, err := s2.AppliedSteps(ctx)
 	require.NoError(t, err)
 	assert.EqualValues(t, 40, applied)
-	for _, v := range m2.vars() {
+	for _, v := range m2.Vars() {
 		got, err := s2.Value(ctx, v)
 		require.NoError(t, err)
 		assert.Equal(t, saved[v.Name()].Value(), got.Value(), v.Name())

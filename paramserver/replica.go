@@ -8,21 +8,17 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// StepFn is a step written for one worker. Build calls it once per worker,
-// with a ReplicaContext whose scope is pinned to that worker and inputs of
-// the shapes the InputSpec gives; it returns the tensors a scheduled run
-// fetches.
-type StepFn func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error)
-
-// ReplicaContext is what a step function sees while Build traces it for one
-// worker: a scope pinned to the worker, the variables (read whole or looked
-// up by rows), and Minimize, which applies the step's gradients to the
-// variables on the ps tasks — asynchronously: each worker's step updates
-// the variables as soon as it has its gradients, with no all-reduce.
-type ReplicaContext struct {
+// replicaContext is the strategy's strategy.Replica, what a step function
+// sees while Build traces it for one worker: a scope pinned to the worker,
+// the variables (read whole or looked up by rows), and Minimize, which
+// applies the step's gradients to the variables on the ps tasks —
+// asynchronously: each worker's step updates the variables as soon as it
+// has its gradients, with no all-reduce.
+type replicaContext struct {
 	s       *Strategy
 	w       *workerGraph
 	ns      string
@@ -33,8 +29,14 @@ type ReplicaContext struct {
 	lookups map[*Variable][]*lookup
 	guard   *guard
 	applies []*tf.Operation
+	targets []*tf.Operation
 	nGrad   int
 }
+
+var _ strategy.Replica = (*replicaContext)(nil)
+
+// errNotInSync is returned by the cross-replica calls.
+var errNotInSync = errors.New("the parameter-server strategy has no cross-replica reductions: its workers run steps asynchronously")
 
 type denseRead struct {
 	out   tf.Output
@@ -57,49 +59,45 @@ type guard struct {
 	upd  tf.Output // the increment of the progress counter
 }
 
-// Worker returns the index of the worker this copy of the step runs on.
-func (rc *ReplicaContext) Worker() int { return rc.w.index }
+// ReplicaID returns the index of the worker this copy of the step runs on.
+func (rc *replicaContext) ReplicaID() int { return rc.w.index }
 
-// NumWorkers returns the number of workers.
-func (rc *ReplicaContext) NumWorkers() int { return len(rc.s.workers) }
+// NumReplicasInSync returns the number of workers.
+func (rc *replicaContext) NumReplicasInSync() int { return len(rc.s.workers) }
 
-// Device returns the worker's device, e.g. /job:worker/replica:0/task:1/device:CPU:0.
-func (rc *ReplicaContext) Device() string { return rc.w.device }
+// Scope returns a graph scope pinned to the worker.
+func (rc *replicaContext) Scope() *op.Scope { return rc.scope }
 
-// Scope returns a graph scope pinned to the worker. Give every op its own
-// sub-scope (graft does not make names unique).
-func (rc *ReplicaContext) Scope() *op.Scope { return rc.scope }
-
-// BatchSize returns a float32 scalar fed each run with the number of
-// examples of the step's batch (the leading dimension of its first input, by
-// name): the divisor of an average loss.
-func (rc *ReplicaContext) BatchSize() tf.Output { return rc.batch }
-
-// AverageLoss returns sum(perExample) / BatchSize: the mean loss of the
-// step's batch.
-func (rc *ReplicaContext) AverageLoss(perExample tf.Output) tf.Output {
-	s := rc.scope.SubScope("average_loss")
-	total := op.Sum(s, perExample, op.Range(s.SubScope("axes"), op.Const(s.SubScope("zero"), int32(0)),
-		op.Rank(s.SubScope("rank"), perExample), op.Const(s.SubScope("one"), int32(1))))
-	n := rc.batch
-	if perExample.DataType() != tf.Float {
-		n = op.Cast(s.SubScope("cast"), n, perExample.DataType())
-	}
-	return op.DivNoNan(s, total, n)
+// AverageLoss returns sum(perExample) / the examples of the step's batch
+// (the leading dimension of its first input, by name): the mean loss of the
+// batch, since each worker's step is applied on its own.
+func (rc *replicaContext) AverageLoss(perExample tf.Output) tf.Output {
+	return graphutil.AverageLoss(rc.scope.SubScope("average_loss"), perExample, rc.batch)
 }
 
-func (rc *ReplicaContext) own(v *Variable, what string) error {
-	if v == nil || v.s != rc.s {
-		return fmt.Errorf("%s: variable %v was not created in this strategy's scope", what, v)
-	}
-	return nil
+// AllReduce is an error: the workers do not run in sync.
+func (rc *replicaContext) AllReduce(strategy.ReduceOp, tf.Output) (tf.Output, error) {
+	return tf.Output{}, fmt.Errorf("AllReduce: %w", errNotInSync)
+}
+
+// AllGather is an error: the workers do not run in sync.
+func (rc *replicaContext) AllGather(tf.Output) (tf.Output, error) {
+	return tf.Output{}, fmt.Errorf("AllGather: %w", errNotInSync)
+}
+
+// AddTarget makes o run every time the step runs.
+func (rc *replicaContext) AddTarget(o *tf.Operation) { rc.targets = append(rc.targets, o) }
+
+func (rc *replicaContext) own(v strategy.Variable, what string) (*Variable, error) {
+	return rc.s.own(v, what)
 }
 
 // Read returns the whole value of v as this step sees it: each shard read
 // on its ps task, concatenated on the worker. Within one step every Read of
 // v gives the same tensor.
-func (rc *ReplicaContext) Read(v *Variable) (tf.Output, error) {
-	if err := rc.own(v, "Read"); err != nil {
+func (rc *replicaContext) Read(vv strategy.Variable) (tf.Output, error) {
+	v, err := rc.own(vv, "Read")
+	if err != nil {
 		return tf.Output{}, err
 	}
 	if r, ok := rc.reads[v]; ok {
@@ -107,7 +105,7 @@ func (rc *ReplicaContext) Read(v *Variable) (tf.Output, error) {
 	}
 	s := rc.scope.SubScope("read_" + sanitize(v.name))
 	r := &denseRead{}
-	err := safely(func() error {
+	err = safely(func() error {
 		for k, sh := range v.shards {
 			r.parts = append(r.parts, op.ReadVariableOp(s.SubScope(fmt.Sprintf("part_%d", k)).WithDevice(sh.device), rc.w.handle(sh), v.dtype))
 		}
@@ -124,25 +122,15 @@ func (rc *ReplicaContext) Read(v *Variable) (tf.Output, error) {
 	return r.out, nil
 }
 
-// MustRead is Read for model code that has checked its variables: it panics
-// on a variable of another strategy, and Build turns the panic into an
-// error.
-func (rc *ReplicaContext) MustRead(v *Variable) tf.Output {
-	out, err := rc.Read(v)
-	if err != nil {
-		panic(err)
-	}
-	return out
-}
-
 // Lookup returns the rows of v that ids (int32 or int64, any shape) name:
 // an embedding lookup, shape ids.shape + v.shape[1:]. Each id is sent to the
 // shard that holds its row and gathered there, on the ps task; only the
 // rows looked up cross the network. Minimize then updates only those rows,
 // on their shards (WithSparseOptimizer). An id outside [0, rows) fails the
 // step with an error that names it.
-func (rc *ReplicaContext) Lookup(v *Variable, ids tf.Output) (tf.Output, error) {
-	if err := rc.own(v, "Lookup"); err != nil {
+func (rc *replicaContext) Lookup(vv strategy.Variable, ids tf.Output) (tf.Output, error) {
+	v, err := rc.own(vv, "Lookup")
+	if err != nil {
 		return tf.Output{}, err
 	}
 	if len(v.shape) == 0 {
@@ -153,18 +141,10 @@ func (rc *ReplicaContext) Lookup(v *Variable, ids tf.Output) (tf.Output, error) 
 	}
 	s := rc.scope.SubScope("lookup_" + sanitize(v.name))
 	l := &lookup{v: v, rowShape: v.shape[1:]}
-	err := safely(func() error {
-		flat := op.Reshape(s.SubScope("flat"), op.Cast(s.SubScope("cast"), ids, tf.Int64), op.Const(s.SubScope("minus_one"), []int32{-1}))
+	err = safely(func() error {
 		// Check the ids on the worker, so that a bad one fails the step
 		// with its value rather than with a shard's index.
-		rows64 := v.shape[0]
-		inRange := op.All(s.SubScope("in_range"), op.LogicalAnd(s.SubScope("and"),
-			op.GreaterEqual(s.SubScope("ge"), flat, op.Const(s.SubScope("zero_id"), int64(0))),
-			op.Less(s.SubScope("lt"), flat, op.Const(s.SubScope("rows"), rows64))), op.Const(s.SubScope("all_axis"), int32(0)))
-		check := op.Assert(s.SubScope("check"), inRange, []tf.Output{
-			op.Const(s.SubScope("message"), fmt.Sprintf("Lookup %q: every id must be in [0, %d); the ids:", v.name, rows64)), flat},
-			op.AssertSummarize(10))
-		flat = op.Identity(s.SubScope("checked").WithControlDependencies(check), flat)
+		flat := graphutil.CheckedIDs(s.SubScope("ids"), v.name, v.shape[0], ids)
 		var rows tf.Output
 		if len(v.shards) == 1 {
 			sh := v.shards[0]
@@ -196,13 +176,7 @@ func (rc *ReplicaContext) Lookup(v *Variable, ids tf.Output) (tf.Output, error) 
 			}
 			rows = op.DynamicStitch(s.SubScope("stitch"), pos, parts)
 		}
-		rowShape := make([]int32, len(l.rowShape))
-		for i, d := range l.rowShape {
-			rowShape[i] = int32(d)
-		}
-		shape := op.ConcatV2(s.SubScope("shape"), []tf.Output{op.Shape(s.SubScope("ids_shape"), ids, op.ShapeOutType(tf.Int32)),
-			op.Const(s.SubScope("row_shape"), rowShape)}, op.Const(s.SubScope("shape_axis"), int32(0)))
-		l.out = op.Reshape(s.SubScope("out"), rows, shape)
+		l.out = op.Reshape(s.SubScope("out"), rows, graphutil.RowsShape(s.SubScope("shape"), ids, l.rowShape))
 		return s.Err()
 	})
 	if err != nil {
@@ -210,46 +184,6 @@ func (rc *ReplicaContext) Lookup(v *Variable, ids tf.Output) (tf.Output, error) 
 	}
 	rc.lookups[v] = append(rc.lookups[v], l)
 	return l.out, nil
-}
-
-// SparseOptimizer updates the rows of a variable that a step looked up.
-type SparseOptimizer interface {
-	// ApplySparse builds, on s (pinned to the ps device of the variable's
-	// shard), the update of the rows indices (int64) of the shard handle
-	// with their gradient rows values; an index may repeat, and its
-	// gradients then add up.
-	ApplySparse(s *op.Scope, handle, indices, values tf.Output, dtype tf.DataType) (*tf.Operation, error)
-}
-
-// SparseSGD is stochastic gradient descent on the rows a step looked up:
-// rows -= LearningRate * gradient (ResourceScatterSub), leaving every other
-// row untouched.
-type SparseSGD struct {
-	LearningRate float32
-}
-
-// ApplySparse implements SparseOptimizer.
-func (o SparseSGD) ApplySparse(s *op.Scope, handle, indices, values tf.Output, dtype tf.DataType) (*tf.Operation, error) {
-	lr := op.Const(s.SubScope("lr"), o.LearningRate)
-	if dtype != tf.Float {
-		lr = op.Cast(s.SubScope("lr_cast"), lr, dtype)
-	}
-	up := op.ResourceScatterSub(s.SubScope("scatter_sub"), handle, indices, op.Mul(s.SubScope("scaled"), values, lr))
-	return up, s.Err()
-}
-
-// MinimizeOption configures Minimize.
-type MinimizeOption func(*minimizeConfig)
-
-type minimizeConfig struct {
-	sparse SparseOptimizer
-}
-
-// WithSparseOptimizer sets how the variables the step looked up (Lookup)
-// are updated: only the rows it looked up, with o. Without it, Minimize
-// rejects a looked-up variable.
-func WithSparseOptimizer(o SparseOptimizer) MinimizeOption {
-	return func(c *minimizeConfig) { c.sparse = o }
 }
 
 // Minimize computes the gradients of loss with respect to vars and applies
@@ -262,22 +196,24 @@ func WithSparseOptimizer(o SparseOptimizer) MinimizeOption {
 //
 // The update is guarded: a step run again after its worker died applies it
 // only if the first run did not (see Function).
-func (rc *ReplicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vars []*Variable, opts ...MinimizeOption) error {
-	var mc minimizeConfig
-	for _, o := range opts {
-		o(&mc)
-	}
-	if len(vars) == 0 {
+func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []strategy.Variable, opts ...strategy.MinimizeOption) error {
+	mc := strategy.NewMinimizeConfig(opts...)
+	if len(vs) == 0 {
 		return errors.New("Minimize: no variables")
+	}
+	vars := make([]*Variable, len(vs))
+	for i, vv := range vs {
+		v, err := rc.own(vv, "Minimize")
+		if err != nil {
+			return err
+		}
+		vars[i] = v
 	}
 	var denseReads []tf.Output
 	var dense []*shard
 	var sparse []*lookup
 	seen := map[*Variable]bool{}
 	for _, v := range vars {
-		if err := rc.own(v, "Minimize"); err != nil {
-			return err
-		}
 		if seen[v] {
 			return fmt.Errorf("Minimize: variable %q is given twice", v.name)
 		}
@@ -293,7 +229,7 @@ func (rc *ReplicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vars 
 			denseReads = append(denseReads, r.parts...)
 			dense = append(dense, v.shards...)
 		case len(ls) > 0:
-			if mc.sparse == nil {
+			if mc.Sparse == nil {
 				return fmt.Errorf("Minimize: the step looks up variable %q, which takes a sparse update: give WithSparseOptimizer", v.name)
 			}
 			sparse = append(sparse, ls...)
@@ -319,7 +255,7 @@ func (rc *ReplicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vars 
 	}
 	s := rc.root.SubScope("apply")
 	if len(dense) > 0 {
-		views := make([]*strategy.Variable, len(dense))
+		views := make([]strategy.Variable, len(dense))
 		switched := make([]tf.Output, len(dense))
 		for i, sh := range dense {
 			if views[i], err = rc.w.view(sh); err != nil {
@@ -362,7 +298,7 @@ func (rc *ReplicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vars 
 			_, vals := op.Switch(ks.SubScope("guard_values"), parts[k], pred)
 			var up *tf.Operation
 			if err := safely(func() (err error) {
-				up, err = mc.sparse.ApplySparse(ks.SubScope("update"), rc.w.handle(sh), ids, vals, l.v.dtype)
+				up, err = mc.Sparse.ApplySparse(ks.SubScope("update"), rc.w.handle(sh), ids, vals, l.v.dtype)
 				return err
 			}); err != nil {
 				return fmt.Errorf("Minimize: sparse optimizer: %w", err)
@@ -375,7 +311,7 @@ func (rc *ReplicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vars 
 
 // gradients returns the gradients of loss with respect to xs, from
 // TensorFlow's gradient registry.
-func (rc *ReplicaContext) gradients(loss tf.Output, xs []tf.Output, vars []*Variable) ([]tf.Output, error) {
+func (rc *replicaContext) gradients(loss tf.Output, xs []tf.Output, vars []*Variable) ([]tf.Output, error) {
 	if err := rc.root.Err(); err != nil {
 		return nil, err
 	}
@@ -408,7 +344,7 @@ func names(vars []*Variable) []string {
 // closure's update was not applied before: it reads the progress counter on
 // ps 0 once the gradients exist and compares the closure id with the last
 // id every worker applied.
-func (rc *ReplicaContext) makeGuard(grads []tf.Output) (tf.Output, error) {
+func (rc *replicaContext) makeGuard(grads []tf.Output) (tf.Output, error) {
 	if rc.guard != nil {
 		return rc.guard.pred, nil
 	}
@@ -445,7 +381,7 @@ func (rc *ReplicaContext) makeGuard(grads []tf.Output) (tf.Output, error) {
 // AssignAddVariableOp updates under the variable's exclusive lock; a
 // ResourceScatterAdd of int64 takes a shared one, so that two steps marking
 // at once could each overwrite the other's increment.
-func (rc *ReplicaContext) finish() (*tf.Operation, error) {
+func (rc *replicaContext) finish() (*tf.Operation, error) {
 	if rc.guard == nil {
 		return nil, nil
 	}
@@ -456,3 +392,43 @@ func (rc *ReplicaContext) finish() (*tf.Operation, error) {
 }
 
 func sanitize(name string) string { return strings.ReplaceAll(name, "/", "_") }
+
+// Assign writes value to v on its ps task, guarded as Minimize's update is:
+// a step run again after its worker died writes at most once. The
+// variable must be in one piece.
+func (rc *replicaContext) Assign(v strategy.Variable, value tf.Output) error {
+	return rc.write("Assign", v, value, false)
+}
+
+// AssignAdd adds value to v, with Assign's rules.
+func (rc *replicaContext) AssignAdd(v strategy.Variable, value tf.Output) error {
+	return rc.write("AssignAdd", v, value, true)
+}
+
+func (rc *replicaContext) write(kind string, vv strategy.Variable, value tf.Output, add bool) error {
+	v, err := rc.own(vv, kind)
+	if err != nil {
+		return err
+	}
+	if value.DataType() != v.dtype {
+		return fmt.Errorf("%s %q: value is %s, the variable is %s", kind, v.name, strategy.DTypeName(value.DataType()), strategy.DTypeName(v.dtype))
+	}
+	if len(v.shards) > 1 {
+		return fmt.Errorf("%s %q: the variable has %d shards; only a variable in one piece can be written", kind, v.name, len(v.shards))
+	}
+	pred, err := rc.makeGuard([]tf.Output{value})
+	if err != nil {
+		return err
+	}
+	sh := v.shards[0]
+	s := rc.root.SubScope(sanitize(kind + "_" + v.name)).WithDevice(sh.device)
+	_, val := op.Switch(s.SubScope("guard"), value, pred)
+	var up *tf.Operation
+	if add {
+		up = op.AssignAddVariableOp(s.SubScope("assign_add"), rc.w.handle(sh), val)
+	} else {
+		up = op.AssignVariableOp(s.SubScope("assign"), rc.w.handle(sh), val)
+	}
+	rc.applies = append(rc.applies, up)
+	return s.Err()
+}

@@ -10,7 +10,9 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // A worker killed and restarted at once at its address, as tfdist launch
@@ -24,8 +26,8 @@ func TestWorkerRestartedAtOnceLosesNoStep(t *testing.T) {
 		WithThreads(1, 2), WithLogger(zaptest.NewLogger(t)))
 	require.NoError(t, err)
 	defer s.Close()
-	var m *mlp
-	require.NoError(t, s.Scope(func(sc *Scope) (err error) { m, err = newMLP(sc, 32); return err }))
+	var m *nn.MLP
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) { m, err = newMLP(sc, 32); return err }))
 	train, _ := buildDigits(t, s, m, optimizer.NewSGD(optimizer.Constant(0.1)))
 	c := newCoordinator(t, s, WithProbeInterval(50*time.Millisecond, 500*time.Millisecond))
 	trainData, _ := digitsData(t)

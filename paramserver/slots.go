@@ -26,7 +26,7 @@ func (w *workerGraph) slotDevice(s *Strategy) func(strategy.SlotInfo) string {
 }
 
 // view0 returns the shard as an optimizer sees it in the chief's graph.
-func (s *Strategy) view0(sh *shard) (*strategy.Variable, error) {
+func (s *Strategy) view0(sh *shard) (strategy.Variable, error) {
 	if v, ok := s.views0[sh]; ok {
 		return v, nil
 	}
@@ -54,7 +54,7 @@ func (s *Strategy) prepareSlots(opt strategy.Optimizer, dense []*shard) error {
 		return nil
 	}
 	sc := s.newScope0("slots")
-	views := make([]*strategy.Variable, len(dense))
+	views := make([]strategy.Variable, len(dense))
 	grads := make([]tf.Output, len(dense))
 	for i, sh := range dense {
 		var err error

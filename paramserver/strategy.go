@@ -53,7 +53,7 @@ type Strategy struct {
 	nextPS   int
 	pending  []pendingInit
 	store0   *strategy.SlotStore
-	views0   map[*shard]*strategy.Variable
+	views0   map[*shard]strategy.Variable
 	slots    map[string]*slotVar // by logical name
 	slotList []*slotVar
 	known0   int             // store0 variables already recorded
@@ -139,7 +139,7 @@ func New(ctx context.Context, r cluster.Resolver, opts ...Option) (*Strategy, er
 	s := &Strategy{
 		cfg: c, log: log, spec: spec, server: srv,
 		host:   cluster.DeviceName(string(cluster.Chief), task.Index, "CPU", 0),
-		scopes: map[string]int{}, byName: map[string]*Variable{}, views0: map[*shard]*strategy.Variable{},
+		scopes: map[string]int{}, byName: map[string]*Variable{}, views0: map[*shard]strategy.Variable{},
 		slots: map[string]*slotVar{}, prepared: map[string]bool{}, readers: map[*Variable]tf.Output{},
 		saves: map[string]*saveGraph{}, restores: map[string]*restoreGraph{},
 	}
@@ -178,7 +178,7 @@ func New(ctx context.Context, r cluster.Resolver, opts ...Option) (*Strategy, er
 		w := &workerGraph{index: i, task: t, addr: addr, target: r.RPCLayer() + "://" + addr,
 			device: cluster.DeviceName(string(t.Type), t.Index, "CPU", 0),
 			graph:  tf.NewGraph(), scopes: map[string]int{}, handles: map[*shard]tf.Output{},
-			views: map[*shard]*strategy.Variable{}}
+			views: map[*shard]strategy.Variable{}}
 		w.store = strategy.NewSlotStore(w.graph)
 		if err := w.buildBasics(s, spec.NumTasks(cluster.Worker)); err != nil {
 			s.s0.Close()
@@ -282,13 +282,13 @@ func (s *Strategy) diagnose(err error) error {
 
 // Scope runs fn with a Scope that creates variables on the ps tasks, then
 // initialises them.
-func (s *Strategy) Scope(fn func(*Scope) error) error {
+func (s *Strategy) Scope(fn func(strategy.Scope) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return ErrClosed
 	}
-	sc := &Scope{s: s}
+	sc := &scope{s: s}
 	err := safely(func() error { return fn(sc) })
 	sc.closed = true
 	if err != nil {
@@ -321,10 +321,14 @@ func (s *Strategy) initPending(ctx context.Context) error {
 
 // Variables returns the strategy's variables in creation order (not the
 // optimizers' slots).
-func (s *Strategy) Variables() []*Variable {
+func (s *Strategy) Variables() []strategy.Variable {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]*Variable(nil), s.vars...)
+	out := make([]strategy.Variable, len(s.vars))
+	for i, v := range s.vars {
+		out[i] = v
+	}
+	return out
 }
 
 // NumWorkers returns the number of worker tasks.
@@ -337,9 +341,10 @@ func (s *Strategy) NumPS() int { return len(s.ps) }
 func (s *Strategy) ClusterSpec() cluster.ClusterSpec { return s.spec }
 
 // Value reads the whole variable v on the chief, its shards concatenated.
-func (s *Strategy) Value(ctx context.Context, v *Variable) (*tf.Tensor, error) {
-	if v == nil || v.s != s {
-		return nil, fmt.Errorf("paramserver: Value: variable %v belongs to another strategy", v)
+func (s *Strategy) Value(ctx context.Context, vv strategy.Variable) (*tf.Tensor, error) {
+	v, err := s.own(vv, "paramserver: Value")
+	if err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -351,7 +356,7 @@ func (s *Strategy) Value(ctx context.Context, v *Variable) (*tf.Tensor, error) {
 	}
 	sc := s.newScope0("value/" + v.name)
 	var out tf.Output
-	err := safely(func() error {
+	err = safely(func() error {
 		parts := make([]tf.Output, len(v.shards))
 		for k, sh := range v.shards {
 			parts[k] = op.ReadVariableOp(sc.SubScope(fmt.Sprintf("read_%d", k)).WithDevice(sh.device), sh.h0, v.dtype)
@@ -368,6 +373,15 @@ func (s *Strategy) Value(ctx context.Context, v *Variable) (*tf.Tensor, error) {
 	}
 	s.readers[v] = out
 	return s.fetch0(ctx, out, "Value "+strconv.Quote(v.name))
+}
+
+// own returns v as a variable of s, or an error saying what it is.
+func (s *Strategy) own(v strategy.Variable, what string) (*Variable, error) {
+	pv, ok := v.(*Variable)
+	if !ok || pv == nil || pv.s != s {
+		return nil, fmt.Errorf("%s: variable %v was not created in this strategy's scope", what, v)
+	}
+	return pv, nil
 }
 
 // fetch0 runs out in the chief's session. s.mu is held.

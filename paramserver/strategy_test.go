@@ -127,27 +127,27 @@ func psHolds(t *testing.T, s *Strategy, device, shared string, dtype tf.DataType
 // given.
 func TestVariablesGoRoundRobinOverPS(t *testing.T) {
 	s := newInProcess(t, 1, 2)
-	var a, b, c, emb *Variable
-	require.NoError(t, s.Scope(func(sc *Scope) (err error) {
+	var a, b, c, emb strategy.Variable
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) {
 		if a, err = sc.Variable("a", tf.Float, []int64{2}, strategy.Zeros()); err != nil {
 			return err
 		}
 		if b, err = sc.Variable("b", tf.Float, []int64{2}, strategy.Zeros()); err != nil {
 			return err
 		}
-		if emb, err = sc.Variable("emb", tf.Float, []int64{7, 3}, strategy.Zeros(), Partitioned(FixedShards(3))); err != nil {
+		if emb, err = sc.Variable("emb", tf.Float, []int64{7, 3}, strategy.Zeros(), strategy.WithPartitioner(FixedShards(3))); err != nil {
 			return err
 		}
 		c, err = sc.Variable("c", tf.Float, []int64{2}, strategy.Zeros())
 		return err
 	}))
 	ps0, ps1 := s.ps[0], s.ps[1]
-	assert.Equal(t, []ShardInfo{{ps0, 0, 2}}, a.Shards())
-	assert.Equal(t, []ShardInfo{{ps1, 0, 2}}, b.Shards())
-	assert.Equal(t, []ShardInfo{{ps0, 0, 3}, {ps1, 3, 2}, {ps0, 5, 2}}, emb.Shards())
-	assert.Equal(t, []ShardInfo{{ps1, 0, 2}}, c.Shards())
-	for _, v := range []*Variable{a, b, c, emb} {
-		for _, sh := range v.shards {
+	assert.Equal(t, []ShardInfo{{ps0, 0, 2}}, psVar(a).Shards())
+	assert.Equal(t, []ShardInfo{{ps1, 0, 2}}, psVar(b).Shards())
+	assert.Equal(t, []ShardInfo{{ps0, 0, 3}, {ps1, 3, 2}, {ps0, 5, 2}}, psVar(emb).Shards())
+	assert.Equal(t, []ShardInfo{{ps1, 0, 2}}, psVar(c).Shards())
+	for _, v := range []strategy.Variable{a, b, c, emb} {
+		for _, sh := range psVar(v).shards {
 			other := ps0
 			if sh.device == ps0 {
 				other = ps1
@@ -163,20 +163,20 @@ func TestVariablesGoRoundRobinOverPS(t *testing.T) {
 func TestShardedVariableReadsAsOneTensor(t *testing.T) {
 	s := newInProcess(t, 2, 2)
 	init := [][]float32{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}}
-	var v *Variable
-	require.NoError(t, s.Scope(func(sc *Scope) (err error) {
-		v, err = sc.Variable("v", tf.Float, []int64{5, 2}, strategy.Constant(tensor(t, init)), Partitioned(FixedShards(2)))
+	var v strategy.Variable
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) {
+		v, err = sc.Variable("v", tf.Float, []int64{5, 2}, strategy.Constant(tensor(t, init)), strategy.WithPartitioner(FixedShards(2)))
 		return err
 	}))
-	require.Equal(t, 2, v.NumShards())
+	require.Equal(t, 2, psVar(v).NumShards())
 	ctx := testContext(t, time.Minute)
 	got, err := s.Value(ctx, v)
 	require.NoError(t, err)
 	assert.Equal(t, init, got.Value())
 
 	fn, err := s.Build(strategy.InputSpec{"scale": {DType: tf.Float, Shape: []int64{}}},
-		func(rc *ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
-			return strategy.Outputs{"v": op.Mul(rc.Scope().SubScope("mul"), rc.MustRead(v), in["scale"])}, nil
+		func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+			return strategy.Outputs{"v": op.Mul(rc.Scope().SubScope("mul"), strategy.MustRead(rc, v), in["scale"])}, nil
 		})
 	require.NoError(t, err)
 	c := newCoordinator(t, s)
@@ -202,17 +202,17 @@ func TestShardedVariableReadsAsOneTensor(t *testing.T) {
 // Bad variables are errors naming the variable and what was expected.
 func TestBadVariables(t *testing.T) {
 	s := newInProcess(t, 1, 1)
-	err := s.Scope(func(sc *Scope) error {
-		_, err := sc.Variable("emb", tf.Float, []int64{3, 4}, strategy.Zeros(), Partitioned(FixedShards(4)))
+	err := s.Scope(func(sc strategy.Scope) error {
+		_, err := sc.Variable("emb", tf.Float, []int64{3, 4}, strategy.Zeros(), strategy.WithPartitioner(FixedShards(4)))
 		return err
 	})
 	assert.ErrorContains(t, err, `variable "emb": the partitioner asks for 4 shards of 3 rows`)
-	err = s.Scope(func(sc *Scope) error {
-		_, err := sc.Variable("step", tf.Int64, nil, strategy.Zeros(), Partitioned(FixedShards(2)))
+	err = s.Scope(func(sc strategy.Scope) error {
+		_, err := sc.Variable("step", tf.Int64, nil, strategy.Zeros(), strategy.WithPartitioner(FixedShards(2)))
 		return err
 	})
 	assert.ErrorContains(t, err, "shards of a scalar")
-	err = s.Scope(func(sc *Scope) error {
+	err = s.Scope(func(sc strategy.Scope) error {
 		if _, err := sc.Variable("x", tf.Float, []int64{2}, strategy.Zeros()); err != nil {
 			return err
 		}
@@ -220,13 +220,13 @@ func TestBadVariables(t *testing.T) {
 		return err
 	})
 	assert.ErrorContains(t, err, `variable "x": already used`)
-	err = s.Scope(func(sc *Scope) error {
+	err = s.Scope(func(sc strategy.Scope) error {
 		_, err := sc.Variable("/bad", tf.Float, []int64{2}, strategy.Zeros())
 		return err
 	})
-	assert.ErrorContains(t, err, `variable "/bad"`)
-	var kept *Scope
-	require.NoError(t, s.Scope(func(sc *Scope) error { kept = sc; return nil }))
+	assert.ErrorContains(t, err, `variable name "/bad"`)
+	var kept strategy.Scope
+	require.NoError(t, s.Scope(func(sc strategy.Scope) error { kept = sc; return nil }))
 	_, err = kept.Variable("late", tf.Float, []int64{1}, strategy.Zeros())
-	assert.True(t, errors.Is(err, ErrScopeClosed))
+	assert.True(t, errors.Is(err, strategy.ErrScopeClosed))
 }

@@ -1,9 +1,7 @@
 package paramserver
 
 import (
-	"errors"
 	"fmt"
-	"regexp"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
@@ -11,20 +9,10 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// Partitioner decides how many shards a variable is split into along its
-// first axis, as TensorFlow's variable partitioners do. Shards hold
-// consecutive rows; when the rows do not divide evenly, the first shards
-// hold one row more (TensorFlow's "div" layout).
-type Partitioner interface {
-	// NumShards returns the number of shards of a variable of the given
-	// shape and type.
-	NumShards(shape []int64, dtype tf.DataType) (int, error)
-}
-
 // FixedShards splits every variable into n shards, as
 // tf.distribute.experimental.partitioners.FixedShardsPartitioner. A
 // variable with fewer than n rows is an error.
-func FixedShards(n int) Partitioner { return fixedShards(n) }
+func FixedShards(n int) strategy.Partitioner { return fixedShards(n) }
 
 type fixedShards int
 
@@ -39,7 +27,7 @@ func (f fixedShards) NumShards(shape []int64, _ tf.DataType) (int, error) {
 // MaxShardBytes splits a variable into as few shards as keep each under
 // maxBytes, at most maxShards of them (0: no limit) and never more than it
 // has rows, as tf.distribute.experimental.partitioners.MaxSizePartitioner.
-func MaxShardBytes(maxBytes int64, maxShards int) Partitioner {
+func MaxShardBytes(maxBytes int64, maxShards int) strategy.Partitioner {
 	return maxShardBytes{max: maxBytes, shards: maxShards}
 }
 
@@ -108,14 +96,25 @@ func shardLayout(rows int64, n int) (offsets, sizes []int64) {
 // axis, each shard on a ps task. A step reads it as one tensor
 // (ReplicaContext.Read) or looks rows of it up (ReplicaContext.Lookup), and
 // checkpoints hold it as one tensor.
+//
+// Shards hold consecutive rows; when the rows do not divide evenly, the
+// first shards hold one row more (TensorFlow's "div" layout).
+//
+// An OnRead variable (a metric, BatchNorm's moving statistics) is one
+// variable like any other: the workers' steps write it in turn, as they
+// update every variable.
 type Variable struct {
 	s         *Strategy
 	name      string
 	dtype     tf.DataType
 	shape     []int64
+	sync      strategy.Synchronization
+	agg       strategy.Aggregation
 	trainable bool
 	shards    []*shard
 }
+
+var _ strategy.Variable = (*Variable)(nil)
 
 // shard is one piece of a variable, on one ps task.
 type shard struct {
@@ -177,6 +176,13 @@ func (v *Variable) DType() tf.DataType { return v.dtype }
 // Shape returns the shape of the whole variable.
 func (v *Variable) Shape() []int64 { return append([]int64(nil), v.shape...) }
 
+// Synchronization returns the synchronization the variable was created
+// with.
+func (v *Variable) Synchronization() strategy.Synchronization { return v.sync }
+
+// Aggregation returns the aggregation the variable was created with.
+func (v *Variable) Aggregation() strategy.Aggregation { return v.agg }
+
 // Trainable reports whether Minimize may update the variable.
 func (v *Variable) Trainable() bool { return v.trainable }
 
@@ -206,79 +212,50 @@ func (v *Variable) String() string {
 	return fmt.Sprintf("%s:%s%v/%d", v.name, strategy.DTypeName(v.dtype), v.shape, len(v.shards))
 }
 
-// VariableOption sets a property of a variable.
-type VariableOption func(*varConfig)
-
-type varConfig struct {
-	partitioner    Partitioner
-	hasPartitioner bool
-	trainable      bool
-}
-
-// Partitioned splits the variable as p says (nil: one piece), whatever the
-// strategy's WithPartitioner.
-func Partitioned(p Partitioner) VariableOption {
-	return func(c *varConfig) { c.partitioner, c.hasPartitioner = p, true }
-}
-
-// Trainable sets whether Minimize may update the variable (default true).
-func Trainable(on bool) VariableOption { return func(c *varConfig) { c.trainable = on } }
-
-// Scope creates variables on the ps tasks. It is valid only inside the
+// scope creates variables on the ps tasks. It is valid only inside the
 // function given to Strategy.Scope.
-type Scope struct {
+type scope struct {
 	s      *Strategy
 	closed bool
 }
-
-var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-/]*$`)
-
-// ErrScopeClosed is returned when a Scope is used after its function
-// returned.
-var ErrScopeClosed = errors.New("paramserver: scope used after Scope returned")
 
 // Variable creates a variable named name (unique within the strategy; its
 // checkpoint key) of the given type and shape. init builds its whole initial
 // value; the chief computes it once, when Scope returns, and each shard
 // receives its rows. Each piece goes to the next ps task in round-robin
 // order: a variable in one piece takes one turn, a sharded one a turn per
-// shard.
-func (sc *Scope) Variable(name string, dtype tf.DataType, shape []int64, init strategy.Initializer, opts ...VariableOption) (*Variable, error) {
+// shard. strategy.WithPartitioner overrides the strategy's partitioner.
+func (sc *scope) Variable(name string, dtype tf.DataType, shape []int64, init strategy.Initializer, opts ...strategy.VariableOption) (strategy.Variable, error) {
 	if sc == nil || sc.closed {
-		return nil, ErrScopeClosed
+		return nil, strategy.ErrScopeClosed
 	}
-	return sc.s.newVariable(name, dtype, shape, init, opts...)
+	v, err := sc.s.newVariable(name, dtype, shape, init, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
-// NumPS returns the number of ps tasks variables are spread over.
-func (sc *Scope) NumPS() int { return len(sc.s.ps) }
+// NumReplicasInSync returns the number of workers.
+func (sc *scope) NumReplicasInSync() int { return len(sc.s.workers) }
 
-func (s *Strategy) newVariable(name string, dtype tf.DataType, shape []int64, init strategy.Initializer, opts ...VariableOption) (*Variable, error) {
+func (s *Strategy) newVariable(name string, dtype tf.DataType, shape []int64, init strategy.Initializer, opts ...strategy.VariableOption) (*Variable, error) {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("paramserver: variable %q: %s", name, fmt.Sprintf(format, args...))
 	}
-	if !validName.MatchString(name) {
-		return nil, fail("expected a name of letters, digits and _.-/ (not starting with a punctuation mark)")
+	cfg, err := strategy.NewVariableConfig(name, shape, append([]strategy.VariableOption{strategy.WithPartitioner(s.cfg.partitioner)}, opts...)...)
+	if err != nil {
+		return nil, err
 	}
 	if _, dup := s.byName[name]; dup {
 		return nil, fail("already used; names must be unique")
 	}
-	for i, d := range shape {
-		if d < 0 {
-			return nil, fail("shape %v: dimension %d is %d, expected a known size", shape, i, d)
-		}
-	}
 	if init == nil {
 		return nil, fail("nil initializer")
 	}
-	cfg := varConfig{partitioner: s.cfg.partitioner, trainable: true}
-	for _, o := range opts {
-		o(&cfg)
-	}
 	n := 1
-	if cfg.partitioner != nil {
-		var err error
-		if n, err = cfg.partitioner.NumShards(shape, dtype); err != nil {
+	if cfg.Partitioner != nil {
+		if n, err = cfg.Partitioner.NumShards(shape, dtype); err != nil {
 			return nil, fail("partitioner: %v", err)
 		}
 		switch {
@@ -290,13 +267,14 @@ func (s *Strategy) newVariable(name string, dtype tf.DataType, shape []int64, in
 			return nil, fail("the partitioner asks for %d shards of %d rows (shape %v), expected at most one shard per row", n, shape[0], shape)
 		}
 	}
-	v := &Variable{s: s, name: name, dtype: dtype, shape: append([]int64(nil), shape...), trainable: cfg.trainable}
+	v := &Variable{s: s, name: name, dtype: dtype, shape: append([]int64(nil), shape...), sync: cfg.Synchronization,
+		agg: cfg.Aggregation, trainable: cfg.Trainable}
 	offsets, sizes := []int64{0}, []int64{0}
 	if len(shape) > 0 {
 		offsets, sizes = shardLayout(shape[0], n)
 	}
 	sc := s.newScope0("ps_var/" + name)
-	err := safely(func() error {
+	err = safely(func() error {
 		val, err := init(sc.SubScope("initial_value").WithDevice(s.host), dtype, shape)
 		if err != nil {
 			return err

@@ -31,7 +31,7 @@ type workerGraph struct {
 	graph    *tf.Graph
 	scopes   map[string]int
 	handles  map[*shard]tf.Output
-	views    map[*shard]*strategy.Variable
+	views    map[*shard]strategy.Variable
 	store    *strategy.SlotStore
 	known    int // store variables already pinned
 	progress tf.Output
@@ -62,7 +62,7 @@ func (w *workerGraph) handle(sh *shard) tf.Output {
 }
 
 // view returns the shard as an optimizer sees it in this graph.
-func (w *workerGraph) view(sh *shard) (*strategy.Variable, error) {
+func (w *workerGraph) view(sh *shard) (strategy.Variable, error) {
 	if v, ok := w.views[sh]; ok {
 		return v, nil
 	}

@@ -81,7 +81,7 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 	outs := make([]Outputs, n)
 	for r := range n {
 		rs := root.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r])
-		rcs[r] = &ReplicaContext{e: e, local: r, scope: rs, reads: map[*Variable]tf.Output{}, globalCount: globals[r], merges: m}
+		rcs[r] = &ReplicaContext{e: e, local: r, scope: rs, reads: map[*variable]tf.Output{}, globalCount: globals[r], merges: m}
 		for _, name := range st.names {
 			ts := spec[name]
 			st.inputs[r] = append(st.inputs[r], op.Placeholder(rs.SubScope("input_"+sanitize(name)), ts.DType,

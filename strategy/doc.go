@@ -1,17 +1,20 @@
 // Package strategy is tfdist's contract: the Strategy interface that every
 // distribution strategy implements, and the pieces a training program
-// touches — Scope and Variable, ReplicaContext, PerReplica values, ReduceOp,
-// the compiled Step and CrossDeviceOps — with tf.distribute's meaning.
+// touches — Scope and Variable, Replica, Optimizer and ApplyContext,
+// PerReplica values, ReduceOp, the compiled Step and CrossDeviceOps — with
+// tf.distribute's meaning. Model code written against Scope, Variable and
+// Replica (package nn's layers, say) runs unchanged under every strategy,
+// the parameter-server strategy included.
 //
 // A program creates its variables inside Strategy.Scope, builds a replica
 // function into a Step with Strategy.Build (the function is traced once per
 // replica into one TensorFlow graph, never per step), and runs the Step once
 // per global batch with Strategy.Run:
 //
-//	err := s.Scope(func(sc *strategy.Scope) error { m, err = NewModel(sc); return err })
-//	step, err := s.Build(spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
-//		loss := strategy.ComputeAverageLoss(rc, m.PerExampleLoss(rc, in["x"], in["y"]))
-//		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, m.Vars())
+//	err := s.Scope(func(sc strategy.Scope) error { m, err = NewModel(sc); return err })
+//	step, err := s.Build(spec, func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+//		loss := r.AverageLoss(m.PerExampleLoss(r, in["x"], in["y"]))
+//		return strategy.Outputs{"loss": loss}, r.Minimize(opt, loss, m.Vars())
 //	})
 //	for batch, err := range dist.All(ctx) {
 //		res, err := s.Run(ctx, step, batch)

@@ -28,9 +28,10 @@ const dtResource tf.DataType = 20
 // it, and ApplyContext.Handle returns handle. The caller initialises the
 // variable. Of opts, only Trainable applies: synchronization and
 // aggregation are the creating engine's business.
-func NewExternalVariable(name string, dtype tf.DataType, shape []int64, handle tf.Output, opts ...VariableOption) (*Variable, error) {
-	if !validName.MatchString(name) {
-		return nil, fmt.Errorf("strategy: external variable name %q: expected letters, digits and _.-/ (not starting with a punctuation mark)", name)
+func NewExternalVariable(name string, dtype tf.DataType, shape []int64, handle tf.Output, opts ...VariableOption) (Copies, error) {
+	cfg, err := NewVariableConfig(name, shape, opts...)
+	if err != nil {
+		return nil, err
 	}
 	if handle.Op == nil {
 		return nil, fmt.Errorf("strategy: external variable %q: no handle", name)
@@ -38,12 +39,8 @@ func NewExternalVariable(name string, dtype tf.DataType, shape []int64, handle t
 	if handle.DataType() != dtResource {
 		return nil, fmt.Errorf("strategy: external variable %q: handle is %s, expected a resource handle", name, DTypeName(handle.DataType()))
 	}
-	cfg := variableConfig{trainable: true}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	return &Variable{name: name, dtype: dtype, shape: append([]int64(nil), shape...), sync: OnWrite, agg: AggregationNone,
-		trainable: cfg.trainable, handles: []tf.Output{handle}, inited: true}, nil
+	return &variable{name: name, dtype: dtype, shape: append([]int64(nil), shape...), sync: OnWrite, agg: AggregationNone,
+		trainable: cfg.Trainable, handles: []tf.Output{handle}, inited: true}, nil
 }
 
 // SlotStore keeps the slot variables (momentum accumulators, Adam's
@@ -81,7 +78,7 @@ func NewSlotStore(g *tf.Graph) *SlotStore {
 	return &SlotStore{e: &InGraph{
 		cfg: Config{Name: "slot-store", Devices: []string{""}, NumReplicasInSync: 1, NumWorkers: 1},
 		log: zap.NewNop(), graph: g,
-		byName: map[string]*Variable{}, scopes: map[string]int{}, slots: map[slotKey]*Variable{},
+		byName: map[string]*variable{}, scopes: map[string]int{}, slots: map[slotKey]*variable{},
 		reducers: map[string]*hostReducer{},
 	}}
 }
@@ -90,22 +87,22 @@ func NewSlotStore(g *tf.Graph) *SlotStore {
 // where the update ops go, Handle(v) is v's only copy (v must have one, as
 // external variables do), and Slot and NonSlot create their variables in the
 // store.
-func (st *SlotStore) ApplyContext(scope *op.Scope) (*ApplyContext, error) {
+func (st *SlotStore) ApplyContext(scope *op.Scope) (ApplyContext, error) {
 	if st == nil || st.e == nil {
 		return nil, errors.New("strategy: nil SlotStore")
 	}
 	if scope == nil {
 		return nil, errors.New("strategy: SlotStore.ApplyContext: nil scope")
 	}
-	return &ApplyContext{e: st.e, scope: scope, replica: 0}, nil
+	return &applyContext{e: st.e, scope: scope, replica: 0}, nil
 }
 
 // SlotInfo describes one variable of a SlotStore.
 type SlotInfo struct {
 	// Var is the slot or non-slot variable. Its Handle(0) has no device.
-	Var *Variable
+	Var Copies
 	// Primary is the variable a slot serves; nil for a non-slot variable.
-	Primary *Variable
+	Primary Variable
 	// Owner is the optimizer's name ("Adam"), Slot the slot's ("m") or the
 	// non-slot variable's ("iterations").
 	Owner, Slot string
@@ -118,14 +115,18 @@ func (st *SlotStore) Slots() []SlotInfo {
 	if st == nil || st.e == nil {
 		return nil
 	}
-	keys := make(map[*Variable]slotKey, len(st.e.slots))
+	keys := make(map[*variable]slotKey, len(st.e.slots))
 	for k, v := range st.e.slots {
 		keys[v] = k
 	}
 	out := make([]SlotInfo, 0, len(st.e.vars))
 	for _, v := range st.e.vars {
 		k := keys[v]
-		out = append(out, SlotInfo{Var: v, Primary: k.v, Owner: k.owner, Slot: k.slot, Init: v.init})
+		info := SlotInfo{Var: v, Owner: k.owner, Slot: k.slot, Init: v.init}
+		if k.v != nil {
+			info.Primary = k.v
+		}
+		out = append(out, info)
 	}
 	return out
 }

@@ -28,7 +28,7 @@ func TestSlotStoreGivesOptimizersExternalVariables(t *testing.T) {
 	ac, err := store.ApplyContext(s.SubScope("apply"))
 	require.NoError(t, err)
 	assert.Equal(t, h, ac.Handle(w))
-	up, err := optimizer.NewMomentum(optimizer.Constant(0.1), 0.9, false).Apply(ac, []tf.Output{op.Const(s.SubScope("g"), []float32{1, 1})}, []*strategy.Variable{w})
+	up, err := optimizer.NewMomentum(optimizer.Constant(0.1), 0.9, false).Apply(ac, []tf.Output{op.Const(s.SubScope("g"), []float32{1, 1})}, []strategy.Variable{w})
 	require.NoError(t, err)
 	read := op.ReadVariableOp(s.SubScope("read"), h, tf.Float)
 	require.NoError(t, s.Err())

@@ -62,10 +62,10 @@ type InGraph struct {
 	sess  *tf.Session
 
 	mu       sync.Mutex // serialises graph building and step runs
-	vars     []*Variable
-	byName   map[string]*Variable
+	vars     []*variable
+	byName   map[string]*variable
 	scopes   map[string]int // namespace counters for NewScope
-	slots    map[slotKey]*Variable
+	slots    map[slotKey]*variable
 	reducers map[string]*hostReducer
 	closed   bool
 	failed   error // a run error that wraps ErrCannotContinue
@@ -73,7 +73,7 @@ type InGraph struct {
 
 type slotKey struct {
 	owner string
-	v     *Variable
+	v     *variable
 	slot  string
 }
 
@@ -156,9 +156,9 @@ func NewInGraph(cfg Config) (*InGraph, error) {
 		log:      logging.OrNop(cfg.Logger).With(zap.String("strategy", cfg.Name)),
 		graph:    g,
 		sess:     sess,
-		byName:   map[string]*Variable{},
+		byName:   map[string]*variable{},
 		scopes:   map[string]int{},
-		slots:    map[slotKey]*Variable{},
+		slots:    map[slotKey]*variable{},
 		reducers: map[string]*hostReducer{},
 	}
 	e.log.Debug("strategy ready", zap.Strings("devices", cfg.Devices), zap.Int("replicas_in_sync", cfg.NumReplicasInSync))
@@ -204,13 +204,13 @@ func (e *InGraph) newScope(name string) (*op.Scope, string) {
 
 // Scope runs fn with a Scope that creates variables the strategy's way, then
 // initialises the new variables.
-func (e *InGraph) Scope(fn func(*Scope) error) error {
+func (e *InGraph) Scope(fn func(Scope) error) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return errors.New("strategy: closed")
 	}
-	sc := &Scope{g: e}
+	sc := &scope{g: e}
 	err := callSafely(func() error { return fn(sc) })
 	sc.closed = true
 	if err != nil {
@@ -220,58 +220,52 @@ func (e *InGraph) Scope(fn func(*Scope) error) error {
 }
 
 // Variables returns every variable of the strategy, in creation order.
-func (e *InGraph) Variables() []*Variable {
+func (e *InGraph) Variables() []Variable {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return append([]*Variable(nil), e.vars...)
+	out := make([]Variable, len(e.vars))
+	for i, v := range e.vars {
+		out[i] = v
+	}
+	return out
 }
 
 // TrainableVariables returns the trainable variables, in creation order.
-func (e *InGraph) TrainableVariables() []*Variable {
-	var out []*Variable
+func (e *InGraph) TrainableVariables() []Variable {
+	var out []Variable
 	for _, v := range e.Variables() {
-		if v.trainable {
+		if v.Trainable() {
 			out = append(out, v)
 		}
 	}
 	return out
 }
 
-func (e *InGraph) newVariable(name string, dtype tf.DataType, shape []int64, init Initializer, opts ...VariableOption) (*Variable, error) {
-	if !validName.MatchString(name) {
-		return nil, fmt.Errorf("strategy: variable name %q: expected letters, digits and _.-/ (not starting with a punctuation mark)", name)
+// own returns v as a variable of e, or an error saying what it is.
+func (e *InGraph) own(v Variable, what string) (*variable, error) {
+	iv, ok := v.(*variable)
+	if !ok || iv == nil || iv.owner != e {
+		return nil, fmt.Errorf("%s: variable %v was not created in this strategy's scope", what, v)
+	}
+	return iv, nil
+}
+
+func (e *InGraph) newVariable(name string, dtype tf.DataType, shape []int64, init Initializer, opts ...VariableOption) (*variable, error) {
+	cfg, err := NewVariableConfig(name, shape, opts...)
+	if err != nil {
+		return nil, err
 	}
 	if _, dup := e.byName[name]; dup {
 		return nil, fmt.Errorf("strategy: variable name %q: already used; names must be unique", name)
 	}
-	for i, d := range shape {
-		if d < 0 {
-			return nil, fmt.Errorf("strategy: variable %q: shape %v: dimension %d is %d, expected a known size", name, shape, i, d)
-		}
-	}
 	if init == nil {
 		return nil, fmt.Errorf("strategy: variable %q: nil initializer", name)
 	}
-	cfg := variableConfig{trainable: true}
-	explicitTrainable := false
-	for _, o := range opts {
-		before := cfg.trainable
-		o(&cfg)
-		if cfg.trainable != before {
-			explicitTrainable = true
-		}
-	}
-	if cfg.sync == OnRead && !explicitTrainable {
-		cfg.trainable = false
-	}
-	if cfg.sync == OnRead && cfg.trainable {
-		return nil, fmt.Errorf("strategy: variable %q: an OnRead variable cannot be trainable", name)
-	}
-	v := &Variable{name: name, dtype: dtype, shape: append([]int64(nil), shape...), sync: cfg.sync, agg: cfg.agg,
-		trainable: cfg.trainable, owner: e}
+	v := &variable{name: name, dtype: dtype, shape: append([]int64(nil), shape...), sync: cfg.Synchronization,
+		agg: cfg.Aggregation, trainable: cfg.Trainable, owner: e}
 	s := e.NewScope("var/" + name)
 	var assigns []*tf.Operation
-	err := callSafely(func() error {
+	err = callSafely(func() error {
 		val, err := init(s.SubScope("initial_value").WithDevice(e.cfg.Devices[0]), dtype, shape)
 		if err != nil {
 			return err
@@ -312,7 +306,7 @@ func (e *InGraph) newVariable(name string, dtype tf.DataType, shape []int64, ini
 // initPending initialises every variable not yet initialised or restored.
 func (e *InGraph) initPending(ctx context.Context) error {
 	var targets []*tf.Operation
-	var pending []*Variable
+	var pending []*variable
 	for _, v := range e.vars {
 		if !v.inited {
 			targets = append(targets, v.init)
@@ -333,11 +327,17 @@ func (e *InGraph) initPending(ctx context.Context) error {
 
 // MarkInitialized records that vs hold values (restored from a checkpoint,
 // say) so that their initialisers do not run.
-func (e *InGraph) MarkInitialized(vs ...*Variable) {
+func (e *InGraph) MarkInitialized(vs ...Variable) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.markLocked(vs)
+}
+
+func (e *InGraph) markLocked(vs []Variable) {
 	for _, v := range vs {
-		v.inited = true
+		if iv, err := e.own(v, "MarkInitialized"); err == nil {
+			iv.inited = true
+		}
 	}
 }
 
@@ -352,16 +352,14 @@ func (e *InGraph) RunOps(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fe
 // RunOpsInitializing is RunOps for ops that give vs their values (a
 // checkpoint restore): on success vs are marked initialised under the same
 // lock, so no step in between re-runs their initialisers.
-func (e *InGraph) RunOpsInitializing(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation, vs ...*Variable) ([]*tf.Tensor, error) {
+func (e *InGraph) RunOpsInitializing(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation, vs ...Variable) ([]*tf.Tensor, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	out, err := e.runLocked(ctx, feeds, fetches, targets)
 	if err != nil {
 		return nil, err
 	}
-	for _, v := range vs {
-		v.inited = true
-	}
+	e.markLocked(vs)
 	return out, nil
 }
 
@@ -401,9 +399,10 @@ func (e *InGraph) runLocked(ctx context.Context, feeds map[tf.Output]*tf.Tensor,
 // Value reads a variable outside any replica: the primary copy of an
 // OnWrite variable, or the aggregate of an OnRead variable's copies (an
 // error when its aggregation is None).
-func (e *InGraph) Value(ctx context.Context, v *Variable) (*tf.Tensor, error) {
-	if v == nil || v.owner != e {
-		return nil, errors.New("strategy: Value: the variable belongs to another strategy")
+func (e *InGraph) Value(ctx context.Context, vv Variable) (*tf.Tensor, error) {
+	v, err := e.own(vv, "strategy: Value")
+	if err != nil {
+		return nil, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -422,7 +421,7 @@ func (e *InGraph) Value(ctx context.Context, v *Variable) (*tf.Tensor, error) {
 }
 
 // readers of variables outside replicas, built once per variable.
-func (e *InGraph) readerLocked(v *Variable) (*hostReducer, error) {
+func (e *InGraph) readerLocked(v *variable) (*hostReducer, error) {
 	key := "read/" + v.name
 	if h, ok := e.reducers[key]; ok {
 		return h, nil
@@ -509,9 +508,10 @@ func sortedKeys[M ~map[string]V, V any](m M) []string {
 
 // Copies reads every local copy of v, in replica order: for checking that
 // mirrored copies agree, or for inspecting an OnRead variable's parts.
-func (e *InGraph) Copies(ctx context.Context, v *Variable) ([]*tf.Tensor, error) {
-	if v == nil || v.owner != e {
-		return nil, errors.New("strategy: Copies: the variable belongs to another strategy")
+func (e *InGraph) Copies(ctx context.Context, vv Variable) ([]*tf.Tensor, error) {
+	v, err := e.own(vv, "strategy: Copies")
+	if err != nil {
+		return nil, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -533,4 +533,40 @@ func (e *InGraph) Copies(ctx context.Context, v *Variable) ([]*tf.Tensor, error)
 		e.reducers[key] = h
 	}
 	return e.runLocked(ctx, nil, h.in, nil)
+}
+
+// Assign writes value to every local copy of v outside any replica, as a
+// tf.distribute program assigns a variable in cross-replica context: to
+// reset a metric between epochs, say. Under MultiWorkerMirrored every
+// worker assigns its own copies, so every worker must assign the same value
+// to an OnWrite variable.
+func (e *InGraph) Assign(ctx context.Context, vv Variable, value *tf.Tensor) error {
+	v, err := e.own(vv, "strategy: Assign")
+	if err != nil {
+		return err
+	}
+	if err := (TensorSpec{DType: v.dtype, Shape: v.shape}).Check(v.name, value); err != nil {
+		return fmt.Errorf("strategy: Assign: %w", err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.initPending(ctx); err != nil {
+		return err
+	}
+	key := "assign/" + v.name
+	h, ok := e.reducers[key]
+	if !ok {
+		s := e.NewScope("assign/" + v.name)
+		h = &hostReducer{in: []tf.Output{op.Placeholder(s.SubScope("value").WithDevice(e.cfg.HostDevice), v.dtype,
+			op.PlaceholderShape(tf.MakeShape(v.shape...)))}}
+		for r := range v.handles {
+			h.all = append(h.all, op.AssignVariableOp(s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]), v.handles[r], h.in[0]))
+		}
+		if err := s.Err(); err != nil {
+			return fmt.Errorf("strategy: Assign %q: %w", v.name, err)
+		}
+		e.reducers[key] = h
+	}
+	_, err = e.runLocked(ctx, map[tf.Output]*tf.Tensor{h.in[0]: value}, nil, h.all)
+	return err
 }

@@ -7,17 +7,21 @@ import (
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/internal/graphutil"
 )
 
 // ReplicaFn is a training or evaluation step written for one replica. Build
 // calls it once per local replica, with inputs of that replica's shape; it
-// returns the tensors to fetch each step.
-type ReplicaFn func(rc *ReplicaContext, in Inputs) (Outputs, error)
+// returns the tensors to fetch each step. The same function builds the step
+// of every strategy.
+type ReplicaFn func(r Replica, in Inputs) (Outputs, error)
 
-// ReplicaContext is what a replica function sees while it is traced: which
-// replica it is, a scope pinned to its device, and the cross-replica
-// operations (AllReduce, AllGather, ApplyGradients) that combine it with the
-// other replicas.
+// ReplicaContext is the in-graph engine's Replica: which replica it is, a
+// scope pinned to its device, and the cross-replica operations (AllReduce,
+// AllGather, ApplyGradients) that combine it with the other replicas. A step
+// function that needs more than Replica (Gradients and ApplyGradients, say)
+// type-asserts its Replica to *ReplicaContext.
 //
 // Cross-replica operations are merge points: every replica must call the same
 // ones in the same order, as in tf.distribute. Build traces replicas one at a
@@ -27,7 +31,7 @@ type ReplicaContext struct {
 	e           *InGraph
 	local       int
 	scope       *op.Scope
-	reads       map[*Variable]tf.Output
+	reads       map[*variable]tf.Output
 	readOps     []*tf.Operation
 	targets     []*tf.Operation
 	globalCount tf.Output
@@ -60,9 +64,10 @@ func (rc *ReplicaContext) GlobalBatchSize() tf.Output { return rc.globalCount }
 // Read returns the value of this replica's copy of v. Within one step every
 // read of a variable gives the value it had when the step began, and Minimize
 // differentiates with respect to these reads.
-func (rc *ReplicaContext) Read(v *Variable) (tf.Output, error) {
-	if v == nil || v.owner != rc.e {
-		return tf.Output{}, fmt.Errorf("variable %v was not created in this strategy's scope", v)
+func (rc *ReplicaContext) Read(vv Variable) (tf.Output, error) {
+	v, err := rc.e.own(vv, "Read")
+	if err != nil {
+		return tf.Output{}, err
 	}
 	if out, ok := rc.reads[v]; ok {
 		return out, nil
@@ -77,15 +82,33 @@ func (rc *ReplicaContext) Read(v *Variable) (tf.Output, error) {
 	return out, nil
 }
 
-// MustRead is Read for model code that has already checked its variables: it
-// panics on a variable of another strategy, and Build turns the panic into an
-// error.
-func (rc *ReplicaContext) MustRead(v *Variable) tf.Output {
-	out, err := rc.Read(v)
-	if err != nil {
-		panic(err)
+// Lookup returns the rows of v that ids name: a gather from this replica's
+// read of v, so that Minimize differentiates it like any read and updates
+// the whole variable.
+func (rc *ReplicaContext) Lookup(v Variable, ids tf.Output) (tf.Output, error) {
+	shape := v.Shape()
+	if len(shape) == 0 {
+		return tf.Output{}, fmt.Errorf("Lookup %q: the variable is a scalar; expected one with rows", v.Name())
 	}
-	return out
+	if dt := ids.DataType(); dt != tf.Int32 && dt != tf.Int64 {
+		return tf.Output{}, fmt.Errorf("Lookup %q: ids are %s, expected int32 or int64", v.Name(), DTypeName(dt))
+	}
+	val, err := rc.Read(v)
+	if err != nil {
+		return tf.Output{}, err
+	}
+	s := rc.scope.SubScope("lookup_" + sanitize(v.Name()))
+	var out tf.Output
+	err = callSafely(func() error {
+		flat := graphutil.CheckedIDs(s.SubScope("ids"), v.Name(), shape[0], ids)
+		rows := op.GatherV2(s.SubScope("gather"), val, flat, op.Const(s.SubScope("axis"), int32(0)))
+		out = op.Reshape(s.SubScope("out"), rows, graphutil.RowsShape(s.SubScope("shape"), ids, shape[1:]))
+		return s.Err()
+	})
+	if err != nil {
+		return tf.Output{}, fmt.Errorf("Lookup %q: %w", v.Name(), err)
+	}
+	return out, nil
 }
 
 // AddTarget makes op run every step (a metric update, say).
@@ -146,14 +169,14 @@ func perReplicaAny(out [][]tf.Output, pick func([]tf.Output) any) []any {
 // Gradients returns the gradients of loss with respect to this replica's
 // reads of vars, from TensorFlow's gradient registry. An op with no
 // registered gradient, or a variable the loss does not depend on, is an error.
-func (rc *ReplicaContext) Gradients(loss tf.Output, vars []*Variable) ([]tf.Output, error) {
+func (rc *ReplicaContext) Gradients(loss tf.Output, vars []Variable) ([]tf.Output, error) {
 	if len(vars) == 0 {
 		return nil, errors.New("Gradients: no variables")
 	}
 	xs := make([]tf.Output, len(vars))
 	for i, v := range vars {
-		if !v.trainable {
-			return nil, fmt.Errorf("Gradients: variable %q is not trainable", v.name)
+		if !v.Trainable() {
+			return nil, fmt.Errorf("Gradients: variable %q is not trainable", v.Name())
 		}
 		r, err := rc.Read(v)
 		if err != nil {
@@ -171,7 +194,7 @@ func (rc *ReplicaContext) Gradients(loss tf.Output, vars []*Variable) ([]tf.Outp
 		if strings.Contains(err.Error(), "unreachable from the output") {
 			for i, x := range xs {
 				if strings.Contains(err.Error(), "'"+x.Op.Name()+"'") {
-					return nil, fmt.Errorf("gradients of %q: the loss does not depend on variable %q", loss.Op.Name(), vars[i].name)
+					return nil, fmt.Errorf("gradients of %q: the loss does not depend on variable %q", loss.Op.Name(), vars[i].Name())
 				}
 			}
 		}
@@ -179,7 +202,7 @@ func (rc *ReplicaContext) Gradients(loss tf.Output, vars []*Variable) ([]tf.Outp
 	}
 	for i, g := range grads {
 		if g.Op == nil {
-			return nil, fmt.Errorf("gradients of %q: the loss does not depend on variable %q", loss.Op.Name(), vars[i].name)
+			return nil, fmt.Errorf("gradients of %q: the loss does not depend on variable %q", loss.Op.Name(), vars[i].Name())
 		}
 	}
 	return grads, nil
@@ -192,8 +215,9 @@ func (rc *ReplicaContext) scopeName() string {
 // Minimize computes the gradients of loss with respect to vars, sums them
 // across all replicas and applies them with opt to every copy: the
 // synchronous data-parallel update. loss must already be scaled for the
-// global batch (see ComputeAverageLoss). It is a merge point.
-func (rc *ReplicaContext) Minimize(opt Optimizer, loss tf.Output, vars []*Variable) error {
+// global batch (see AverageLoss). It is a merge point. Lookups are
+// differentiated like reads, so opts (a sparse optimizer) do not apply.
+func (rc *ReplicaContext) Minimize(opt Optimizer, loss tf.Output, vars []Variable, _ ...MinimizeOption) error {
 	grads, err := rc.Gradients(loss, vars)
 	if err != nil {
 		return err
@@ -203,28 +227,31 @@ func (rc *ReplicaContext) Minimize(opt Optimizer, loss tf.Output, vars []*Variab
 
 type applyArgs struct {
 	grads []tf.Output
-	vars  []*Variable
+	vars  []*variable
 	reads []*tf.Operation
 }
 
 // ApplyGradients sums grads across all replicas and applies the sums to vars
 // with opt on every replica. It is a merge point.
-func (rc *ReplicaContext) ApplyGradients(opt Optimizer, grads []tf.Output, vars []*Variable) error {
+func (rc *ReplicaContext) ApplyGradients(opt Optimizer, grads []tf.Output, vars []Variable) error {
 	if opt == nil {
 		return errors.New("ApplyGradients: nil optimizer")
 	}
 	if len(grads) != len(vars) {
 		return fmt.Errorf("ApplyGradients: %d gradients for %d variables", len(grads), len(vars))
 	}
-	for _, v := range vars {
-		if v.owner != rc.e {
-			return fmt.Errorf("ApplyGradients: variable %v was not created in this strategy's scope", v)
+	own := make([]*variable, len(vars))
+	for i, vv := range vars {
+		v, err := rc.e.own(vv, "ApplyGradients")
+		if err != nil {
+			return err
 		}
 		if v.sync != OnWrite {
 			return fmt.Errorf("ApplyGradients: variable %q is %v; only OnWrite variables are trained", v.name, v.sync)
 		}
+		own[i] = v
 	}
-	args := applyArgs{grads: grads, vars: vars, reads: append([]*tf.Operation(nil), rc.readOps...)}
+	args := applyArgs{grads: grads, vars: own, reads: append([]*tf.Operation(nil), rc.readOps...)}
 	res, err := rc.merges.call(rc.local, "ApplyGradients", args, func(all []any) ([]any, error) {
 		return rc.e.mergeApply(opt, all)
 	})
@@ -259,8 +286,12 @@ func (e *InGraph) mergeApply(opt Optimizer, all []any) ([]any, error) {
 	for r := range all {
 		rs := s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]).
 			WithControlDependencies(all[r].(applyArgs).reads...)
-		ac := &ApplyContext{e: e, scope: rs, replica: r}
-		o, err := opt.Apply(ac, reduced[r], first.vars)
+		ac := &applyContext{e: e, scope: rs, replica: r}
+		vars := make([]Variable, len(first.vars))
+		for i, v := range first.vars {
+			vars[i] = v
+		}
+		o, err := opt.Apply(ac, reduced[r], vars)
 		if err != nil {
 			return nil, fmt.Errorf("optimizer: %w", err)
 		}
@@ -272,18 +303,12 @@ func (e *InGraph) mergeApply(opt Optimizer, all []any) ([]any, error) {
 	return out, nil
 }
 
-// ComputeAverageLoss returns sum(perExample) / global batch size: the loss
-// whose gradients, summed over replicas, equal the gradient of the mean loss
-// over the global batch — what one device computes on the whole batch.
-func ComputeAverageLoss(rc *ReplicaContext, perExample tf.Output) tf.Output {
-	s := rc.scope.SubScope("average_loss")
-	total := op.Sum(s, perExample, op.Range(s.SubScope("axes"), op.Const(s.SubScope("zero"), int32(0)),
-		op.Rank(s.SubScope("rank"), perExample), op.Const(s.SubScope("one"), int32(1))))
-	n := rc.globalCount
-	if perExample.DataType() != tf.Float {
-		n = op.Cast(s.SubScope("cast"), n, perExample.DataType())
-	}
-	return op.DivNoNan(s, total, n)
+// AverageLoss returns sum(perExample) / global batch size: the loss whose
+// gradients, summed over replicas, equal the gradient of the mean loss over
+// the global batch — what one device computes on the whole batch
+// (tf.distribute's compute_average_loss).
+func (rc *ReplicaContext) AverageLoss(perExample tf.Output) tf.Output {
+	return graphutil.AverageLoss(rc.scope.SubScope("average_loss"), perExample, rc.globalCount)
 }
 
 func sanitize(name string) string {
@@ -301,18 +326,19 @@ func sanitize(name string) string {
 // an aggregation (Sum or Mean combine the replicas' values, OnlyFirstReplica
 // takes replica 0's) and every copy receives the result — without one it is
 // an error. For OnWrite variables it is a merge point.
-func (rc *ReplicaContext) Assign(v *Variable, value tf.Output) error {
+func (rc *ReplicaContext) Assign(v Variable, value tf.Output) error {
 	return rc.write("Assign", v, value, false)
 }
 
 // AssignAdd adds value to v from inside a replica, with Assign's rules.
-func (rc *ReplicaContext) AssignAdd(v *Variable, value tf.Output) error {
+func (rc *ReplicaContext) AssignAdd(v Variable, value tf.Output) error {
 	return rc.write("AssignAdd", v, value, true)
 }
 
-func (rc *ReplicaContext) write(kind string, v *Variable, value tf.Output, add bool) error {
-	if v == nil || v.owner != rc.e {
-		return fmt.Errorf("%s: variable %v was not created in this strategy's scope", kind, v)
+func (rc *ReplicaContext) write(kind string, vv Variable, value tf.Output, add bool) error {
+	v, err := rc.e.own(vv, kind)
+	if err != nil {
+		return err
 	}
 	if value.DataType() != v.dtype {
 		return fmt.Errorf("%s %q: value is %s, the variable is %s", kind, v.name, DTypeName(value.DataType()), DTypeName(v.dtype))
@@ -372,3 +398,5 @@ func (rc *ReplicaContext) write(kind string, v *Variable, value tf.Output, add b
 	rc.targets = append(rc.targets, res.(*tf.Operation))
 	return nil
 }
+
+var _ Replica = (*ReplicaContext)(nil)

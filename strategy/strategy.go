@@ -14,7 +14,7 @@ import (
 // implement it (they are InGraph engines).
 type Strategy interface {
 	// Scope runs fn with a Scope that creates variables the strategy's way.
-	Scope(fn func(*Scope) error) error
+	Scope(fn func(Scope) error) error
 	// NumReplicasInSync returns the number of replicas across all workers.
 	NumReplicasInSync() int
 	// NumLocalReplicas returns the number of replicas in this process.
@@ -39,9 +39,9 @@ type Strategy interface {
 	// LocalResults returns the values of this process's replicas.
 	LocalResults(v PerReplica) []*tf.Tensor
 	// Value reads a variable outside any replica.
-	Value(ctx context.Context, v *Variable) (*tf.Tensor, error)
+	Value(ctx context.Context, v Variable) (*tf.Tensor, error)
 	// Variables returns every variable of the strategy.
-	Variables() []*Variable
+	Variables() []Variable
 	// Close releases the strategy's session.
 	Close() error
 }

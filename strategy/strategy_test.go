@@ -58,7 +58,7 @@ func feeds(t *testing.T, n, per int) []map[string]*tf.Tensor {
 
 func TestAllReduceAndAllGather(t *testing.T) {
 	e := local(t, 3, nil)
-	step, err := e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	step, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		s := rc.Scope()
 		local := op.Sum(s.SubScope("sum"), in["x"], op.Const(s.SubScope("axis"), int32(0)))
 		sum, err := rc.AllReduce(strategy.Sum, local)
@@ -99,7 +99,7 @@ func TestPackedReductionEqualsUnpacked(t *testing.T) {
 		t.Run(fmt.Sprint(bytes), func(t *testing.T) {
 			e := local(t, 2, strategy.Packed{Inner: strategy.ReductionToOneDevice{}, BytesPerPack: bytes})
 			shapes := [][]int64{{2, 3}, {3}, {1}, {4, 1}, {}}
-			step, err := e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+			step, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 				out := strategy.Outputs{}
 				for i, sh := range shapes {
 					n := int64(1)
@@ -144,8 +144,8 @@ func TestPackedReductionEqualsUnpacked(t *testing.T) {
 
 func TestMergeMismatchIsABuildError(t *testing.T) {
 	e := local(t, 2, nil)
-	_, err := e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
-		if rc.LocalReplica() == 0 {
+	_, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		if rc.ReplicaID() == 0 {
 			if _, err := rc.AllReduce(strategy.Sum, in["x"]); err != nil {
 				return nil, err
 			}
@@ -155,9 +155,9 @@ func TestMergeMismatchIsABuildError(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "AllReduce")
 
-	_, err = e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	_, err = e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		var err error
-		if rc.LocalReplica() == 0 {
+		if rc.ReplicaID() == 0 {
 			_, err = rc.AllReduce(strategy.Sum, in["x"])
 		} else {
 			_, err = rc.AllGather(in["x"])
@@ -171,8 +171,8 @@ func TestMergeMismatchIsABuildError(t *testing.T) {
 
 func TestReplicaErrorsAndPanicsAreBuildErrors(t *testing.T) {
 	e := local(t, 2, nil)
-	_, err := e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
-		if rc.LocalReplica() == 1 {
+	_, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		if rc.ReplicaID() == 1 {
 			return nil, fmt.Errorf("model refused")
 		}
 		return strategy.Outputs{"x": in["x"]}, nil
@@ -182,7 +182,7 @@ func TestReplicaErrorsAndPanicsAreBuildErrors(t *testing.T) {
 	assert.Equal(t, 1, be.Replica)
 	assert.Contains(t, err.Error(), "model refused")
 
-	_, err = e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	_, err = e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		var s []int
 		_ = s[len(in)] // panics: index out of range
 		return nil, nil
@@ -191,7 +191,7 @@ func TestReplicaErrorsAndPanicsAreBuildErrors(t *testing.T) {
 	assert.Contains(t, err.Error(), "panic")
 
 	// A failed build does not poison the next one.
-	step, err := e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	step, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		return strategy.Outputs{"x": op.Identity(rc.Scope().SubScope("id"), in["x"])}, nil
 	})
 	require.NoError(t, err)
@@ -201,28 +201,28 @@ func TestReplicaErrorsAndPanicsAreBuildErrors(t *testing.T) {
 
 func TestNoGradientIsABuildError(t *testing.T) {
 	e := local(t, 1, nil)
-	var w *strategy.Variable
-	require.NoError(t, e.Scope(func(sc *strategy.Scope) error {
+	var w strategy.Variable
+	require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 		var err error
 		w, err = sc.Variable("w", tf.Float, []int64{3}, strategy.Zeros())
 		return err
 	}))
-	_, err := e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	_, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		s := rc.Scope()
-		wv := rc.MustRead(w)
+		wv := strategy.MustRead(rc, w)
 		// Round has no registered gradient in TensorFlow's C++ registry.
 		loss := op.Sum(s.SubScope("loss"), op.Round(s.SubScope("round"), wv), op.Const(s.SubScope("axis"), int32(0)))
-		grads, err := rc.Gradients(loss, []*strategy.Variable{w})
+		grads, err := rc.(*strategy.ReplicaContext).Gradients(loss, []strategy.Variable{w})
 		_ = grads
 		return strategy.Outputs{"loss": loss}, err
 	})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "No gradient defined for op: Round")
 
-	_, err = e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	_, err = e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		s := rc.Scope()
 		loss := op.Sum(s.SubScope("loss"), in["x"], op.Const(s.SubScope("axis"), int32(0)))
-		_, err := rc.Gradients(loss, []*strategy.Variable{w})
+		_, err := rc.(*strategy.ReplicaContext).Gradients(loss, []strategy.Variable{w})
 		return strategy.Outputs{"loss": loss}, err
 	})
 	require.Error(t, err)
@@ -231,28 +231,28 @@ func TestNoGradientIsABuildError(t *testing.T) {
 
 func TestVariableOfAnotherStrategy(t *testing.T) {
 	a, b := local(t, 1, nil), local(t, 1, nil)
-	var w *strategy.Variable
-	require.NoError(t, a.Scope(func(sc *strategy.Scope) error {
+	var w strategy.Variable
+	require.NoError(t, a.Scope(func(sc strategy.Scope) error {
 		var err error
 		w, err = sc.Variable("w", tf.Float, []int64{1}, strategy.Zeros())
 		return err
 	}))
-	_, err := b.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	_, err := b.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		v, err := rc.Read(w)
 		return strategy.Outputs{"w": v}, err
 	})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "not created in this strategy's scope")
 
-	var leaked *strategy.Scope
-	require.NoError(t, a.Scope(func(sc *strategy.Scope) error { leaked = sc; return nil }))
+	var leaked strategy.Scope
+	require.NoError(t, a.Scope(func(sc strategy.Scope) error { leaked = sc; return nil }))
 	_, err = leaked.Variable("late", tf.Float, []int64{1}, strategy.Zeros())
 	assert.ErrorIs(t, err, strategy.ErrScopeClosed)
 }
 
 func TestVariableValidation(t *testing.T) {
 	e := local(t, 1, nil)
-	err := e.Scope(func(sc *strategy.Scope) error {
+	err := e.Scope(func(sc strategy.Scope) error {
 		_, err := sc.Variable("w", tf.Float, []int64{2}, strategy.Zeros())
 		require.NoError(t, err)
 		_, err = sc.Variable("w", tf.Float, []int64{2}, strategy.Zeros())
@@ -270,10 +270,10 @@ func TestVariableValidation(t *testing.T) {
 
 func TestAssignRules(t *testing.T) {
 	e := local(t, 2, nil)
-	var plain, summed, first, metric, noagg *strategy.Variable
-	require.NoError(t, e.Scope(func(sc *strategy.Scope) error {
+	var plain, summed, first, metric, noagg strategy.Variable
+	require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 		var err error
-		mk := func(name string, opts ...strategy.VariableOption) *strategy.Variable {
+		mk := func(name string, opts ...strategy.VariableOption) strategy.Variable {
 			v, e2 := sc.Variable(name, tf.Float, nil, strategy.Zeros(), opts...)
 			if e2 != nil {
 				err = e2
@@ -289,16 +289,16 @@ func TestAssignRules(t *testing.T) {
 	}))
 	assert.False(t, metric.Trainable(), "OnRead variables are not trainable")
 
-	_, err := e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	_, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		return strategy.Outputs{"x": in["x"]}, rc.Assign(plain, op.Const(rc.Scope().SubScope("v"), float32(1)))
 	})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "aggregation NONE")
 
-	step, err := e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	step, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		s := rc.Scope()
 		val := op.Const(s.SubScope("v"), float32(rc.ReplicaID()+1)) // 1 on replica 0, 2 on replica 1
-		for _, v := range []*strategy.Variable{summed, first} {
+		for _, v := range []strategy.Variable{summed, first} {
 			if err := rc.Assign(v, val); err != nil {
 				return nil, err
 			}
@@ -313,7 +313,7 @@ func TestAssignRules(t *testing.T) {
 		_, err = e.RunReplicas(ctx, step, feeds(t, 2, 1), 2)
 		require.NoError(t, err)
 	}
-	value := func(v *strategy.Variable) float32 {
+	value := func(v strategy.Variable) float32 {
 		x, err := e.Value(ctx, v)
 		require.NoError(t, err)
 		return x.Value().(float32)
@@ -336,7 +336,7 @@ func TestUnknownDeviceListsDevices(t *testing.T) {
 
 func TestRunChecksInputs(t *testing.T) {
 	e := local(t, 2, nil)
-	step, err := e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	step, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		return strategy.Outputs{"x": op.Identity(rc.Scope().SubScope("id"), in["x"])}, nil
 	})
 	require.NoError(t, err)
@@ -364,7 +364,7 @@ func TestRunChecksInputs(t *testing.T) {
 
 func TestNCCLOnCPUIsAnError(t *testing.T) {
 	e := local(t, 2, strategy.NCCLAllReduce{})
-	_, err := e.Build(vecSpec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	_, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		y, err := rc.AllReduce(strategy.Sum, in["x"])
 		return strategy.Outputs{"y": y}, err
 	})

@@ -62,34 +62,75 @@ func sameShape(a, b []int64) bool {
 }
 
 // VariableOption sets a property of a variable.
-type VariableOption func(*variableConfig)
+type VariableOption func(*VariableConfig)
 
-type variableConfig struct {
-	sync      Synchronization
-	agg       Aggregation
-	trainable bool
+// VariableConfig is what VariableOptions set; strategies read it with
+// NewVariableConfig.
+type VariableConfig struct {
+	Synchronization Synchronization
+	Aggregation     Aggregation
+	Trainable       bool
+	// Partitioner, when set, shards the variable (parameter-server
+	// strategy only).
+	Partitioner Partitioner
 }
 
 // WithSynchronization sets when copies are kept in sync (default OnWrite).
 func WithSynchronization(s Synchronization) VariableOption {
-	return func(c *variableConfig) { c.sync = s }
+	return func(c *VariableConfig) { c.Synchronization = s }
 }
 
 // WithAggregation sets how replicas' writes are combined (default None).
 func WithAggregation(a Aggregation) VariableOption {
-	return func(c *variableConfig) { c.agg = a }
+	return func(c *VariableConfig) { c.Aggregation = a }
 }
 
 // Trainable sets whether the variable is trained (default true for OnWrite,
 // false for OnRead).
 func Trainable(on bool) VariableOption {
-	return func(c *variableConfig) { c.trainable = on }
+	return func(c *VariableConfig) { c.Trainable = on }
 }
 
-// Variable is a logical variable with one copy per local replica (one in
-// total under the default strategy). Its copies live on the replicas' devices
-// as TensorFlow resource variables.
-type Variable struct {
+// WithPartitioner shards the variable along its first axis as p says. The
+// parameter-server strategy honours it (its WithPartitioner option sets a
+// default for every variable); the synchronous strategies keep every
+// variable whole.
+func WithPartitioner(p Partitioner) VariableOption {
+	return func(c *VariableConfig) { c.Partitioner = p }
+}
+
+// NewVariableConfig applies opts to the defaults and checks the result for
+// the variable named name: its name, its shape (every dimension known) and
+// an OnRead variable that is not trainable.
+func NewVariableConfig(name string, shape []int64, opts ...VariableOption) (VariableConfig, error) {
+	c := VariableConfig{Trainable: true}
+	if !validName.MatchString(name) {
+		return c, fmt.Errorf("strategy: variable name %q: expected letters, digits and _.-/ (not starting with a punctuation mark)", name)
+	}
+	for i, d := range shape {
+		if d < 0 {
+			return c, fmt.Errorf("strategy: variable %q: shape %v: dimension %d is %d, expected a known size", name, shape, i, d)
+		}
+	}
+	explicit := false
+	for _, o := range opts {
+		before := c.Trainable
+		o(&c)
+		explicit = explicit || c.Trainable != before
+	}
+	if c.Synchronization == OnRead && !explicit {
+		c.Trainable = false
+	}
+	if c.Synchronization == OnRead && c.Trainable {
+		return c, fmt.Errorf("strategy: variable %q: an OnRead variable cannot be trainable", name)
+	}
+	return c, nil
+}
+
+// variable is a variable of the in-graph engine: one copy per local
+// replica (one in total under the default strategy), on the replicas'
+// devices as TensorFlow resource variables.
+type variable struct {
 	name      string
 	dtype     tf.DataType
 	shape     []int64
@@ -102,37 +143,49 @@ type Variable struct {
 	inited    bool
 }
 
+var _ Variable = (*variable)(nil)
+
 // Name returns the variable's unique name, which is also its key in
 // checkpoints.
-func (v *Variable) Name() string { return v.name }
+func (v *variable) Name() string { return v.name }
 
 // DType returns the variable's element type.
-func (v *Variable) DType() tf.DataType { return v.dtype }
+func (v *variable) DType() tf.DataType { return v.dtype }
 
 // Shape returns the variable's shape.
-func (v *Variable) Shape() []int64 { return append([]int64(nil), v.shape...) }
+func (v *variable) Shape() []int64 { return append([]int64(nil), v.shape...) }
 
 // Synchronization returns when the copies are kept in sync.
-func (v *Variable) Synchronization() Synchronization { return v.sync }
+func (v *variable) Synchronization() Synchronization { return v.sync }
 
 // Aggregation returns how replicas' writes are combined.
-func (v *Variable) Aggregation() Aggregation { return v.agg }
+func (v *variable) Aggregation() Aggregation { return v.agg }
 
 // Trainable reports whether optimizers train the variable.
-func (v *Variable) Trainable() bool { return v.trainable }
+func (v *variable) Trainable() bool { return v.trainable }
 
 // Handle returns the resource handle of the copy on local replica r.
-func (v *Variable) Handle(r int) tf.Output { return v.handles[r] }
+func (v *variable) Handle(r int) tf.Output { return v.handles[r] }
 
 // NumCopies returns how many copies the variable has in this process.
-func (v *Variable) NumCopies() int { return len(v.handles) }
+func (v *variable) NumCopies() int { return len(v.handles) }
 
 // String returns the name, type and shape.
-func (v *Variable) String() string { return fmt.Sprintf("%s:%v%v", v.name, v.dtype, v.shape) }
+func (v *variable) String() string { return fmt.Sprintf("%s:%v%v", v.name, v.dtype, v.shape) }
 
-// Scope creates variables the strategy's way. It is valid only inside the
-// function given to Strategy.Scope.
-type Scope struct {
+// Copies is implemented by the variables of the in-graph engine: one
+// resource variable per local replica. Checkpoints and tests that inspect
+// the copies use it.
+type Copies interface {
+	Variable
+	// Handle returns the resource handle of the copy on local replica r.
+	Handle(r int) tf.Output
+	// NumCopies returns how many copies the variable has in this process.
+	NumCopies() int
+}
+
+// scope is the in-graph engine's Scope.
+type scope struct {
 	g      *InGraph
 	closed bool
 }
@@ -142,12 +195,16 @@ var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-/]*$`)
 // Variable creates a variable named name (unique within the strategy; it is
 // also the variable's checkpoint key) of the given type and shape, with one
 // copy per replica device, all initialised from one value built by init.
-func (sc *Scope) Variable(name string, dtype tf.DataType, shape []int64, init Initializer, opts ...VariableOption) (*Variable, error) {
+func (sc *scope) Variable(name string, dtype tf.DataType, shape []int64, init Initializer, opts ...VariableOption) (Variable, error) {
 	if sc == nil || sc.closed {
 		return nil, ErrScopeClosed
 	}
-	return sc.g.newVariable(name, dtype, shape, init, opts...)
+	v, err := sc.g.newVariable(name, dtype, shape, init, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
 // NumReplicasInSync returns the number of replicas of the scope's strategy.
-func (sc *Scope) NumReplicasInSync() int { return sc.g.NumReplicasInSync() }
+func (sc *scope) NumReplicasInSync() int { return sc.g.NumReplicasInSync() }

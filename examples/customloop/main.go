@@ -69,8 +69,8 @@ func run(ctx context.Context, o options, log io.Writer) (report, error) {
 	stepsPerEpoch := train.Len() / o.globalBatch
 
 	var model *nn.MLP
-	var correct, seen *strategy.Variable
-	if err := s.Scope(func(sc *strategy.Scope) error {
+	var correct, seen strategy.Variable
+	if err := s.Scope(func(sc strategy.Scope) error {
 		if model, err = nn.NewMLP(sc, "mlp", []int{digits.Features, 64, digits.Classes}, int64(o.seed)); err != nil {
 			return err
 		}
@@ -85,13 +85,13 @@ func run(ctx context.Context, o options, log io.Writer) (report, error) {
 	}
 	opt := optimizer.NewMomentum(optimizer.CosineDecay{Initial: 0.1, DecaySteps: int64(stepsPerEpoch * max(o.decayEpochs, 1)), Alpha: 0.1}, 0.9, false)
 	spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
-	step, err := s.Build(spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	step, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		logits, err := model.Apply(rc, in["x"])
 		if err != nil {
 			return nil, err
 		}
 		sc := rc.Scope()
-		loss := strategy.ComputeAverageLoss(rc, nn.SparseSoftmaxCrossEntropy(sc.SubScope("xent"), logits, in["y"], digits.Classes))
+		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(sc.SubScope("xent"), logits, in["y"], digits.Classes))
 		hits := nn.Correct(sc.SubScope("hits"), logits, in["y"])
 		if err := rc.AssignAdd(correct, op.Sum(sc.SubScope("n_correct"), hits, op.Const(sc.SubScope("axis"), int32(0)))); err != nil {
 			return nil, err
@@ -105,17 +105,10 @@ func run(ctx context.Context, o options, log io.Writer) (report, error) {
 	if err != nil {
 		return rep, err
 	}
-	// The metric resets at the start of every epoch.
-	s.Lock()
-	rs := s.NewScope("reset_metrics")
-	var resets []*tf.Operation
-	for _, v := range []*strategy.Variable{correct, seen} {
-		for r := range v.NumCopies() {
-			sub := rs.SubScope(fmt.Sprintf("%s_%d", v.Name(), r)).WithDevice(s.Devices()[r])
-			resets = append(resets, op.AssignVariableOp(sub, v.Handle(r), op.Const(sub.SubScope("zero"), float32(0))))
-		}
+	zero, err := tf.NewTensor(float32(0))
+	if err != nil {
+		return rep, err
 	}
-	s.Unlock()
 
 	mgr, err := checkpoint.NewManager(s, o.dir, checkpoint.WithMaxToKeep(2))
 	if err != nil {
@@ -131,8 +124,11 @@ func run(ctx context.Context, o options, log io.Writer) (report, error) {
 	}
 
 	for epoch := rep.ResumedAfter + 1; epoch <= o.epochs; epoch++ {
-		if _, err := s.RunOps(ctx, nil, nil, resets); err != nil {
-			return rep, err
+		// The metric resets at the start of every epoch.
+		for _, v := range []strategy.Variable{correct, seen} {
+			if err := s.Assign(ctx, v, zero); err != nil {
+				return rep, err
+			}
 		}
 		// One pipeline per worker, batched per replica; the shuffle seed
 		// depends on the epoch so a resumed run sees the same data.
@@ -185,7 +181,7 @@ func run(ctx context.Context, o options, log io.Writer) (report, error) {
 // heldOut scores the test set with a second step built on the same model.
 func heldOut(ctx context.Context, s *mirrored.Strategy, model *nn.MLP, test digits.Data) (float64, error) {
 	spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
-	eval, err := s.Build(spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	eval, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		logits, err := model.Apply(rc, in["x"])
 		if err != nil {
 			return nil, err

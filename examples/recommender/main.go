@@ -33,6 +33,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -163,20 +164,22 @@ func run(ctx context.Context, o Options, r cluster.Resolver, log io.Writer) (Res
 	if o.Shards == 0 {
 		part = paramserver.MaxShardBytes(o.MaxShardBytes, 0)
 	}
-	var users, items *paramserver.Variable
-	if err := s.Scope(func(sc *paramserver.Scope) error {
+	var users, items strategy.Variable
+	if err := s.Scope(func(sc strategy.Scope) error {
 		if users, err = sc.Variable("user_embedding", tf.Float, []int64{int64(o.Users), int64(o.Dim)}, uniform(int64(o.Seed)),
-			paramserver.Partitioned(part)); err != nil {
+			strategy.WithPartitioner(part)); err != nil {
 			return err
 		}
 		items, err = sc.Variable("item_embedding", tf.Float, []int64{int64(o.Items), int64(o.Dim)}, uniform(int64(o.Seed)+1),
-			paramserver.Partitioned(part))
+			strategy.WithPartitioner(part))
 		return err
 	}); err != nil {
 		return res, err
 	}
-	res.UserShards, res.ItemShards = users.NumShards(), items.NumShards()
-	for _, v := range []*paramserver.Variable{users, items} {
+	// The strategy's own variables say how they are sharded.
+	res.UserShards, res.ItemShards = users.(*paramserver.Variable).NumShards(), items.(*paramserver.Variable).NumShards()
+	for _, sv := range []strategy.Variable{users, items} {
+		v := sv.(*paramserver.Variable)
 		fmt.Fprintf(log, "%s %v in %d shard(s):", v.Name(), v.Shape(), v.NumShards())
 		for _, sh := range v.Shards() {
 			fmt.Fprintf(log, " rows %d..%d on %s;", sh.Offset, sh.Offset+sh.Rows-1, sh.Device)
@@ -193,7 +196,7 @@ func run(ctx context.Context, o Options, r cluster.Resolver, log io.Writer) (Res
 		"click": {DType: tf.Float, Shape: []int64{-1}},
 	}
 	// logits scores each pair by the dot product of its embeddings.
-	logits := func(rc *paramserver.ReplicaContext, in strategy.Inputs) (tf.Output, error) {
+	logits := func(rc strategy.Replica, in strategy.Inputs) (tf.Output, error) {
 		u, err := rc.Lookup(users, in["user"])
 		if err != nil {
 			return tf.Output{}, err
@@ -213,19 +216,19 @@ func run(ctx context.Context, o Options, r cluster.Resolver, log io.Writer) (Res
 			op.Log1p(s.SubScope("log1p"), op.Exp(s.SubScope("exp"), op.Neg(s.SubScope("neg"), op.Abs(s.SubScope("abs"), z)))))
 		return op.Sub(s.SubScope("loss"), softplus, op.Mul(s.SubScope("yz"), y, z))
 	}
-	train, err := s.Build(spec, func(rc *paramserver.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	train, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		z, err := logits(rc, in)
 		if err != nil {
 			return nil, err
 		}
 		loss := rc.AverageLoss(logLoss(rc.Scope(), z, in["click"]))
-		return strategy.Outputs{"loss": loss}, rc.Minimize(nil, loss, []*paramserver.Variable{users, items},
-			paramserver.WithSparseOptimizer(paramserver.SparseSGD{LearningRate: float32(o.LR)}))
+		return strategy.Outputs{"loss": loss}, rc.Minimize(nil, loss, []strategy.Variable{users, items},
+			strategy.WithSparseOptimizer(optimizer.SparseSGD{LearningRate: float32(o.LR)}))
 	})
 	if err != nil {
 		return res, err
 	}
-	eval, err := s.Build(spec, func(rc *paramserver.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	eval, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		z, err := logits(rc, in)
 		if err != nil {
 			return nil, err

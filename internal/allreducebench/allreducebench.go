@@ -234,15 +234,15 @@ func allReduces(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timin
 	spec := strategy.InputSpec{"dummy": {DType: tf.Float, Shape: []int64{}}}
 	var out []Timing
 	for i, size := range c.Sizes {
-		var v *strategy.Variable
-		if err := s.Scope(func(sc *strategy.Scope) error {
+		var v strategy.Variable
+		if err := s.Scope(func(sc strategy.Scope) error {
 			var err error
 			v, err = sc.Variable(fmt.Sprintf("x%d_%d", i, size), tf.Float, []int64{size / 4}, strategy.Zeros())
 			return err
 		}); err != nil {
 			return nil, fmt.Errorf("%d bytes: %w", size, err)
 		}
-		step, err := s.Build(spec, func(rc *strategy.ReplicaContext, _ strategy.Inputs) (strategy.Outputs, error) {
+		step, err := s.Build(spec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
 			x, err := rc.Read(v)
 			if err != nil {
 				return nil, err

@@ -24,7 +24,7 @@ const (
 
 // engine is what an overlap measurement needs of a strategy.
 type engine interface {
-	Scope(func(*strategy.Scope) error) error
+	Scope(func(strategy.Scope) error) error
 	Build(strategy.InputSpec, strategy.ReplicaFn) (*strategy.Step, error)
 	RunReplicas(context.Context, *strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
 }
@@ -63,7 +63,7 @@ func overlap(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timing, 
 // returns the seconds per step and the gradients' bytes.
 func timeMLP(ctx context.Context, e engine, c Config, opt strategy.Optimizer, commOnly bool) (float64, int64, error) {
 	var m *nn.MLP
-	if err := e.Scope(func(sc *strategy.Scope) error {
+	if err := e.Scope(func(sc strategy.Scope) error {
 		var err error
 		m, err = nn.NewMLP(sc, fmt.Sprintf("mlp_%v", commOnly), c.Model, 1)
 		return err
@@ -72,19 +72,22 @@ func timeMLP(ctx context.Context, e engine, c Config, opt strategy.Optimizer, co
 	}
 	in, out := c.Model[0], c.Model[len(c.Model)-1]
 	spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, int64(in)}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
-	step, err := e.Build(spec, func(rc *strategy.ReplicaContext, x strategy.Inputs) (strategy.Outputs, error) {
+	step, err := e.Build(spec, func(rc strategy.Replica, x strategy.Inputs) (strategy.Outputs, error) {
 		if commOnly {
 			grads := make([]tf.Output, len(m.Vars()))
 			for i, v := range m.Vars() {
-				grads[i] = rc.MustRead(v)
+				var err error
+				if grads[i], err = rc.Read(v); err != nil {
+					return nil, err
+				}
 			}
-			return strategy.Outputs{}, rc.ApplyGradients(opt, grads, m.Vars())
+			return strategy.Outputs{}, rc.(*strategy.ReplicaContext).ApplyGradients(opt, grads, m.Vars())
 		}
 		logits, err := m.Apply(rc, x["x"])
 		if err != nil {
 			return nil, err
 		}
-		loss := strategy.ComputeAverageLoss(rc, nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, x["y"], out))
+		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, x["y"], out))
 		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, m.Vars())
 	})
 	if err != nil {
@@ -143,7 +146,7 @@ func mlpBatch(batch, in, classes int) ([]map[string]*tf.Tensor, error) {
 // gradients' all-reduce and no update.
 type sink struct{}
 
-func (sink) Apply(ac *strategy.ApplyContext, grads []tf.Output, _ []*strategy.Variable) (*tf.Operation, error) {
+func (sink) Apply(ac strategy.ApplyContext, grads []tf.Output, _ []strategy.Variable) (*tf.Operation, error) {
 	deps := make([]*tf.Operation, len(grads))
 	for i, g := range grads {
 		deps[i] = g.Op

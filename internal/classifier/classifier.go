@@ -211,26 +211,26 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	trainDS = dataset.Batched(dataset.Repeat(dataset.Shuffle(trainDS, train.Len(), o.Seed), -1), o.GlobalBatch, true)
 
 	var model *nn.MLP
-	if err := s.Scope(func(sc *strategy.Scope) error {
+	if err := s.Scope(func(sc strategy.Scope) error {
 		model, err = nn.NewMLP(sc, "mlp", []int{digits.Features, o.Hidden, digits.Classes}, int64(o.Seed))
 		return err
 	}); err != nil {
 		return res, err
 	}
 	spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
-	trainStep, err := s.Build(spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	trainStep, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		logits, err := model.Apply(rc, in["x"])
 		if err != nil {
 			return nil, err
 		}
 		perExample := nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes)
-		loss := strategy.ComputeAverageLoss(rc, perExample)
+		loss := rc.AverageLoss(perExample)
 		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, model.Vars())
 	})
 	if err != nil {
 		return res, err
 	}
-	evalStep, err := s.Build(spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	evalStep, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		logits, err := model.Apply(rc, in["x"])
 		if err != nil {
 			return nil, err

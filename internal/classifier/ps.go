@@ -9,7 +9,6 @@ import (
 	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
-	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
@@ -18,53 +17,6 @@ import (
 	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
 )
-
-// psMLP is the classifier's MLP with its variables on the ps tasks: the
-// same layers, names and initial values as nn.MLP.
-type psMLP struct {
-	layers []psDense
-}
-
-type psDense struct {
-	w, b *paramserver.Variable
-	relu bool
-}
-
-func newPSMLP(sc *paramserver.Scope, sizes []int, seed int64) (*psMLP, error) {
-	m := &psMLP{}
-	for i := 0; i+1 < len(sizes); i++ {
-		name := fmt.Sprintf("mlp/dense_%d", i)
-		w, err := sc.Variable(name+"/kernel", tf.Float, []int64{int64(sizes[i]), int64(sizes[i+1])}, nn.GlorotUniform(seed+int64(i)))
-		if err != nil {
-			return nil, err
-		}
-		b, err := sc.Variable(name+"/bias", tf.Float, []int64{int64(sizes[i+1])}, strategy.Zeros())
-		if err != nil {
-			return nil, err
-		}
-		m.layers = append(m.layers, psDense{w: w, b: b, relu: i+2 < len(sizes)})
-	}
-	return m, nil
-}
-
-func (m *psMLP) logits(rc *paramserver.ReplicaContext, x tf.Output) tf.Output {
-	for i, l := range m.layers {
-		s := rc.Scope().SubScope(fmt.Sprintf("dense_%d", i))
-		x = op.BiasAdd(s.SubScope("bias"), op.MatMul(s.SubScope("matmul"), x, rc.MustRead(l.w)), rc.MustRead(l.b))
-		if l.relu {
-			x = op.Relu(s.SubScope("relu"), x)
-		}
-	}
-	return x
-}
-
-func (m *psMLP) vars() []*paramserver.Variable {
-	var out []*paramserver.Variable
-	for _, l := range m.layers {
-		out = append(out, l.w, l.b)
-	}
-	return out
-}
 
 // runPS trains with the parameter-server strategy. On the ps and worker
 // tasks it serves until the job ends and returns paramserver.ErrNotChief;
@@ -94,25 +46,32 @@ func runPS(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		return res, err
 	}
 	train, test := data.Split(o.TestSize, o.Seed)
-	var model *psMLP
-	if err := s.Scope(func(sc *paramserver.Scope) error {
-		model, err = newPSMLP(sc, []int{digits.Features, o.Hidden, digits.Classes}, int64(o.Seed))
+	var model *nn.MLP
+	if err := s.Scope(func(sc strategy.Scope) error {
+		model, err = nn.NewMLP(sc, "mlp", []int{digits.Features, o.Hidden, digits.Classes}, int64(o.Seed))
 		return err
 	}); err != nil {
 		return res, err
 	}
 	spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
-	trainFn, err := s.Build(spec, func(rc *paramserver.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
-		perExample := nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), model.logits(rc, in["x"]), in["y"], digits.Classes)
-		loss := rc.AverageLoss(perExample)
-		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, model.vars())
+	trainFn, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		logits, err := model.Apply(rc, in["x"])
+		if err != nil {
+			return nil, err
+		}
+		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
+		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, model.Vars())
 	})
 	if err != nil {
 		return res, err
 	}
-	evalFn, err := s.Build(spec, func(rc *paramserver.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	evalFn, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		logits, err := model.Apply(rc, in["x"])
+		if err != nil {
+			return nil, err
+		}
 		s := rc.Scope().SubScope("accuracy")
-		return strategy.Outputs{"correct": sumAll(s, nn.Correct(s, model.logits(rc, in["x"]), in["y"]))}, nil
+		return strategy.Outputs{"correct": sumAll(s, nn.Correct(s, logits, in["y"]))}, nil
 	})
 	if err != nil {
 		return res, err
@@ -235,6 +194,6 @@ func runPS(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		correct += float64(out["correct"].Value().(float32))
 	}
 	res.Accuracy = correct / float64(test.Len())
-	res.ParamL2, err = paramL2(ctx, model.vars(), s.Value)
+	res.ParamL2, err = paramL2(ctx, model.Vars(), s.Value)
 	return res, err
 }

@@ -17,11 +17,11 @@ import (
 
 // Engine is what the tests need of a strategy.
 type Engine interface {
-	Scope(func(*strategy.Scope) error) error
+	Scope(func(strategy.Scope) error) error
 	Build(strategy.InputSpec, strategy.ReplicaFn) (*strategy.Step, error)
 	RunReplicas(context.Context, *strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
 	Reduce(context.Context, strategy.ReduceOp, strategy.PerReplica) (*tf.Tensor, error)
-	Value(context.Context, *strategy.Variable) (*tf.Tensor, error)
+	Value(context.Context, strategy.Variable) (*tf.Tensor, error)
 	NumLocalReplicas() int
 	NumReplicasInSync() int
 }
@@ -46,18 +46,18 @@ func Train(ctx context.Context, e Engine, opt strategy.Optimizer, steps, gb, fir
 		return Outcome{}, err
 	}
 	var m *nn.MLP
-	if err := e.Scope(func(sc *strategy.Scope) error {
+	if err := e.Scope(func(sc strategy.Scope) error {
 		m, err = nn.NewMLP(sc, "mlp", []int{digits.Features, 32, digits.Classes}, 1)
 		return err
 	}); err != nil {
 		return Outcome{}, err
 	}
-	step, err := e.Build(Spec, func(rc *strategy.ReplicaContext, in strategy.Inputs) (strategy.Outputs, error) {
+	step, err := e.Build(Spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		logits, err := m.Apply(rc, in["x"])
 		if err != nil {
 			return nil, err
 		}
-		loss := strategy.ComputeAverageLoss(rc, nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
+		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
 		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, m.Vars())
 	})
 	if err != nil {

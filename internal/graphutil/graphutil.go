@@ -1,0 +1,52 @@
+// Package graphutil holds the graph-building pieces that both of tfdist's
+// engines (the in-graph engine and the parameter-server strategy) build the
+// same way.
+package graphutil
+
+import (
+	"fmt"
+
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+)
+
+// SumAll returns the sum of every element of x, a scalar.
+func SumAll(s *op.Scope, x tf.Output) tf.Output {
+	return op.Sum(s, x, op.Range(s.SubScope("axes"), op.Const(s.SubScope("zero"), int32(0)),
+		op.Rank(s.SubScope("rank"), x), op.Const(s.SubScope("one"), int32(1))))
+}
+
+// AverageLoss returns sum(perExample) / n, 0 when n is 0; n is a float32
+// scalar, cast to perExample's type.
+func AverageLoss(s *op.Scope, perExample, n tf.Output) tf.Output {
+	total := SumAll(s.SubScope("sum"), perExample)
+	if perExample.DataType() != n.DataType() {
+		n = op.Cast(s.SubScope("cast"), n, perExample.DataType())
+	}
+	return op.DivNoNan(s, total, n)
+}
+
+// CheckedIDs returns ids (int32 or int64, any shape) flattened to int64,
+// with a check that fails the step, naming the variable and the ids, when
+// one is outside [0, rows).
+func CheckedIDs(s *op.Scope, name string, rows int64, ids tf.Output) tf.Output {
+	flat := op.Reshape(s.SubScope("flat"), op.Cast(s.SubScope("cast"), ids, tf.Int64), op.Const(s.SubScope("minus_one"), []int32{-1}))
+	inRange := op.All(s.SubScope("in_range"), op.LogicalAnd(s.SubScope("and"),
+		op.GreaterEqual(s.SubScope("ge"), flat, op.Const(s.SubScope("zero_id"), int64(0))),
+		op.Less(s.SubScope("lt"), flat, op.Const(s.SubScope("rows"), rows))), op.Const(s.SubScope("all_axis"), int32(0)))
+	check := op.Assert(s.SubScope("check"), inRange, []tf.Output{
+		op.Const(s.SubScope("message"), fmt.Sprintf("Lookup %q: every id must be in [0, %d); the ids:", name, rows)), flat},
+		op.AssertSummarize(10))
+	return op.Identity(s.SubScope("checked").WithControlDependencies(check), flat)
+}
+
+// RowsShape returns the shape of a lookup's result, ids' shape followed by
+// rowShape, as an int32 vector.
+func RowsShape(s *op.Scope, ids tf.Output, rowShape []int64) tf.Output {
+	rs := make([]int32, len(rowShape))
+	for i, d := range rowShape {
+		rs[i] = int32(d)
+	}
+	return op.ConcatV2(s, []tf.Output{op.Shape(s.SubScope("ids_shape"), ids, op.ShapeOutType(tf.Int32)),
+		op.Const(s.SubScope("row_shape"), rs)}, op.Const(s.SubScope("axis"), int32(0)))
+}

@@ -1,0 +1,122 @@
+package nn
+
+import (
+	"fmt"
+
+	tf "github.com/wamuir/graft/tensorflow"
+
+	"github.com/tfdist/tfdist/strategy"
+)
+
+// Layer is one built part of a model: its variables and its computation
+// for one replica. The same Layer runs under every strategy.
+type Layer interface {
+	// Vars returns the layer's trainable variables.
+	Vars() []strategy.Variable
+	// Apply builds the layer for one replica on x, whose first dimension
+	// is the batch; training selects training behaviour (dropout on,
+	// batch statistics) over inference.
+	Apply(r strategy.Replica, x tf.Output, training bool) (tf.Output, error)
+}
+
+// Spec describes a layer before its variables exist, as Keras' layer
+// configurations do: Dense{Units: 10}, Conv2D{Filters: 6, Kernel: 3}, ….
+type Spec interface {
+	// Build creates the layer's variables in sc, named "<name>/…", for
+	// inputs whose shape without the batch dimension is in, and returns
+	// the layer and the shape of its outputs (again without the batch).
+	// seed seeds the layer's random initial values and masks.
+	Build(sc strategy.Scope, name string, in []int64, seed int64) (Layer, []int64, error)
+	// Kind names the layer's type ("dense", "conv2d", …); layers of a
+	// model are named <model>/<kind>_<i>.
+	Kind() string
+}
+
+// Sequential is a model: layers applied one after the other.
+type Sequential struct {
+	name   string
+	in     []int64
+	out    []int64
+	names  []string
+	layers []Layer
+	all    []strategy.Variable
+}
+
+// NewSequential builds a model named name for inputs of shape in (without
+// the batch dimension) from specs, creating every layer's variables in sc:
+// layer i is named <name>/<kind>_<k> (k counting layers of its kind) and
+// seeded with seed+i. An error names the layer, its input shape and what
+// it expected.
+func NewSequential(sc strategy.Scope, name string, in []int64, seed int64, specs ...Spec) (*Sequential, error) {
+	if len(specs) == 0 {
+		return nil, fmt.Errorf("nn: model %q: no layers", name)
+	}
+	m := &Sequential{name: name, in: append([]int64(nil), in...)}
+	kinds := map[string]int{}
+	shape := m.in
+	for i, spec := range specs {
+		lname := fmt.Sprintf("%s/%s_%d", name, spec.Kind(), kinds[spec.Kind()])
+		kinds[spec.Kind()]++
+		l, out, err := spec.Build(sc, lname, shape, seed+int64(i))
+		if err != nil {
+			return nil, fmt.Errorf("nn: layer %s: %w", lname, err)
+		}
+		m.names, m.layers = append(m.names, lname), append(m.layers, l)
+		shape = out
+	}
+	m.out = shape
+	return m, nil
+}
+
+// Vars returns the trainable variables of every layer, in layer order:
+// what Minimize takes.
+func (m *Sequential) Vars() []strategy.Variable {
+	var out []strategy.Variable
+	for _, l := range m.layers {
+		out = append(out, l.Vars()...)
+	}
+	return out
+}
+
+// OutputShape returns the shape of the model's outputs without the batch
+// dimension.
+func (m *Sequential) OutputShape() []int64 { return append([]int64(nil), m.out...) }
+
+// Apply builds the model for one replica on x ([batch, in...]).
+func (m *Sequential) Apply(r strategy.Replica, x tf.Output, training bool) (tf.Output, error) {
+	if err := checkInput(x, m.in); err != nil {
+		return tf.Output{}, fmt.Errorf("nn: model %s: %w", m.name, err)
+	}
+	var err error
+	for i, l := range m.layers {
+		if x, err = l.Apply(r, x, training); err != nil {
+			return tf.Output{}, fmt.Errorf("nn: layer %s: %w", m.names[i], err)
+		}
+	}
+	return x, nil
+}
+
+// checkInput reports how x's static shape (batch first) does not fit want
+// (without the batch); unknown dimensions fit anything.
+func checkInput(x tf.Output, want []int64) error {
+	got, err := x.Shape().ToSlice()
+	if err != nil {
+		return nil // unknown rank: TensorFlow checks at run time
+	}
+	fits := len(got) == len(want)+1
+	for i := 0; fits && i < len(want); i++ {
+		fits = got[i+1] < 0 || want[i] < 0 || got[i+1] == want[i]
+	}
+	if !fits {
+		return fmt.Errorf("input shape %v, expected %v (-1: any batch)", got, append([]int64{-1}, want...))
+	}
+	return nil
+}
+
+func prod(d []int64) int64 {
+	p := int64(1)
+	for _, v := range d {
+		p *= v
+	}
+	return p
+}

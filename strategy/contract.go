@@ -1,0 +1,174 @@
+package strategy
+
+import (
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+)
+
+// This file is the contract between model code and the strategies: the
+// interfaces that layers, losses and optimizers use, which every strategy
+// implements — the in-graph engine behind the default strategy, Mirrored
+// and MultiWorkerMirrored, and the parameter-server strategy. Model code
+// written against them trains under any strategy unchanged.
+
+// Variable is one logical model variable created in a strategy's Scope.
+// However the strategy stores it (a copy per replica, shards on ps tasks),
+// model code sees one variable with one name, type and shape.
+type Variable interface {
+	// Name returns the variable's unique name, also its checkpoint key.
+	Name() string
+	// DType returns the element type.
+	DType() tf.DataType
+	// Shape returns the shape.
+	Shape() []int64
+	// Trainable reports whether optimizers train the variable.
+	Trainable() bool
+	// Synchronization returns when the strategy keeps its copies in sync.
+	Synchronization() Synchronization
+	// Aggregation returns how replicas' writes are combined.
+	Aggregation() Aggregation
+}
+
+// Scope creates variables the strategy's way. Strategy.Scope passes one to
+// its function; it is valid only until that function returns.
+type Scope interface {
+	// Variable creates a variable named name (unique within the strategy)
+	// of the given type and shape, initialised from one value built by
+	// init.
+	Variable(name string, dtype tf.DataType, shape []int64, init Initializer, opts ...VariableOption) (Variable, error)
+	// NumReplicasInSync returns the number of replicas of the strategy.
+	NumReplicasInSync() int
+}
+
+// Replica is what a step function sees while a strategy traces it for one
+// replica (one device of a synchronous strategy, one worker of the
+// parameter-server strategy).
+//
+// Cross-replica calls (AllReduce, AllGather, Minimize, Assign of an OnWrite
+// variable) are merge points under synchronous strategies: every replica
+// must make the same ones in the same order.
+type Replica interface {
+	// Scope returns a graph scope pinned to the replica's device. Ops built
+	// on it need names of their own: use Scope().SubScope, or an nn.Builder.
+	Scope() *op.Scope
+	// ReplicaID returns the replica's id among all replicas in sync.
+	ReplicaID() int
+	// NumReplicasInSync returns the number of replicas across all workers.
+	NumReplicasInSync() int
+	// Read returns the value of v as this step sees it; every Read of v in
+	// one step gives the same tensor.
+	Read(v Variable) (tf.Output, error)
+	// Lookup returns the rows of v that ids (int32 or int64, any shape)
+	// name: shape ids.shape + v.shape[1:]. An id out of range fails the
+	// step naming it.
+	Lookup(v Variable, ids tf.Output) (tf.Output, error)
+	// AverageLoss returns sum(perExample) divided by the number of examples
+	// whose gradients one update combines: the global batch under a
+	// synchronous strategy, the worker's batch under the parameter-server
+	// strategy.
+	AverageLoss(perExample tf.Output) tf.Output
+	// Minimize computes the gradients of loss with respect to vars and
+	// applies them with opt.
+	Minimize(opt Optimizer, loss tf.Output, vars []Variable, opts ...MinimizeOption) error
+	// AllReduce combines value across all replicas in sync. A strategy
+	// whose replicas do not run in sync returns an error.
+	AllReduce(red ReduceOp, value tf.Output) (tf.Output, error)
+	// AllGather concatenates value from all replicas along axis 0. A
+	// strategy whose replicas do not run in sync returns an error.
+	AllGather(value tf.Output) (tf.Output, error)
+	// Assign writes value to v from inside the replica, with
+	// tf.distribute's rules for the variable's synchronization and
+	// aggregation.
+	Assign(v Variable, value tf.Output) error
+	// AssignAdd adds value to v, with Assign's rules.
+	AssignAdd(v Variable, value tf.Output) error
+	// AddTarget makes o run every step (a metric update, say).
+	AddTarget(o *tf.Operation)
+}
+
+// ApplyContext gives an Optimizer what it needs to update one copy of the
+// variables: a scope on their device, their handles, and slot variables
+// that follow them. Each strategy implements it.
+type ApplyContext interface {
+	// Scope returns the scope the update ops go on.
+	Scope() *op.Scope
+	// Handle returns the resource handle of the copy of v being updated.
+	Handle(v Variable) tf.Output
+	// Slot returns the slot variable named slot that owner (an
+	// optimizer's name) keeps for v, of v's type and shape, creating it
+	// with init on first use; it is checkpointed as "<v>/<owner>/<slot>".
+	Slot(owner string, v Variable, slot string, init Initializer) (Variable, error)
+	// NonSlot returns a variable owner keeps once rather than per variable
+	// (its step count, say), named "<owner>/<name>", creating it on first
+	// use.
+	NonSlot(owner, name string, dtype tf.DataType, shape []int64, init Initializer) (Variable, error)
+}
+
+// Optimizer applies reduced gradients to one copy of variables. Package
+// optimizer has SGD, Momentum and Adam.
+type Optimizer interface {
+	// Apply builds, on ac's scope, the ops that apply grads to the copies
+	// of vars that ac addresses, and returns one op that runs them all. A
+	// synchronous strategy calls it once per replica with the same vars.
+	Apply(ac ApplyContext, grads []tf.Output, vars []Variable) (*tf.Operation, error)
+}
+
+// SparseOptimizer updates only the rows of a variable that a step looked up
+// (Replica.Lookup), where the strategy moves rows rather than whole
+// variables: the parameter-server strategy.
+type SparseOptimizer interface {
+	// ApplySparse builds, on s (pinned to the device of the variable's
+	// shard), the update of the rows indices (int64) of the shard handle
+	// with their gradient rows values; an index may repeat, and its
+	// gradients then add up.
+	ApplySparse(s *op.Scope, handle, indices, values tf.Output, dtype tf.DataType) (*tf.Operation, error)
+}
+
+// MinimizeOption configures Replica.Minimize.
+type MinimizeOption func(*MinimizeConfig)
+
+// MinimizeConfig is what MinimizeOptions set; strategies read it with
+// NewMinimizeConfig.
+type MinimizeConfig struct {
+	// Sparse updates the variables a step looked up, where the strategy
+	// updates rows (the parameter-server strategy). Synchronous strategies
+	// differentiate lookups densely and apply the Optimizer.
+	Sparse SparseOptimizer
+}
+
+// WithSparseOptimizer sets how a strategy that updates rows (the
+// parameter-server strategy) updates the variables a step looked up: only
+// the rows looked up, with o. Synchronous strategies ignore it.
+func WithSparseOptimizer(o SparseOptimizer) MinimizeOption {
+	return func(c *MinimizeConfig) { c.Sparse = o }
+}
+
+// NewMinimizeConfig applies opts.
+func NewMinimizeConfig(opts ...MinimizeOption) MinimizeConfig {
+	var c MinimizeConfig
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
+// Partitioner decides how many shards a variable is split into along its
+// first axis, as TensorFlow's variable partitioners do. Only the
+// parameter-server strategy shards variables; the others keep each
+// variable whole.
+type Partitioner interface {
+	// NumShards returns the number of shards of a variable of the given
+	// shape and type.
+	NumShards(shape []int64, dtype tf.DataType) (int, error)
+}
+
+// MustRead is r.Read(v) for model code that has checked its variables: it
+// panics on an error (a variable of another strategy), and Build turns the
+// panic into a build error.
+func MustRead(r Replica, v Variable) tf.Output {
+	out, err := r.Read(v)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
