@@ -99,3 +99,24 @@ func TestGlobalBatchMustDivide(t *testing.T) {
 	assert.Contains(t, err.Error(), "32")
 	assert.Contains(t, err.Error(), "3")
 }
+
+// The LeNet CNN of every strategy's tests, trained 200 SGD steps on 1, 2
+// and 4 devices, ends with the default strategy's model.
+func TestCNNMatchesDefault(t *testing.T) {
+	const steps, gb = 200, 32
+	sgd := func() strategy.Optimizer { return optimizer.NewSGD(optimizer.Constant(0.1)) }
+	def, err := strategy.Default()
+	require.NoError(t, err)
+	defer def.Close()
+	want, err := testmodel.TrainModel(ctx, def, "lenet", sgd(), steps, gb, 0)
+	require.NoError(t, err)
+	for _, n := range []int{1, 2, 4} {
+		s, err := mirrored.New(mirrored.WithLogicalCPUs(n))
+		require.NoError(t, err)
+		got, err := testmodel.TrainModel(ctx, s, "lenet", sgd(), steps, gb, 0)
+		require.NoError(t, err)
+		assert.Less(t, testmodel.RelDiff(want.FinalLoss, got.FinalLoss), 1e-4, "%d devices: loss %v vs %v", n, got.FinalLoss, want.FinalLoss)
+		assert.Less(t, testmodel.RelDiff(want.ParamL2, got.ParamL2), 1e-4, "%d devices: param_l2 %v vs %v", n, got.ParamL2, want.ParamL2)
+		require.NoError(t, s.Close())
+	}
+}

@@ -65,11 +65,22 @@ func onWorkers(spec cluster.ClusterSpec, opts []multiworker.Option, fn func(w in
 // Two workers in one process (each with its own TensorFlow server) train
 // together; both end with the default strategy's model.
 func TestInProcessWorkersMatchDefault(t *testing.T) {
+	matchDefault(t, "mlp", 30)
+}
+
+// The LeNet CNN of every strategy's tests, on 2 workers of 2 devices, ends
+// 200 SGD steps with the default strategy's model.
+func TestCNNMatchesDefault(t *testing.T) {
+	matchDefault(t, "lenet", 200)
+}
+
+func matchDefault(t *testing.T, model string, steps int) {
 	ctx := context.Background()
-	const steps, gb = 30, 32
+	const gb = 32
 	def, err := strategy.Default()
 	require.NoError(t, err)
-	want, err := testmodel.Train(ctx, def, optimizer.NewSGD(optimizer.Constant(0.1)), steps, gb, 0)
+	defer def.Close()
+	want, err := testmodel.TrainModel(ctx, def, model, optimizer.NewSGD(optimizer.Constant(0.1)), steps, gb, 0)
 	require.NoError(t, err)
 
 	got := make([]testmodel.Outcome, 2)
@@ -79,7 +90,7 @@ func TestInProcessWorkersMatchDefault(t *testing.T) {
 			assert.Equal(t, 4, s.NumReplicasInSync())
 			assert.Equal(t, w == 0, s.IsChief())
 			var err error
-			got[w], err = testmodel.Train(ctx, s, optimizer.NewSGD(optimizer.Constant(0.1)), steps, gb, w*2)
+			got[w], err = testmodel.TrainModel(ctx, s, model, optimizer.NewSGD(optimizer.Constant(0.1)), steps, gb, w*2)
 			return err
 		})
 	require.NoError(t, errs[0])

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
@@ -32,6 +34,7 @@ import (
 // Options are the classifier's flags.
 type Options struct {
 	Strategy    string
+	Model       string
 	Devices     int
 	GlobalBatch int
 	Steps       int
@@ -72,6 +75,10 @@ type Result struct {
 // RegisterFlags defines the classifier's flags on fs, storing into o.
 func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.Strategy, "strategy", "default", "distribution strategy: default, mirrored, multiworker or ps")
+	if o.Model == "" {
+		o.Model = "mlp"
+	}
+	fs.StringVar(&o.Model, "model", o.Model, fmt.Sprintf("model: one of %v", models.Names))
 	fs.IntVar(&o.Devices, "devices", 1, "replicas per process (logical CPU devices)")
 	fs.IntVar(&o.GlobalBatch, "global-batch", 64, "examples per step across all replicas")
 	fs.IntVar(&o.Steps, "steps", 300, "training steps")
@@ -95,6 +102,8 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 // Check reports the first flag whose value cannot work.
 func (o Options) Check() error {
 	switch {
+	case !slices.Contains(models.Names, o.Model):
+		return fmt.Errorf("-model %q: expected one of %v", o.Model, models.Names)
 	case o.Devices < 1:
 		return fmt.Errorf("-devices %d: expected at least 1", o.Devices)
 	case o.GlobalBatch < 1:
@@ -117,8 +126,12 @@ func (o Options) Check() error {
 
 // ParseFlags parses the classifier's command-line flags and checks them.
 func ParseFlags(args []string, stderr io.Writer) (Options, error) {
-	var o Options
-	fs := flag.NewFlagSet("classifier", flag.ContinueOnError)
+	return parseFlags("classifier", "mlp", args, stderr)
+}
+
+func parseFlags(prog, model string, args []string, stderr io.Writer) (Options, error) {
+	o := Options{Model: model}
+	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	RegisterFlags(fs, &o)
 	if err := fs.Parse(args); err != nil {
@@ -210,16 +223,16 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	}
 	trainDS = dataset.Batched(dataset.Repeat(dataset.Shuffle(trainDS, train.Len(), o.Seed), -1), o.GlobalBatch, true)
 
-	var model *nn.MLP
+	var model *nn.Sequential
 	if err := s.Scope(func(sc strategy.Scope) error {
-		model, err = nn.NewMLP(sc, "mlp", []int{digits.Features, o.Hidden, digits.Classes}, int64(o.Seed))
+		model, err = models.New(sc, o.Model, o.Hidden, int64(o.Seed))
 		return err
 	}); err != nil {
 		return res, err
 	}
 	spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
 	trainStep, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := model.Apply(rc, in["x"])
+		logits, err := model.Apply(rc, in["x"], true)
 		if err != nil {
 			return nil, err
 		}
@@ -231,7 +244,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		return res, err
 	}
 	evalStep, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := model.Apply(rc, in["x"])
+		logits, err := model.Apply(rc, in["x"], false)
 		if err != nil {
 			return nil, err
 		}

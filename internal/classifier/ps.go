@@ -13,6 +13,7 @@ import (
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
@@ -46,16 +47,16 @@ func runPS(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		return res, err
 	}
 	train, test := data.Split(o.TestSize, o.Seed)
-	var model *nn.MLP
+	var model *nn.Sequential
 	if err := s.Scope(func(sc strategy.Scope) error {
-		model, err = nn.NewMLP(sc, "mlp", []int{digits.Features, o.Hidden, digits.Classes}, int64(o.Seed))
+		model, err = models.New(sc, o.Model, o.Hidden, int64(o.Seed))
 		return err
 	}); err != nil {
 		return res, err
 	}
 	spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
 	trainFn, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := model.Apply(rc, in["x"])
+		logits, err := model.Apply(rc, in["x"], true)
 		if err != nil {
 			return nil, err
 		}
@@ -66,7 +67,7 @@ func runPS(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		return res, err
 	}
 	evalFn, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := model.Apply(rc, in["x"])
+		logits, err := model.Apply(rc, in["x"], false)
 		if err != nil {
 			return nil, err
 		}

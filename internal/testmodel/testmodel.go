@@ -10,6 +10,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 
 	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/strategy"
@@ -41,19 +42,25 @@ type Outcome struct {
 // global id of e's first local replica: replica g of all replicas in sync
 // takes slice g of each global batch.
 func Train(ctx context.Context, e Engine, opt strategy.Optimizer, steps, gb, firstReplica int) (Outcome, error) {
+	return TrainModel(ctx, e, "mlp", opt, steps, gb, firstReplica)
+}
+
+// TrainModel is Train for any model of package models, with 32 hidden
+// units.
+func TrainModel(ctx context.Context, e Engine, model string, opt strategy.Optimizer, steps, gb, firstReplica int) (Outcome, error) {
 	d, err := digits.Load()
 	if err != nil {
 		return Outcome{}, err
 	}
-	var m *nn.MLP
+	var m *nn.Sequential
 	if err := e.Scope(func(sc strategy.Scope) error {
-		m, err = nn.NewMLP(sc, "mlp", []int{digits.Features, 32, digits.Classes}, 1)
+		m, err = models.New(sc, model, 32, 1)
 		return err
 	}); err != nil {
 		return Outcome{}, err
 	}
 	step, err := e.Build(Spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := m.Apply(rc, in["x"])
+		logits, err := m.Apply(rc, in["x"], true)
 		if err != nil {
 			return nil, err
 		}

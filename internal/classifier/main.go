@@ -1,0 +1,47 @@
+package classifier
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os/signal"
+	"syscall"
+
+	"github.com/tfdist/tfdist/paramserver"
+)
+
+// Main is the body of the digits example commands: it parses args (with
+// model as -model's default), trains, prints the result to stdout (and
+// one JSON line with -json) and returns the process's exit code.
+func Main(prog, model string, args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(prog, model, args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	fmt.Fprintf(stderr, "%s: %s model, %s strategy, %d device(s) per process, global batch %d, %d steps, %s lr %g\n",
+		prog, o.Model, o.Strategy, o.Devices, o.GlobalBatch, o.Steps, o.Optimizer, o.LR)
+	res, err := Run(ctx, o, stdout)
+	if errors.Is(err, paramserver.ErrNotChief) {
+		return 0 // a ps or worker task: it served until the chief was done
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "final loss %.4f, held-out accuracy %.2f%% (%d replicas, %.0f examples/s)\n",
+		res.FinalLoss, 100*res.Accuracy, res.Replicas, res.ExamplesPerSec)
+	if o.JSON {
+		line, _ := json.Marshal(res)
+		fmt.Fprintln(stdout, string(line))
+	}
+	return 0
+}
