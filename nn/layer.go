@@ -39,7 +39,6 @@ type Sequential struct {
 	out    []int64
 	names  []string
 	layers []Layer
-	all    []strategy.Variable
 }
 
 // NewSequential builds a model named name for inputs of shape in (without
