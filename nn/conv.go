@@ -120,18 +120,14 @@ func (l *conv2D) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, erro
 	if err := checkInput(x, l.in); err != nil {
 		return tf.Output{}, err
 	}
-	w, err := r.Read(l.w)
-	if err != nil {
-		return tf.Output{}, err
-	}
-	bias, err := r.Read(l.b)
+	wb, err := readAll(r, l.w, l.b)
 	if err != nil {
 		return tf.Output{}, err
 	}
 	b := NewBuilder(r.Scope(), "conv2d")
 	s := int64(l.c.Strides)
-	y := op.Conv2D(b.Op(), x, w, []int64{1, s, s, 1}, l.c.Padding.String())
-	return l.c.Activation.apply(b, op.BiasAdd(b.Op(), y, bias)), b.Err()
+	y := op.Conv2D(b.Op(), x, wb[0], []int64{1, s, s, 1}, l.c.Padding.String())
+	return l.c.Activation.apply(b, op.BiasAdd(b.Op(), y, wb[1])), b.Err()
 }
 
 // MaxPool2D takes the maximum of each Size×Size window of NHWC inputs,

@@ -119,3 +119,15 @@ func prod(d []int64) int64 {
 	}
 	return p
 }
+
+// readAll returns r's reads of vs, in order.
+func readAll(r strategy.Replica, vs ...strategy.Variable) ([]tf.Output, error) {
+	out := make([]tf.Output, len(vs))
+	for i, v := range vs {
+		var err error
+		if out[i], err = r.Read(v); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

@@ -83,16 +83,12 @@ func (d *dense) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, error
 	if err := checkInput(x, d.in); err != nil {
 		return tf.Output{}, err
 	}
-	w, err := r.Read(d.w)
-	if err != nil {
-		return tf.Output{}, err
-	}
-	bias, err := r.Read(d.b)
+	wb, err := readAll(r, d.w, d.b)
 	if err != nil {
 		return tf.Output{}, err
 	}
 	b := NewBuilder(r.Scope(), "dense")
-	return d.act.apply(b, b.Add(b.MatMul(x, w), bias)), b.Err()
+	return d.act.apply(b, b.Add(b.MatMul(x, wb[0]), wb[1])), b.Err()
 }
 
 // MLP is a stack of dense layers: ReLU between them, linear at the end.

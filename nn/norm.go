@@ -113,15 +113,11 @@ func (l *batchNorm) Apply(r strategy.Replica, x tf.Output, training bool) (tf.Ou
 	}
 	b := NewBuilder(r.Scope(), "batch_norm")
 	if !training {
-		mean, err := r.Read(l.mean)
+		moving, err := readAll(r, l.mean, l.variance)
 		if err != nil {
 			return tf.Output{}, err
 		}
-		variance, err := r.Read(l.variance)
-		if err != nil {
-			return tf.Output{}, err
-		}
-		return normalize(r, b, x, mean, variance, l.eps, l.gamma, l.beta)
+		return normalize(r, b, x, moving[0], moving[1], l.eps, l.gamma, l.beta)
 	}
 	mean, variance, err := l.batchStats(r, b, x)
 	if err != nil {
@@ -175,16 +171,12 @@ func (l *batchNorm) batchStats(r strategy.Replica, b *Builder, x tf.Output) (mea
 
 // normalize returns (x - mean)/sqrt(variance + eps)·gamma + beta.
 func normalize(r strategy.Replica, b *Builder, x, mean, variance tf.Output, eps float64, gammaVar, betaVar strategy.Variable) (tf.Output, error) {
-	gamma, err := r.Read(gammaVar)
+	gb, err := readAll(r, gammaVar, betaVar)
 	if err != nil {
 		return tf.Output{}, err
 	}
-	beta, err := r.Read(betaVar)
-	if err != nil {
-		return tf.Output{}, err
-	}
-	inv := b.Mul(b.Rsqrt(b.Add(variance, b.Scalar(eps, tf.Float))), gamma)
-	return b.Add(b.Mul(b.Sub(x, mean), inv), beta), b.Err()
+	inv := b.Mul(b.Rsqrt(b.Add(variance, b.Scalar(eps, tf.Float))), gb[0])
+	return b.Add(b.Mul(b.Sub(x, mean), inv), gb[1]), b.Err()
 }
 
 // scaleShift creates a normalisation's gamma (ones) and beta (zeros).
