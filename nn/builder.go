@@ -3,6 +3,8 @@ package nn
 import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/internal/graphutil"
 )
 
 // Builder adds ops to a graph under one namespace and names each op
@@ -83,11 +85,7 @@ func (b *Builder) Mean(x tf.Output, keep bool, axes ...int32) tf.Output {
 }
 
 // SumAll returns the sum of every element of x.
-func (b *Builder) SumAll(x tf.Output) tf.Output {
-	s := b.s.SubScope("sum_all")
-	return op.Sum(s, x, op.Range(s.SubScope("axes"), op.Const(s.SubScope("zero"), int32(0)),
-		op.Rank(s.SubScope("rank"), x), op.Const(s.SubScope("one"), int32(1))))
-}
+func (b *Builder) SumAll(x tf.Output) tf.Output { return graphutil.SumAll(b.s.SubScope("sum_all"), x) }
 
 // Cast returns x converted to dtype.
 func (b *Builder) Cast(x tf.Output, dtype tf.DataType) tf.Output {

@@ -10,19 +10,11 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 
 	"github.com/tfdist/tfdist/internal/tensorutil"
+	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/strategy"
 )
-
-type engine interface {
-	Scope(func(strategy.Scope) error) error
-	Build(strategy.InputSpec, strategy.ReplicaFn) (*strategy.Step, error)
-	RunReplicas(context.Context, *strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
-	Value(context.Context, strategy.Variable) (*tf.Tensor, error)
-	NumLocalReplicas() int
-	Close() error
-}
 
 type bnOutcome struct {
 	y            [][]float32 // per step, the global batch's outputs in order
@@ -31,7 +23,7 @@ type bnOutcome struct {
 
 // runBatchNorm applies a BatchNorm in training mode to three global
 // batches of 16 examples of 3 features, split evenly among e's replicas.
-func runBatchNorm(t *testing.T, e engine, sync bool) bnOutcome {
+func runBatchNorm(t *testing.T, e testmodel.Engine, sync bool) bnOutcome {
 	t.Helper()
 	ctx := context.Background()
 	var m *nn.Sequential
@@ -70,24 +62,15 @@ func runBatchNorm(t *testing.T, e engine, sync bool) bnOutcome {
 		out.y = append(out.y, y)
 	}
 	vars := map[string]strategy.Variable{}
-	require.NoError(t, e.Scope(func(strategy.Scope) error { return nil }))
-	for _, l := range []string{"moving_mean", "moving_variance"} {
-		for _, v := range allVars(e) {
-			if v.Name() == "bn/batch_norm_0/"+l {
-				vars[l] = v
-			}
-		}
+	for _, v := range e.Variables() {
+		vars[v.Name()] = v
 	}
-	mean, err := e.Value(ctx, vars["moving_mean"])
+	mean, err := e.Value(ctx, vars["bn/batch_norm_0/moving_mean"])
 	require.NoError(t, err)
-	variance, err := e.Value(ctx, vars["moving_variance"])
+	variance, err := e.Value(ctx, vars["bn/batch_norm_0/moving_variance"])
 	require.NoError(t, err)
 	out.mean, out.varnce = tensorutil.Float32s(mean), tensorutil.Float32s(variance)
 	return out
-}
-
-func allVars(e engine) []strategy.Variable {
-	return e.(interface{ Variables() []strategy.Variable }).Variables()
 }
 
 func maxDiff(a, b []float32) float64 {

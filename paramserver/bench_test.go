@@ -46,7 +46,7 @@ func measureClassifier(b *testing.B, workers int) (stepsPerSec, overhead float64
 	s, err := New(ctx, chiefResolver(b, spec), WithStartupTimeout(time.Minute), WithThreads(1, 2))
 	require.NoError(b, err)
 	defer s.Close()
-	var m *nn.MLP
+	var m *nn.Sequential
 	require.NoError(b, s.Scope(func(sc strategy.Scope) (err error) { m, err = newMLP(sc, 64); return err }))
 	train, _ := buildDigits(b, s, m, optimizer.NewSGD(optimizer.Constant(0.1)))
 	c, err := NewCoordinator(s)

@@ -23,7 +23,7 @@ import (
 func TestScheduledTrainingReachesNinetyPercent(t *testing.T) {
 	s := newInProcess(t, 2, 2)
 	ctx := testContext(t, 2*time.Minute)
-	var m *nn.MLP
+	var m *nn.Sequential
 	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) { m, err = newMLP(sc, 64); return err }))
 	train, eval := buildDigits(t, s, m, optimizer.NewSGD(optimizer.Constant(0.1)))
 	c := newCoordinator(t, s)

@@ -14,11 +14,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
-	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/strategy"
@@ -82,33 +82,16 @@ func tensor(t testing.TB, v any) *tf.Tensor {
 
 // newMLP is the digits classifier of every strategy's tests: 64 inputs, a
 // ReLU hidden layer, 10 logits.
-func newMLP(sc strategy.Scope, hidden int) (*nn.MLP, error) {
-	return nn.NewMLP(sc, "mlp", []int{digits.Features, hidden, digits.Classes}, 1)
+func newMLP(sc strategy.Scope, hidden int) (*nn.Sequential, error) {
+	return models.New(sc, "mlp", hidden, 1)
 }
 
-var digitsSpec = strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
-
 // buildDigits builds the training and evaluation functions of m.
-func buildDigits(t testing.TB, s *Strategy, m *nn.MLP, opt strategy.Optimizer) (train, eval *Function) {
+func buildDigits(t testing.TB, s *Strategy, m *nn.Sequential, opt strategy.Optimizer) (train, eval *Function) {
 	t.Helper()
-	train, err := s.Build(digitsSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := m.Apply(rc, in["x"])
-		if err != nil {
-			return nil, err
-		}
-		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
-		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, m.Vars())
-	})
+	train, err := s.Build(models.Spec, models.TrainStep(m, opt))
 	require.NoError(t, err)
-	eval, err = s.Build(digitsSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := m.Apply(rc, in["x"])
-		if err != nil {
-			return nil, err
-		}
-		s := rc.Scope().SubScope("accuracy")
-		c := nn.Correct(s, logits, in["y"])
-		return strategy.Outputs{"correct": op.Sum(s.SubScope("sum"), c, op.Const(s.SubScope("axis"), int32(0)))}, nil
-	})
+	eval, err = s.Build(models.Spec, models.EvalStep(m))
 	require.NoError(t, err)
 	return train, eval
 }

@@ -26,7 +26,7 @@ func TestKilledWorkerLosesNoStepAndRejoins(t *testing.T) {
 	s, err := New(ctx, chiefResolver(t, spec), WithStartupTimeout(time.Minute), WithStepTimeout(30*time.Second), WithThreads(1, 2), WithLogger(zaptest.NewLogger(t)))
 	require.NoError(t, err)
 	defer s.Close()
-	var m *nn.MLP
+	var m *nn.Sequential
 	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) { m, err = newMLP(sc, 32); return err }))
 	train, eval := buildDigits(t, s, m, optimizer.NewSGD(optimizer.Constant(0.1)))
 	c := newCoordinator(t, s, WithProbeInterval(50*time.Millisecond, 500*time.Millisecond))
@@ -115,7 +115,7 @@ func TestPSFailureIsReportedAndARelaunchResumes(t *testing.T) {
 	s, err := New(ctx, chiefResolver(t, spec), WithStartupTimeout(time.Minute), WithStepTimeout(30*time.Second), WithThreads(1, 2))
 	require.NoError(t, err)
 	defer s.Close()
-	var m *nn.MLP
+	var m *nn.Sequential
 	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) { m, err = newMLP(sc, 16); return err }))
 	train, _ := buildDigits(t, s, m, optimizer.NewAdam(optimizer.Constant(0.01)))
 	c := newCoordinator(t, s)
@@ -163,7 +163,7 @@ func TestPSFailureIsReportedAndARelaunchResumes(t *testing.T) {
 	s2, err := New(ctx, chiefResolver(t, spec2), WithStartupTimeout(time.Minute), WithThreads(1, 2))
 	require.NoError(t, err)
 	defer s2.Close()
-	var m2 *nn.MLP
+	var m2 *nn.Sequential
 	require.NoError(t, s2.Scope(func(sc strategy.Scope) (err error) { m2, err = newMLP(sc, 16); return err }))
 	buildDigits(t, s2, m2, optimizer.NewAdam(optimizer.Constant(0.01)))
 	mgr2, err := NewCheckpointManager(s2, dir)

@@ -26,7 +26,7 @@ func TestWorkerRestartedAtOnceLosesNoStep(t *testing.T) {
 		WithThreads(1, 2), WithLogger(zaptest.NewLogger(t)))
 	require.NoError(t, err)
 	defer s.Close()
-	var m *nn.MLP
+	var m *nn.Sequential
 	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) { m, err = newMLP(sc, 32); return err }))
 	train, _ := buildDigits(t, s, m, optimizer.NewSGD(optimizer.Constant(0.1)))
 	c := newCoordinator(t, s, WithProbeInterval(50*time.Millisecond, 500*time.Millisecond))

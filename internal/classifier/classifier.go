@@ -16,8 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	tf "github.com/wamuir/graft/tensorflow"
-
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
@@ -230,28 +228,11 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	}); err != nil {
 		return res, err
 	}
-	spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
-	trainStep, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := model.Apply(rc, in["x"], true)
-		if err != nil {
-			return nil, err
-		}
-		perExample := nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes)
-		loss := rc.AverageLoss(perExample)
-		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, model.Vars())
-	})
+	trainStep, err := s.Build(models.Spec, models.TrainStep(model, opt))
 	if err != nil {
 		return res, err
 	}
-	evalStep, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := model.Apply(rc, in["x"], false)
-		if err != nil {
-			return nil, err
-		}
-		s := rc.Scope().SubScope("accuracy")
-		correct := nn.Correct(s, logits, in["y"])
-		return strategy.Outputs{"correct": sumAll(s, correct)}, nil
-	})
+	evalStep, err := s.Build(models.Spec, models.EvalStep(model))
 	if err != nil {
 		return res, err
 	}

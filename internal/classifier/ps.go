@@ -54,26 +54,11 @@ func runPS(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	}); err != nil {
 		return res, err
 	}
-	spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
-	trainFn, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := model.Apply(rc, in["x"], true)
-		if err != nil {
-			return nil, err
-		}
-		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
-		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, model.Vars())
-	})
+	trainFn, err := s.Build(models.Spec, models.TrainStep(model, opt))
 	if err != nil {
 		return res, err
 	}
-	evalFn, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := model.Apply(rc, in["x"], false)
-		if err != nil {
-			return nil, err
-		}
-		s := rc.Scope().SubScope("accuracy")
-		return strategy.Outputs{"correct": sumAll(s, nn.Correct(s, logits, in["y"]))}, nil
-	})
+	evalFn, err := s.Build(models.Spec, models.EvalStep(model))
 	if err != nil {
 		return res, err
 	}

@@ -9,20 +9,14 @@ import (
 	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
-	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/tensorutil"
+	"github.com/tfdist/tfdist/strategy"
 )
-
-// sumAll sums every element of x into a scalar.
-func sumAll(s *op.Scope, x tf.Output) tf.Output {
-	return op.Sum(s.SubScope("sum"), x, op.Range(s.SubScope("axes"), op.Const(s.SubScope("zero"), int32(0)),
-		op.Rank(s.SubScope("rank"), x), op.Const(s.SubScope("one"), int32(1))))
-}
 
 // paramL2 returns the L2 norm over the values of every variable in vars, as
 // value reads them: the figure the equivalence checks compare.
-func paramL2[V any](ctx context.Context, vars []V, value func(context.Context, V) (*tf.Tensor, error)) (float64, error) {
+func paramL2(ctx context.Context, vars []strategy.Variable, value func(context.Context, strategy.Variable) (*tf.Tensor, error)) (float64, error) {
 	var l2 float64
 	for _, v := range vars {
 		t, err := value(ctx, v)

@@ -6,7 +6,10 @@ package models
 import (
 	"fmt"
 
+	tf "github.com/wamuir/graft/tensorflow"
+
 	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -40,4 +43,35 @@ func New(sc strategy.Scope, name string, hidden int, seed int64) (*nn.Sequential
 		)
 	}
 	return nil, fmt.Errorf("model %q: expected one of %v", name, Names)
+}
+
+// Spec is the input of the digits models' steps: x [batch, 64] float32
+// features and y [batch] int32 labels.
+var Spec = strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
+
+// TrainStep returns the step that trains m with opt: the softmax
+// cross-entropy of its logits, averaged as the strategy averages losses,
+// minimised. The step outputs that average loss as "loss".
+func TrainStep(m *nn.Sequential, opt strategy.Optimizer) strategy.ReplicaFn {
+	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		logits, err := m.Apply(r, in["x"], true)
+		if err != nil {
+			return nil, err
+		}
+		loss := r.AverageLoss(nn.SparseSoftmaxCrossEntropy(r.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
+		return strategy.Outputs{"loss": loss}, r.Minimize(opt, loss, m.Vars())
+	}
+}
+
+// EvalStep returns the step that outputs, as "correct", how many examples
+// of the batch m classifies right (inference behaviour).
+func EvalStep(m *nn.Sequential) strategy.ReplicaFn {
+	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		logits, err := m.Apply(r, in["x"], false)
+		if err != nil {
+			return nil, err
+		}
+		s := r.Scope().SubScope("accuracy")
+		return strategy.Outputs{"correct": graphutil.SumAll(s.SubScope("sum"), nn.Correct(s, logits, in["y"]))}, nil
+	}
 }

@@ -23,12 +23,13 @@ type Engine interface {
 	RunReplicas(context.Context, *strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
 	Reduce(context.Context, strategy.ReduceOp, strategy.PerReplica) (*tf.Tensor, error)
 	Value(context.Context, strategy.Variable) (*tf.Tensor, error)
+	Variables() []strategy.Variable
 	NumLocalReplicas() int
 	NumReplicasInSync() int
 }
 
-// Spec is the classifier's input spec.
-var Spec = strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
+// Spec is the digits models' input spec.
+var Spec = models.Spec
 
 // Outcome is what a training run ends with.
 type Outcome struct {
@@ -59,14 +60,7 @@ func TrainModel(ctx context.Context, e Engine, model string, opt strategy.Optimi
 	}); err != nil {
 		return Outcome{}, err
 	}
-	step, err := e.Build(Spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := m.Apply(rc, in["x"], true)
-		if err != nil {
-			return nil, err
-		}
-		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(rc.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
-		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, m.Vars())
-	})
+	step, err := e.Build(Spec, models.TrainStep(m, opt))
 	if err != nil {
 		return Outcome{}, err
 	}
