@@ -21,13 +21,13 @@ type BackupAndRestore struct {
 	every int64
 }
 
-// NewBackupAndRestore checkpoints e's variables into dir every `every` steps.
+// NewBackupAndRestore checkpoints src's variables into dir every `every` steps.
 // It takes the Manager's options (WithChief, WithMaxToKeep, …).
-func NewBackupAndRestore(e Engine, dir string, every int64, opts ...Option) (*BackupAndRestore, error) {
+func NewBackupAndRestore(src Source, dir string, every int64, opts ...Option) (*BackupAndRestore, error) {
 	if every < 1 {
 		return nil, fmt.Errorf("checkpoint: BackupAndRestore: every %d steps, expected at least 1", every)
 	}
-	m, err := NewManager(e, dir, opts...)
+	m, err := NewManager(src, dir, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -10,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
-	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/nn"
@@ -27,11 +26,19 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
+// engine is what the tests need of a strategy: the contract, checkpoints,
+// and reads of every copy.
+type engine interface {
+	strategy.Strategy
+	Source
+	Copies(ctx context.Context, v strategy.Variable) ([]*tf.Tensor, error)
+}
+
 // newEngine returns a mirrored strategy on n logical CPUs, or the default
 // strategy when n is 0.
-func newEngine(t *testing.T, n int) *strategy.InGraph {
+func newEngine(t *testing.T, n int) engine {
 	t.Helper()
-	var e *strategy.InGraph
+	var e engine
 	if n == 0 {
 		d, err := strategy.Default()
 		require.NoError(t, err)
@@ -39,7 +46,7 @@ func newEngine(t *testing.T, n int) *strategy.InGraph {
 	} else {
 		m, err := mirrored.New(mirrored.WithLogicalCPUs(n), mirrored.WithThreads(1, 2))
 		require.NoError(t, err)
-		e = m.InGraph
+		e = m
 	}
 	t.Cleanup(func() { e.Close() })
 	return e
@@ -60,7 +67,7 @@ func loadDigits(t *testing.T) digits.Data {
 
 // trainer is an MLP on the digits with a compiled training step.
 type trainer struct {
-	e    *strategy.InGraph
+	e    engine
 	mlp  *nn.MLP
 	step *strategy.Step
 	data digits.Data
@@ -68,7 +75,7 @@ type trainer struct {
 
 // newTrainer builds the model and its step on e with the optimizer opt
 // returns (a fresh one per strategy).
-func newTrainer(t *testing.T, e *strategy.InGraph, opt strategy.Optimizer) *trainer {
+func newTrainer(t *testing.T, e engine, opt strategy.Optimizer) *trainer {
 	t.Helper()
 	tr := &trainer{e: e, data: loadDigits(t)}
 	require.NoError(t, e.Scope(func(sc strategy.Scope) error {
@@ -101,7 +108,7 @@ func (tr *trainer) run(t *testing.T, from, to int) {
 	per := globalBatch / n
 	for k := from; k < to; k++ {
 		start := (k * globalBatch) % (tr.data.Len() - globalBatch)
-		feeds := make([]map[string]*tf.Tensor, n)
+		feeds := make([]dataset.Element, n)
 		for r := range n {
 			lo, hi := start+r*per, start+(r+1)*per
 			x, err := tf.NewTensor(tr.data.X[lo:hi])
@@ -110,13 +117,13 @@ func (tr *trainer) run(t *testing.T, from, to int) {
 			require.NoError(t, err)
 			feeds[r] = map[string]*tf.Tensor{"x": x, "y": y}
 		}
-		_, err := tr.e.RunReplicas(testContext(t), tr.step, feeds, globalBatch)
+		_, err := tr.e.Run(testContext(t), tr.step, &dataset.Batch{Replicas: feeds, GlobalCount: globalBatch})
 		require.NoError(t, err)
 	}
 }
 
 // values returns the primary value of every variable of e, by name.
-func values(t *testing.T, e *strategy.InGraph) map[string]*tf.Tensor {
+func values(t *testing.T, e engine) map[string]*tf.Tensor {
 	t.Helper()
 	out := map[string]*tf.Tensor{}
 	for _, v := range e.Variables() {
@@ -128,32 +135,11 @@ func values(t *testing.T, e *strategy.InGraph) map[string]*tf.Tensor {
 }
 
 // copies reads every copy of v, on its replica's device.
-func copies(t *testing.T, e *strategy.InGraph, vv strategy.Variable) []*tf.Tensor {
+func copies(t *testing.T, e engine, v strategy.Variable) []*tf.Tensor {
 	t.Helper()
-	v := vv.(strategy.Copies)
-	e.Lock()
-	s := e.NewScope("test_read")
-	outs := make([]tf.Output, v.NumCopies())
-	for r := range outs {
-		outs[r] = op.ReadVariableOp(s.SubScope(fmt.Sprintf("copy_%d", r)).WithDevice(e.Devices()[r]), v.Handle(r), v.DType())
-	}
-	err := s.Err()
-	e.Unlock()
-	require.NoError(t, err)
-	res, err := e.RunOps(testContext(t), nil, outs, nil)
+	res, err := e.Copies(testContext(t), v)
 	require.NoError(t, err)
 	return res
-}
-
-func variable(t *testing.T, e *strategy.InGraph, name string) strategy.Variable {
-	t.Helper()
-	for _, v := range e.Variables() {
-		if v.Name() == name {
-			return v
-		}
-	}
-	t.Fatalf("no variable %q", name)
-	return nil
 }
 
 // flat returns a numeric tensor's elements as float64.
@@ -214,3 +200,14 @@ func requireClose(t *testing.T, want, got *tf.Tensor, rel float64, msg string) {
 
 func sgd() strategy.Optimizer  { return optimizer.NewSGD(optimizer.Constant(0.1)) }
 func adam() strategy.Optimizer { return optimizer.NewAdam(optimizer.Constant(0.01)) }
+
+func saveable(t *testing.T, e engine, name string) strategy.Saveable {
+	t.Helper()
+	for _, v := range e.State().Saveables() {
+		if v.Name == name {
+			return v
+		}
+	}
+	t.Fatalf("no variable %q", name)
+	return strategy.Saveable{}
+}

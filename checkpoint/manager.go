@@ -31,7 +31,7 @@ import (
 // A Manager is safe for concurrent use; saves are serialised. One Manager
 // (one chief) writes a directory at a time.
 type Manager struct {
-	store Store
+	saver *Saver
 	dir   string
 	cfg   config
 
@@ -44,40 +44,21 @@ type keptCheckpoint struct {
 	time float64 // seconds since the epoch
 }
 
-// Store writes and reads a whole checkpoint at a prefix. A Saver is the
-// Store of in-graph strategies; a strategy that places its variables itself
-// (the parameter-server strategy) brings its own, and a Manager gives it the
-// same atomic saves, state file and retention.
-type Store interface {
-	Save(ctx context.Context, prefix string, md Metadata) error
-	Restore(ctx context.Context, prefix string) (Metadata, error)
-}
-
-// NewManager returns a Manager of e's variables writing to dir. On the
+// NewManager returns a Manager of src's variables writing to dir. On the
 // chief (the default, see WithChief) it creates dir if need be, takes over
 // the checkpoints its state file lists and removes temporary files an
 // interrupted save left behind. Options: WithMaxToKeep, WithChief,
 // WithCheckpointName, WithWorkerTempDir, WithLogger and the Saver's
 // options.
-func NewManager(e Engine, dir string, opts ...Option) (*Manager, error) {
-	saver, err := NewSaver(e, opts...)
-	if err != nil {
-		return nil, err
-	}
-	return NewStoreManager(saver, dir, opts...)
-}
-
-// NewStoreManager is NewManager over any Store. It takes the Manager's
-// options (WithMaxToKeep, WithChief, WithCheckpointName, WithWorkerTempDir,
-// WithLogger).
-func NewStoreManager(store Store, dir string, opts ...Option) (*Manager, error) {
+func NewManager(src Source, dir string, opts ...Option) (*Manager, error) {
 	if dir == "" {
 		return nil, errors.New("checkpoint: NewManager: empty directory")
 	}
-	if store == nil {
-		return nil, errors.New("checkpoint: NewManager: nil Store")
+	saver, err := NewSaver(src, opts...)
+	if err != nil {
+		return nil, err
 	}
-	m := &Manager{store: store, dir: filepath.Clean(dir), cfg: newConfig(opts)}
+	m := &Manager{saver: saver, dir: filepath.Clean(dir), cfg: newConfig(opts)}
 	if m.cfg.name == "" || strings.ContainsAny(m.cfg.name, `/\`) {
 		return nil, fmt.Errorf("checkpoint: WithCheckpointName(%q): expected a file name", m.cfg.name)
 	}
@@ -107,13 +88,9 @@ func NewStoreManager(store Store, dir string, opts ...Option) (*Manager, error) 
 // Directory returns the directory of the checkpoints.
 func (m *Manager) Directory() string { return m.dir }
 
-// Saver returns the Manager's Saver (nil when it was made over another
-// Store), to save or restore other prefixes with
-// the same ops.
-func (m *Manager) Saver() *Saver {
-	s, _ := m.store.(*Saver)
-	return s
-}
+// Saver returns the Manager's Saver, to save or restore other prefixes
+// with the same ops.
+func (m *Manager) Saver() *Saver { return m.saver }
 
 // Checkpoints returns the prefixes of the kept checkpoints, oldest first.
 func (m *Manager) Checkpoints() []string {
@@ -182,7 +159,7 @@ func (m *Manager) Save(ctx context.Context, step int64, md Metadata) (string, er
 		}
 	}()
 	tmp := filepath.Join(tmpDir, base)
-	if err := m.store.Save(ctx, tmp, all); err != nil {
+	if err := m.saver.Save(ctx, tmp, all); err != nil {
 		return "", err
 	}
 	if err := m.stage("written"); err != nil {
@@ -272,7 +249,7 @@ func (m *Manager) saveAsWorker(ctx context.Context, base string, md Metadata) er
 		return fmt.Errorf("checkpoint: save %s on a non-chief worker: %w", base, err)
 	}
 	defer os.RemoveAll(dir)
-	return m.store.Save(ctx, filepath.Join(dir, base), md)
+	return m.saver.Save(ctx, filepath.Join(dir, base), md)
 }
 
 // RestoreLatest restores the newest checkpoint and returns its step and
@@ -284,7 +261,7 @@ func (m *Manager) RestoreLatest(ctx context.Context) (int64, Metadata, error) {
 	if err != nil || latest == "" {
 		return 0, nil, err
 	}
-	md, err := m.store.Restore(ctx, latest)
+	md, err := m.saver.Restore(ctx, latest)
 	if err != nil {
 		return 0, nil, err
 	}

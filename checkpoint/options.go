@@ -74,17 +74,21 @@ func WithWorkerTempDir(dir string) Option { return func(c *config) { c.workerTmp
 // checkpoint_name.
 func WithCheckpointName(name string) Option { return func(c *config) { c.name = name } }
 
-// ShardFunc returns the CPU device whose SaveV2 writes variable v in a
-// sharded save ("" = the host device). Variables with the same device share
-// a shard.
-type ShardFunc func(v strategy.Copies) string
+// ShardFunc returns the CPU device whose SaveV2 writes v in a sharded save
+// ("" keeps the device of each of v's slices: the host for an in-graph
+// strategy's variable, the ps task for a parameter-server strategy's).
+// Tensors with the same device share a shard.
+type ShardFunc func(v strategy.Saveable) string
 
-// ShardByTask shards a checkpoint by task, as TensorFlow does: each
-// variable is written by the CPU:0 of the task that holds its primary copy,
-// so that under a parameter-server strategy each ps task writes its own
-// variables. On one machine it gives one shard.
-func ShardByTask(v strategy.Copies) string {
-	d, err := tfrt.ParseDevice(v.Handle(0).Op.Device())
+// ShardByTask shards a checkpoint by task, as TensorFlow does: each tensor
+// is written by the CPU:0 of the task that holds its first slice, so that
+// under a parameter-server strategy each ps task writes its own variables.
+// On one machine it gives one shard.
+func ShardByTask(v strategy.Saveable) string {
+	if len(v.Slices) == 0 {
+		return ""
+	}
+	d, err := tfrt.ParseDevice(v.Slices[0].Device)
 	if err != nil || d.Job == "" {
 		return ""
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -16,35 +18,14 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// Engine is what a Saver needs from a strategy. *strategy.InGraph provides
-// it, and so do mirrored.Strategy and every strategy built on it.
-type Engine interface {
-	// Variables returns every variable, optimizer slots included.
-	Variables() []strategy.Variable
-	// NewScope returns a fresh scope over the engine's graph; the caller
-	// holds Lock.
-	NewScope(name string) *op.Scope
-	// RunOps runs ops in the engine's session.
-	RunOps(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation) ([]*tf.Tensor, error)
-	// Lock and Unlock keep steps from running while ops are built.
-	Lock()
-	Unlock()
-	// RunOpsInitializing runs ops that restore vs and, on success, marks vs
-	// initialised under the same lock so their initialisers never re-run.
-	RunOpsInitializing(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation, vs ...strategy.Variable) ([]*tf.Tensor, error)
-	// HostDevice is where SaveV2 and RestoreV2 run.
-	HostDevice() string
-	// Devices are the local replicas' devices.
-	Devices() []string
-	// NumReplicasInSync is the number of replicas across all workers.
-	NumReplicasInSync() int
+// Source is what a Saver needs from a strategy: its State, the extension
+// point through which the Saver lists the strategy's variables, builds save
+// and restore ops over them and runs those. Every tfdist strategy is a
+// Source: the default strategy, Mirrored, MultiWorkerMirrored and the
+// parameter-server strategy.
+type Source interface {
+	State() strategy.State
 }
-
-var _ Engine = (*strategy.InGraph)(nil)
-
-// configurer is implemented by *strategy.InGraph; a Saver uses the
-// strategy's CrossDeviceOps to aggregate OnRead variables across workers.
-type configurer interface{ Config() strategy.Config }
 
 // MetadataPrefix prefixes the checkpoint keys of metadata. Variable names
 // cannot start with '_', so metadata never collides with a variable.
@@ -88,7 +69,7 @@ func (m Metadata) Text(key string) (string, bool) {
 // appear when a training step is built). A Saver is safe for concurrent use;
 // a save or restore runs as one Session.Run, never concurrently with a step.
 type Saver struct {
-	e   Engine
+	st  strategy.State
 	cfg config
 
 	mu       sync.Mutex
@@ -107,24 +88,31 @@ type restoreGraph struct {
 	prefix tf.Output
 	meta   []tf.Output // restored metadata, in key order
 	target *tf.Operation
+	done   []func()
 }
 
-// NewSaver returns a Saver of e's variables. Options: WithLogger,
+// NewSaver returns a Saver of src's variables. Options: WithLogger,
 // WithSharding, WithAllowPartial.
-func NewSaver(e Engine, opts ...Option) (*Saver, error) {
-	if e == nil {
-		return nil, errors.New("checkpoint: NewSaver: nil engine")
+func NewSaver(src Source, opts ...Option) (*Saver, error) {
+	if src == nil {
+		return nil, errors.New("checkpoint: NewSaver: nil strategy")
 	}
-	return &Saver{e: e, cfg: newConfig(opts), saves: map[string]*saveGraph{}, restores: map[string]*restoreGraph{}}, nil
+	st := src.State()
+	if st == nil {
+		return nil, errors.New("checkpoint: NewSaver: the strategy has no state")
+	}
+	return &Saver{st: st, cfg: newConfig(opts), saves: map[string]*saveGraph{}, restores: map[string]*restoreGraph{}}, nil
 }
 
 // Save writes every variable of the strategy, and md, to the checkpoint
 // prefix: <prefix>.index and <prefix>.data-<shard>-of-<shards>, created with
-// their directory if need be and replaced if they exist. An OnWrite variable
-// is saved from its primary copy; an OnRead variable as the aggregate of its
-// copies (their sum or mean, or copy 0 for AggregationOnlyFirstReplica),
-// computed by TensorFlow. Save writes the files in place: use a Manager for
-// checkpoints that a crash mid-write must not damage.
+// their directory if need be and replaced if they exist. Each variable is
+// saved as one tensor however the strategy holds it: an in-graph strategy's
+// OnWrite variable from its primary copy and an OnRead variable as the
+// aggregate of its copies, a parameter-server strategy's sharded variable
+// as the slices its ps tasks hold, each written by its ps task. Save writes
+// the files in place: use a Manager for checkpoints that a crash mid-write
+// must not damage.
 func (s *Saver) Save(ctx context.Context, prefix string, md Metadata) error {
 	if prefix == "" {
 		return errors.New("checkpoint: Save: empty prefix")
@@ -133,17 +121,17 @@ func (s *Saver) Save(ctx context.Context, prefix string, md Metadata) error {
 	if err != nil {
 		return err
 	}
-	start := time.Now()
-	vars, err := copiesOf(s.e)
-	if err != nil {
-		return err
+	if err := os.MkdirAll(filepath.Dir(prefix), 0o755); err != nil {
+		return fmt.Errorf("checkpoint: save %s: %w", prefix, err)
 	}
+	start := time.Now()
+	items := s.st.Saveables()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sig := signature(vars, keys, dtypesOf(vals))
+	sig := signature(items, keys, dtypesOf(vals))
 	g, ok := s.saves[sig]
 	if !ok {
-		if g, err = s.buildSave(vars, keys, dtypesOf(vals)); err != nil {
+		if g, err = s.buildSave(items, keys, dtypesOf(vals)); err != nil {
 			return err
 		}
 		s.saves[sig] = g
@@ -156,20 +144,18 @@ func (s *Saver) Save(ctx context.Context, prefix string, md Metadata) error {
 	for i, p := range g.meta {
 		feeds[p] = vals[i]
 	}
-	if _, err := s.e.RunOps(ctx, feeds, nil, []*tf.Operation{g.target}); err != nil {
+	if _, err := s.st.Run(ctx, feeds, nil, []*tf.Operation{g.target}, nil); err != nil {
 		return fmt.Errorf("checkpoint: save %s: %w", prefix, err)
 	}
-	s.cfg.log.Debug("checkpoint written", zap.String("prefix", prefix), zap.Int("variables", len(vars)),
+	s.cfg.log.Debug("checkpoint written", zap.String("prefix", prefix), zap.Int("variables", len(items)),
 		zap.Int("metadata", len(keys)), zap.Int("shards", g.shards), zap.Duration("took", time.Since(start)))
 	return nil
 }
 
 // Restore reads the checkpoint at prefix into every variable of the
-// strategy — into every copy of each, on each replica's device — and
-// returns the checkpoint's metadata. The checkpoint may come from a strategy
-// with any number of replicas: it holds one value per variable. An OnRead
-// variable with AggregationSum gets value/replicas in each copy, so that its
-// sum is the saved value, as in TensorFlow.
+// strategy and returns the checkpoint's metadata. The checkpoint may come
+// from a strategy with any number of replicas, ps tasks or shards: it holds
+// one tensor per variable, and each copy or shard reads what it holds of it.
 //
 // Before any variable changes, the checkpoint's index is checked against the
 // model; disagreements are reported together in a *MismatchError. By
@@ -180,11 +166,7 @@ func (s *Saver) Restore(ctx context.Context, prefix string) (Metadata, error) {
 	if err != nil {
 		return nil, err
 	}
-	vars, err := copiesOf(s.e)
-	if err != nil {
-		return nil, err
-	}
-	restore, err := s.plan(prefix, ix, vars)
+	restore, err := s.plan(prefix, ix, s.st.Saveables())
 	if err != nil {
 		return nil, err
 	}
@@ -214,11 +196,11 @@ func (s *Saver) Restore(ctx context.Context, prefix string) (Metadata, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: restore %s: %w", prefix, err)
 	}
-	restored := make([]strategy.Variable, len(restore))
-	for i, v := range restore {
-		restored[i] = v
-	}
-	out, err := s.e.RunOpsInitializing(ctx, map[tf.Output]*tf.Tensor{g.prefix: pt}, g.meta, []*tf.Operation{g.target}, restored...)
+	out, err := s.st.Run(ctx, map[tf.Output]*tf.Tensor{g.prefix: pt}, g.meta, []*tf.Operation{g.target}, func() {
+		for _, done := range g.done {
+			done()
+		}
+	})
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: restore %s: %w", prefix, err)
 	}
@@ -231,22 +213,22 @@ func (s *Saver) Restore(ctx context.Context, prefix string) (Metadata, error) {
 	return md, nil
 }
 
-// plan checks the checkpoint against the model and returns the variables to
+// plan checks the checkpoint against the model and returns what to
 // restore.
-func (s *Saver) plan(prefix string, ix *index, vars []strategy.Copies) ([]strategy.Copies, error) {
+func (s *Saver) plan(prefix string, ix *index, items []strategy.Saveable) ([]strategy.Saveable, error) {
 	merr := &MismatchError{Prefix: prefix}
 	taken := map[string]bool{}
-	var restore []strategy.Copies
-	for _, v := range vars {
-		ent, ok := ix.entries[v.Name()]
+	var restore []strategy.Saveable
+	for _, v := range items {
+		ent, ok := ix.entries[v.Name]
 		if !ok {
-			merr.Missing = append(merr.Missing, v.Name())
+			merr.Missing = append(merr.Missing, v.Name)
 			continue
 		}
-		taken[v.Name()] = true
-		if ent.DType != v.DType() || !sameShape(ent.Shape, v.Shape()) {
-			merr.Mismatched = append(merr.Mismatched, Mismatch{Name: v.Name(), CheckpointDType: ent.DType,
-				CheckpointShape: ent.Shape, ModelDType: v.DType(), ModelShape: v.Shape()})
+		taken[v.Name] = true
+		if ent.DType != v.DType || !sameShape(ent.Shape, v.Shape) {
+			merr.Mismatched = append(merr.Mismatched, Mismatch{Name: v.Name, CheckpointDType: ent.DType,
+				CheckpointShape: ent.Shape, ModelDType: v.DType, ModelShape: v.Shape})
 			continue
 		}
 		restore = append(restore, v)
@@ -266,28 +248,31 @@ func (s *Saver) plan(prefix string, ix *index, vars []strategy.Copies) ([]strate
 	return restore, nil
 }
 
-func (s *Saver) buildSave(vars []strategy.Copies, mdKeys []string, mdTypes []tf.DataType) (*saveGraph, error) {
-	s.e.Lock()
-	defer s.e.Unlock()
-	sc := s.e.NewScope("checkpoint_save")
-	host := s.e.HostDevice()
-	hs := sc.WithDevice(host)
+// saveDevice returns the device that saves slice sl of v.
+func (s *Saver) saveDevice(v strategy.Saveable, sl strategy.SaveSlice) string {
+	if s.cfg.shard != nil {
+		if d := s.cfg.shard(v); d != "" {
+			return d
+		}
+	}
+	return sl.Device
+}
+
+func (s *Saver) buildSave(items []strategy.Saveable, mdKeys []string, mdTypes []tf.DataType) (*saveGraph, error) {
 	g := &saveGraph{}
-	var shards SaveShards
-	err := safely(func() error {
+	host := s.st.HostDevice()
+	err := s.st.Extend("checkpoint_save", func(sc *op.Scope) error {
+		hs := sc.WithDevice(host)
 		g.prefix = op.Placeholder(hs.SubScope("prefix"), tf.String, op.PlaceholderShape(tf.ScalarShape()))
-		for i, v := range vars {
-			val, err := s.saveValue(sc.SubScope(fmt.Sprintf("var_%d", i)), v)
-			if err != nil {
-				return err
-			}
-			dev := host
-			if s.cfg.shard != nil {
-				if d := s.cfg.shard(v); d != "" {
-					dev = d
+		var shards SaveShards
+		for i, v := range items {
+			for k, sl := range v.Slices {
+				val, err := sl.Read(sc.SubScope(fmt.Sprintf("var_%d_%d", i, k)))
+				if err != nil {
+					return err
 				}
+				shards.Add(s.saveDevice(v, sl), v.Name, sl.Spec, val)
 			}
-			shards.Add(dev, v.Name(), "", val)
 		}
 		for i, k := range mdKeys {
 			p := op.Placeholder(hs.SubScope(fmt.Sprintf("metadata_%d", i)), mdTypes[i], op.PlaceholderShape(tf.ScalarShape()))
@@ -299,7 +284,7 @@ func (s *Saver) buildSave(vars []strategy.Copies, mdKeys []string, mdTypes []tf.
 		}
 		g.shards = shards.Len()
 		g.target = shards.Build(sc, hs, g.prefix)
-		return sc.Err()
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: build save: %w", err)
@@ -307,93 +292,35 @@ func (s *Saver) buildSave(vars []strategy.Copies, mdKeys []string, mdTypes []tf.
 	return g, nil
 }
 
-// saveValue returns the value a checkpoint holds for v.
-func (s *Saver) saveValue(sc *op.Scope, v strategy.Copies) (tf.Output, error) {
-	read := func(r int) tf.Output {
-		return op.ReadVariableOp(sc.SubScope(fmt.Sprintf("read_%d", r)).WithDevice(s.deviceOf(v, r)), v.Handle(r), v.DType())
-	}
-	global := s.e.NumReplicasInSync()
-	if v.Synchronization() == strategy.OnWrite || v.Aggregation() == strategy.AggregationOnlyFirstReplica ||
-		v.NumCopies() == 1 && global == 1 {
-		return read(0), nil
-	}
-	if v.Aggregation() != strategy.AggregationSum && v.Aggregation() != strategy.AggregationMean {
-		return tf.Output{}, fmt.Errorf("variable %q is OnRead with aggregation %v: its copies have no single value to save; "+
-			"give it AggregationSum, AggregationMean or AggregationOnlyFirstReplica", v.Name(), v.Aggregation())
-	}
-	vals := make([]tf.Output, v.NumCopies())
-	for r := range vals {
-		vals[r] = read(r)
-	}
-	if global > len(vals) {
-		// Copies live on other workers too: reduce with the strategy's
-		// collectives, which every worker's save runs.
-		c, ok := s.e.(configurer)
-		if !ok || c.Config().CrossDeviceOps == nil {
-			return tf.Output{}, fmt.Errorf("variable %q is OnRead across %d replicas, %d of them local, and the strategy offers no CrossDeviceOps to aggregate it",
-				v.Name(), global, len(vals))
-		}
-		red := strategy.Sum
-		if v.Aggregation() == strategy.AggregationMean {
-			red = strategy.Mean
-		}
-		in := make([][]tf.Output, len(vals))
-		for r := range vals {
-			in[r] = []tf.Output{vals[r]}
-		}
-		out, err := c.Config().CrossDeviceOps.BatchReduce(sc.SubScope("cross_worker"), red, in, s.e.Devices())
-		if err != nil {
-			return tf.Output{}, fmt.Errorf("variable %q: %w", v.Name(), err)
-		}
-		return out[0][0], nil
-	}
-	hs := sc.SubScope("aggregate").WithDevice(s.e.HostDevice())
-	sum := vals[0]
-	if len(vals) > 1 {
-		sum = op.AddN(hs.SubScope("sum"), vals)
-	}
-	if v.Aggregation() == strategy.AggregationMean {
-		sum = op.Div(hs.SubScope("mean"), sum,
-			op.Cast(hs.SubScope("n"), op.Const(hs.SubScope("count"), int32(global)), v.DType()))
-	}
-	return sum, nil
-}
-
-func (s *Saver) buildRestore(vars []strategy.Copies, mdKeys []string, mdTypes []tf.DataType) (*restoreGraph, error) {
-	s.e.Lock()
-	defer s.e.Unlock()
-	sc := s.e.NewScope("checkpoint_restore")
-	hs := sc.WithDevice(s.e.HostDevice())
+// buildRestore reads, on each device that holds slices, the slices it
+// holds (one RestoreV2 per device), and the metadata on the host.
+func (s *Saver) buildRestore(items []strategy.Saveable, mdKeys []string, mdTypes []tf.DataType) (*restoreGraph, error) {
 	g := &restoreGraph{}
-	err := safely(func() error {
+	host := s.st.HostDevice()
+	err := s.st.Extend("checkpoint_restore", func(sc *op.Scope) error {
+		hs := sc.WithDevice(host)
 		g.prefix = op.Placeholder(hs.SubScope("prefix"), tf.String, op.PlaceholderShape(tf.ScalarShape()))
-		var names []string
-		var dtypes []tf.DataType
-		for _, v := range vars {
-			names = append(names, v.Name())
-			dtypes = append(dtypes, v.DType())
-		}
-		for i, k := range mdKeys {
-			names = append(names, MetadataPrefix+k)
-			dtypes = append(dtypes, mdTypes[i])
-		}
-		vals := op.RestoreV2(hs.SubScope("restore"), g.prefix, op.Const(hs.SubScope("names"), names),
-			op.Const(hs.SubScope("slices"), make([]string, len(names))), dtypes)
-		if err := sc.Err(); err != nil {
-			return err
-		}
-		var assigns []*tf.Operation
-		for i, v := range vars {
-			vs := sc.SubScope(fmt.Sprintf("var_%d", i))
-			val := s.restoreValue(vs.WithDevice(s.e.HostDevice()), v, vals[i])
-			for r := range v.NumCopies() {
-				rs := vs.SubScope(fmt.Sprintf("assign_%d", r)).WithDevice(s.deviceOf(v, r))
-				assigns = append(assigns, op.AssignVariableOp(rs, v.Handle(r), val))
+		var reads restoreReads
+		for _, v := range items {
+			for _, sl := range v.Slices {
+				reads.add(sl.Device, v.Name, sl.Spec, v.DType, sl)
+				g.done = append(g.done, sl.Restored)
 			}
 		}
-		g.meta = vals[len(vars):]
+		assigns, err := reads.build(sc, g.prefix)
+		if err != nil {
+			return err
+		}
+		if len(mdKeys) > 0 {
+			names := make([]string, len(mdKeys))
+			for i, k := range mdKeys {
+				names[i] = MetadataPrefix + k
+			}
+			g.meta = op.RestoreV2(hs.SubScope("metadata"), g.prefix, op.Const(hs.SubScope("names"), names),
+				op.Const(hs.SubScope("slices"), make([]string, len(names))), mdTypes)
+		}
 		g.target = op.NoOp(hs.SubScope("done").WithControlDependencies(assigns...))
-		return sc.Err()
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: build restore: %w", err)
@@ -401,32 +328,53 @@ func (s *Saver) buildRestore(vars []strategy.Copies, mdKeys []string, mdTypes []
 	return g, nil
 }
 
-// restoreValue returns what each copy of v receives: the saved value, or
-// value/replicas for an OnRead variable summed across replicas
-// (TensorFlow's get_on_read_restore_ops).
-func (s *Saver) restoreValue(sc *op.Scope, v strategy.Copies, val tf.Output) tf.Output {
-	n := s.e.NumReplicasInSync()
-	if v.Synchronization() != strategy.OnRead || v.Aggregation() != strategy.AggregationSum || n == 1 {
-		return val
-	}
-	switch v.DType() {
-	case tf.Float, tf.Double, tf.Half, tf.Bfloat16:
-		return op.Div(sc.SubScope("per_replica"), val, op.Cast(sc.SubScope("n"), op.Const(sc.SubScope("count"), int32(n)), v.DType()))
-	}
-	// Integers: true division then a cast back, as Python's tensor / n.
-	d := op.Div(sc.SubScope("per_replica"), op.Cast(sc.SubScope("to_double"), val, tf.Double), op.Const(sc.SubScope("count"), float64(n)))
-	return op.Cast(sc.SubScope("back"), d, v.DType())
+// restoreReads gathers the slices of a restore by the device that reads
+// them.
+type restoreReads struct {
+	order []string
+	byDev map[string][]restoreRead
 }
 
-// deviceOf returns the device of copy r of v.
-func (s *Saver) deviceOf(v strategy.Copies, r int) string {
-	if d := v.Handle(r).Op.Device(); d != "" {
-		return d
+type restoreRead struct {
+	name, spec string
+	dtype      tf.DataType
+	slice      strategy.SaveSlice
+}
+
+func (r *restoreReads) add(device, name, spec string, dtype tf.DataType, sl strategy.SaveSlice) {
+	if r.byDev == nil {
+		r.byDev = map[string][]restoreRead{}
 	}
-	if devs := s.e.Devices(); r < len(devs) {
-		return devs[r]
+	if _, ok := r.byDev[device]; !ok {
+		r.order = append(r.order, device)
 	}
-	return s.e.HostDevice()
+	r.byDev[device] = append(r.byDev[device], restoreRead{name, spec, dtype, sl})
+}
+
+// build reads every slice with one RestoreV2 per device and writes it.
+func (r *restoreReads) build(sc *op.Scope, prefix tf.Output) ([]*tf.Operation, error) {
+	var assigns []*tf.Operation
+	for i, dev := range r.order {
+		ds := sc.SubScope(fmt.Sprintf("shard_%d", i)).WithDevice(dev)
+		rs := r.byDev[dev]
+		names, specs, dtypes := make([]string, len(rs)), make([]string, len(rs)), make([]tf.DataType, len(rs))
+		for j, w := range rs {
+			names[j], specs[j], dtypes[j] = w.name, w.spec, w.dtype
+		}
+		vals := op.RestoreV2(ds.SubScope("restore"), prefix, op.Const(ds.SubScope("names"), names),
+			op.Const(ds.SubScope("slices"), specs), dtypes)
+		if err := sc.Err(); err != nil {
+			return nil, err
+		}
+		for j, w := range rs {
+			ops, err := w.slice.Write(ds.SubScope(fmt.Sprintf("write_%d", j)), vals[j])
+			if err != nil {
+				return nil, fmt.Errorf("variable %q: %w", w.name, err)
+			}
+			assigns = append(assigns, ops...)
+		}
+	}
+	return assigns, nil
 }
 
 // Encode validates md and returns its keys, sorted, and their values as
@@ -474,11 +422,12 @@ func dtypesOf(ts []*tf.Tensor) []tf.DataType {
 	return out
 }
 
-// signature identifies a set of variables and metadata for caching ops.
-func signature(vars []strategy.Copies, keys []string, dtypes []tf.DataType) string {
+// signature identifies a set of tensors and metadata for caching ops.
+// Names identify tensors, since a strategy never removes a variable.
+func signature(items []strategy.Saveable, keys []string, dtypes []tf.DataType) string {
 	var b strings.Builder
-	for _, v := range vars {
-		fmt.Fprintf(&b, "%p,", v)
+	for _, v := range items {
+		fmt.Fprintf(&b, "%q/%d,", v.Name, len(v.Slices))
 	}
 	b.WriteByte('|')
 	for i, k := range keys {
@@ -506,30 +455,4 @@ func sameShape(a, b []int64) bool {
 		}
 	}
 	return true
-}
-
-// safely runs fn and turns a panic (graft panics on ops built from a failed
-// scope) into an error.
-func safely(fn func() error) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("panic while building the graph: %v", p)
-		}
-	}()
-	return fn()
-}
-
-// copiesOf returns e's variables with their copies: an in-graph engine's
-// variables have them.
-func copiesOf(e Engine) ([]strategy.Copies, error) {
-	vars := e.Variables()
-	out := make([]strategy.Copies, len(vars))
-	for i, v := range vars {
-		c, ok := v.(strategy.Copies)
-		if !ok {
-			return nil, fmt.Errorf("checkpoint: variable %q has no local copies to save", v.Name())
-		}
-		out[i] = c
-	}
-	return out, nil
 }

@@ -12,6 +12,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -76,7 +77,7 @@ func TestTwoReplicaCheckpointRestoresIntoFourAndDefault(t *testing.T) {
 	ctx := testContext(t)
 	prefix := filepath.Join(t.TempDir(), "ckpt")
 
-	build := func(e *strategy.InGraph) (*trainer, strategy.Variable, strategy.Variable) {
+	build := func(e engine) (*trainer, strategy.Variable, strategy.Variable) {
 		tr := newTrainer(t, e, adam())
 		var sum, mean strategy.Variable
 		require.NoError(t, e.Scope(func(sc strategy.Scope) error {
@@ -101,13 +102,17 @@ func TestTwoReplicaCheckpointRestoresIntoFourAndDefault(t *testing.T) {
 		func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
 			s := rc.Scope().SubScope("bump")
 			k := float32(rc.ReplicaID() + 1)
-			rc.AddTarget(op.AssignAddVariableOp(s.SubScope("sum"), sum.(strategy.Copies).Handle(rc.ReplicaID()), op.Const(s.SubScope("one"), k)))
-			rc.AddTarget(op.AssignAddVariableOp(s.SubScope("mean"), mean.(strategy.Copies).Handle(rc.ReplicaID()), op.Const(s.SubScope("two"), []float32{k, 10 * k})))
+			if err := rc.AssignAdd(sum, op.Const(s.SubScope("one"), k)); err != nil {
+				return nil, err
+			}
+			if err := rc.AssignAdd(mean, op.Const(s.SubScope("two"), []float32{k, 10 * k})); err != nil {
+				return nil, err
+			}
 			return strategy.Outputs{"k": op.Const(s.SubScope("k"), k)}, s.Err()
 		})
 	require.NoError(t, err)
 	empty, _ := tf.NewTensor([]float32{})
-	_, err = src.RunReplicas(ctx, add, []map[string]*tf.Tensor{{"unused": empty}, {"unused": empty}}, 1)
+	_, err = src.Run(ctx, add, &dataset.Batch{Replicas: []dataset.Element{{"unused": empty}, {"unused": empty}}, GlobalCount: 1})
 	require.NoError(t, err)
 
 	saver, err := NewSaver(src)
@@ -251,8 +256,8 @@ func TestShardedSaveMergesShards(t *testing.T) {
 	tr := newTrainer(t, newEngine(t, 2), sgd())
 	tr.run(t, 0, 1)
 	// Kernels are written from CPU:1, everything else from the host.
-	byKind := func(v strategy.Copies) string {
-		if filepath.Base(v.Name()) == "kernel" {
+	byKind := func(v strategy.Saveable) string {
+		if filepath.Base(v.Name) == "kernel" {
 			return strategy.LocalCPU(1)
 		}
 		return ""
@@ -277,7 +282,7 @@ func TestShardedSaveMergesShards(t *testing.T) {
 	for name, v := range values(t, dst.e) {
 		assert.Equal(t, want[name].Value(), v.Value(), name)
 	}
-	assert.Equal(t, strategy.LocalCPU(0), ShardByTask(variable(t, tr.e, "mlp/dense_0/kernel").(strategy.Copies)))
+	assert.Equal(t, strategy.LocalCPU(0), ShardByTask(saveable(t, tr.e, "mlp/dense_0/kernel")))
 }
 
 // The saver picks up variables created after it: optimizer slots appear
@@ -323,7 +328,7 @@ func TestRestoreErrorsNameTheVariables(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Save(ctx, prefix, nil))
 
-	model := func(t *testing.T, vars map[string][]int64, dtype tf.DataType) *strategy.InGraph {
+	model := func(t *testing.T, vars map[string][]int64, dtype tf.DataType) engine {
 		e := newEngine(t, 0)
 		require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 			for name, shape := range vars {

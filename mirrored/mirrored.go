@@ -25,11 +25,16 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// Strategy is MirroredStrategy. It is a strategy.InGraph engine configured
-// with this machine's devices.
+// Strategy is MirroredStrategy: the in-graph engine (strategy.InGraph)
+// configured with this machine's devices. Its methods are those of the
+// strategy.Strategy interface, plus State for checkpoints and the
+// engine's cross-replica reads and writes (Copies, Assign, Err).
 type Strategy struct {
-	*strategy.InGraph
+	*engine
 }
+
+// engine names the embedded engine without exporting it as a field.
+type engine = strategy.InGraph
 
 // Communication chooses the CrossDeviceOps.
 type Communication int
@@ -160,7 +165,7 @@ func New(opts ...Option) (*Strategy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mirrored: %w", err)
 	}
-	return &Strategy{InGraph: e}, nil
+	return &Strategy{engine: e}, nil
 }
 
 func chooseCrossDeviceOps(c config, devices []string) (strategy.CrossDeviceOps, error) {

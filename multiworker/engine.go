@@ -182,6 +182,6 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		defer cancel()
 		return nil, errors.Join(fmt.Errorf("multiworker: %w", err), g.Close(cctx))
 	}
-	s.InGraph = e
+	s.engine = e
 	return s, nil
 }

@@ -36,10 +36,13 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// Strategy is MultiWorkerMirroredStrategy: a strategy.InGraph engine whose
-// CrossDeviceOps are collectives spanning the cluster.
+// Strategy is MultiWorkerMirroredStrategy: the in-graph engine
+// (strategy.InGraph) whose CrossDeviceOps are collectives spanning the
+// cluster. Its methods are those of the strategy.Strategy interface, plus
+// State for checkpoints, the engine's cross-replica reads and writes
+// (Copies, Assign, Err) and the worker's place in the cluster.
 type Strategy struct {
-	*strategy.InGraph
+	*engine
 	resolver cluster.Resolver
 	task     cluster.Task
 	workerID int
@@ -257,7 +260,7 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}
-	s.InGraph = e
+	s.engine = e
 	s.cdo, s.sessOpts, s.closeTimeout = cdo, sessOpts, c.closeTimeout()
 	if err := s.handshake(ctx, spec, c.startupTimeout); err != nil {
 		e.Close()
@@ -288,7 +291,7 @@ func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}
-	return &Strategy{InGraph: e, resolver: c.resolver, task: task, workers: []cluster.Task{task}, log: log}, nil
+	return &Strategy{engine: e, resolver: c.resolver, task: task, workers: []cluster.Task{task}, log: log}, nil
 }
 
 // workerTasks orders the tasks that train: the chief first, then workers.
@@ -518,10 +521,10 @@ func (s *Strategy) IsChief() bool {
 // connections or the server. TensorFlow keeps a started server's port until
 // the process exits.
 func (s *Strategy) Close() error {
-	err := s.InGraph.Close()
+	err := s.engine.Close()
 	if s.group != nil {
 		s.unregister()
-		broken := s.group.Err() != nil || s.InGraph.Err() != nil
+		broken := s.group.Err() != nil || s.engine.Err() != nil
 		ctx, cancel := context.WithTimeout(context.Background(), s.closeTimeout)
 		defer cancel()
 		if broken {
@@ -532,7 +535,7 @@ func (s *Strategy) Close() error {
 		}
 	}
 	if s.server != nil {
-		if s.InGraph.Err() == nil {
+		if s.engine.Err() == nil {
 			if _, berr := s.round(context.Background(), "closing_barrier", 0, s.closeTimeout); berr != nil {
 				err = errors.Join(err, fmt.Errorf("multiworker: task %s: closing barrier: %w", s.task, berr))
 			}
@@ -541,3 +544,6 @@ func (s *Strategy) Close() error {
 	}
 	return err
 }
+
+// engine names the embedded engine without exporting it as a field.
+type engine = strategy.InGraph

@@ -110,7 +110,7 @@ func TestCheckpointRestoresIntoOtherNumbersOfPS(t *testing.T) {
 	m2 := newRecModel(t, s2, 2)
 	c2 := newCoordinator(t, s2)
 	m2.train(t, ctx, c2, 12)
-	mgr, err := NewCheckpointManager(s2, dir, checkpoint.WithMaxToKeep(2))
+	mgr, err := checkpoint.NewManager(s2, dir, checkpoint.WithMaxToKeep(2))
 	require.NoError(t, err)
 	prefix, err := mgr.Save(ctx, 12, checkpoint.Metadata{"epoch": int64(3)})
 	require.NoError(t, err)
@@ -132,7 +132,7 @@ func TestCheckpointRestoresIntoOtherNumbersOfPS(t *testing.T) {
 		s := newInProcess(t, 1, ps)
 		m := newRecModel(t, s, ps)
 		require.Equal(t, ps, psVar(m.emb).NumShards())
-		mgrN, err := NewCheckpointManager(s, dir)
+		mgrN, err := checkpoint.NewManager(s, dir)
 		require.NoError(t, err)
 		step, md, err := mgrN.RestoreLatest(ctx)
 		require.NoError(t, err, "%d ps", ps)
@@ -160,7 +160,9 @@ func TestRestoreMismatchIsRefused(t *testing.T) {
 		return err
 	}))
 	prefix := filepath.Join(t.TempDir(), "ckpt")
-	require.NoError(t, a.Save(ctx, prefix, nil))
+	sa, err := checkpoint.NewSaver(a)
+	require.NoError(t, err)
+	require.NoError(t, sa.Save(ctx, prefix, nil))
 
 	b := newInProcess(t, 1, 1)
 	require.NoError(t, b.Scope(func(sc strategy.Scope) error {
@@ -170,7 +172,9 @@ func TestRestoreMismatchIsRefused(t *testing.T) {
 		_, err := sc.Variable("y", tf.Float, []int64{1}, strategy.Zeros())
 		return err
 	}))
-	_, err := b.Restore(ctx, prefix)
+	sb, err := checkpoint.NewSaver(b)
+	require.NoError(t, err)
+	_, err = sb.Restore(ctx, prefix)
 	var me *checkpoint.MismatchError
 	require.ErrorAs(t, err, &me)
 	assert.Equal(t, []string{"y"}, me.Missing)

@@ -96,9 +96,10 @@
 //
 // # Checkpoints
 //
-// Strategy.Save and Restore, and CheckpointManager, write TensorFlow's V2
-// checkpoint format: each ps task saves what it holds (SaveV2 on the task)
-// and the chief merges the shards. A sharded variable, and each of its
+// checkpoint.NewSaver and checkpoint.NewManager save and restore the
+// strategy as they do every strategy (through Strategy.State), in
+// TensorFlow's V2 checkpoint format: each ps task saves what it holds
+// (SaveV2 on the task) and the chief merges the shards. A sharded variable, and each of its
 // optimizer slots, is one tensor of its whole shape in the checkpoint, each
 // shard a slice of it, as TensorFlow saves partitioned variables: Restore
 // reads it into any number of shards on any number of ps tasks, and Python's

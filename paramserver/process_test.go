@@ -10,6 +10,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
@@ -122,7 +123,7 @@ func TestPSFailureIsReportedAndARelaunchResumes(t *testing.T) {
 	trainData, _ := digitsData(t)
 	input := perWorkerDigits(t, c, trainData, 32)
 	dir := t.TempDir()
-	mgr, err := NewCheckpointManager(s, dir)
+	mgr, err := checkpoint.NewManager(s, dir)
 	require.NoError(t, err)
 	for step := 20; step <= 40; step += 20 {
 		for range 20 {
@@ -166,7 +167,7 @@ func TestPSFailureIsReportedAndARelaunchResumes(t *testing.T) {
 	var m2 *nn.Sequential
 	require.NoError(t, s2.Scope(func(sc strategy.Scope) (err error) { m2, err = newMLP(sc, 16); return err }))
 	buildDigits(t, s2, m2, optimizer.NewAdam(optimizer.Constant(0.01)))
-	mgr2, err := NewCheckpointManager(s2, dir)
+	mgr2, err := checkpoint.NewManager(s2, dir)
 	require.NoError(t, err)
 	t.Logf("relaunched after %v", time.Since(start))
 	step, _, err := mgr2.RestoreLatest(ctx)

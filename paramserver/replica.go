@@ -258,27 +258,16 @@ func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []
 		views := make([]strategy.Variable, len(dense))
 		switched := make([]tf.Output, len(dense))
 		for i, sh := range dense {
-			if views[i], err = rc.w.view(sh); err != nil {
-				return err
-			}
+			views[i] = sh
 			ss := s.SubScope(fmt.Sprintf("guard_%d", i)).WithDevice(sh.device)
 			_, switched[i] = op.Switch(ss, grads[i], pred)
 		}
-		ac, err := rc.w.store.ApplyContext(s.SubScope("dense"))
-		if err != nil {
-			return err
-		}
+		ac := &applyContext{s: rc.s, scope: s.SubScope("dense"), handle: rc.w.handle}
 		var up *tf.Operation
 		if err := safely(func() (err error) { up, err = opt.Apply(ac, switched, views); return err }); err != nil {
 			return fmt.Errorf("Minimize: optimizer: %w", err)
 		}
 		rc.applies = append(rc.applies, up)
-		if err := pinSlots(rc.w.graph, rc.w.scopes, rc.w.store, &rc.w.known, rc.w.slotDevice(rc.s)); err != nil {
-			return err
-		}
-		if err := rc.s.prepareSlots(opt, dense); err != nil {
-			return err
-		}
 	}
 	for j, l := range sparse {
 		g := grads[len(dense)+j]

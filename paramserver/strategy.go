@@ -44,29 +44,24 @@ type Strategy struct {
 	psTasks []cluster.Task // by position
 	workers []*workerGraph
 
-	mu       sync.Mutex
-	g0       *tf.Graph
-	s0       *tf.Session
-	scopes   map[string]int
-	vars     []*Variable
-	byName   map[string]*Variable
-	nextPS   int
-	pending  []pendingInit
-	store0   *strategy.SlotStore
-	views0   map[*shard]strategy.Variable
-	slots    map[string]*slotVar // by logical name
-	slotList []*slotVar
-	known0   int             // store0 variables already recorded
-	prepared map[string]bool // optimizer and variables whose slots exist in g0
-	progress tf.Output       // g0 handle of the applied-steps counter
-	progInit *tf.Operation
-	progRead tf.Output
-	readers  map[*Variable]tf.Output
-	nfn      int
-	saves    map[string]*saveGraph
-	restores map[string]*restoreGraph
-	coord    *Coordinator
-	closed   bool
+	mu        sync.Mutex
+	g0        *tf.Graph
+	s0        *tf.Session
+	scopes    map[string]int
+	vars      []*Variable
+	byName    map[string]*Variable
+	nextPS    int
+	pending   []pendingInit
+	slotParts map[slotKey]*slotPart
+	slots     map[string]*slotVar // by logical name
+	slotList  []*slotVar
+	progress  tf.Output // g0 handle of the applied-steps counter
+	progInit  *tf.Operation
+	progRead  tf.Output
+	readers   map[*Variable]tf.Output
+	nfn       int
+	coord     *Coordinator
+	closed    bool
 
 	nextClosure atomic.Int64
 }
@@ -87,12 +82,19 @@ type slotVar struct {
 	parts []*slotPart
 }
 
+// slotPart is one resource variable of a slotVar: beside one shard of the
+// variable it serves.
 type slotPart struct {
-	h0     tf.Output
+	name   string // as optimizers see it: after the shard's view name
+	dtype  tf.DataType
+	shape  []int64
 	device string
+	shared string
 	offset int64
 	rows   int64
 	shards int
+	h0     tf.Output // the chief's handle
+	init   *tf.Operation
 	inited bool
 }
 
@@ -139,9 +141,8 @@ func New(ctx context.Context, r cluster.Resolver, opts ...Option) (*Strategy, er
 	s := &Strategy{
 		cfg: c, log: log, spec: spec, server: srv,
 		host:   cluster.DeviceName(string(cluster.Chief), task.Index, "CPU", 0),
-		scopes: map[string]int{}, byName: map[string]*Variable{}, views0: map[*shard]strategy.Variable{},
-		slots: map[string]*slotVar{}, prepared: map[string]bool{}, readers: map[*Variable]tf.Output{},
-		saves: map[string]*saveGraph{}, restores: map[string]*restoreGraph{},
+		scopes: map[string]int{}, byName: map[string]*Variable{},
+		slotParts: map[slotKey]*slotPart{}, slots: map[string]*slotVar{}, readers: map[*Variable]tf.Output{},
 	}
 	for _, i := range spec.TaskIndices(cluster.PS) {
 		s.psTasks = append(s.psTasks, cluster.Task{Type: cluster.PS, Index: i})
@@ -167,7 +168,6 @@ func New(ctx context.Context, r cluster.Resolver, opts ...Option) (*Strategy, er
 	if s.s0, err = tf.NewSession(s.g0, so); err != nil {
 		return nil, tfrt.Classify("paramserver: open the chief's session", err)
 	}
-	s.store0 = strategy.NewSlotStore(s.g0)
 	if err := s.checkPS(ctx); err != nil {
 		s.s0.Close()
 		return nil, err
@@ -177,9 +177,7 @@ func New(ctx context.Context, r cluster.Resolver, opts ...Option) (*Strategy, er
 		addr, _ := spec.TaskAddress(t.Type, t.Index)
 		w := &workerGraph{index: i, task: t, addr: addr, target: r.RPCLayer() + "://" + addr,
 			device: cluster.DeviceName(string(t.Type), t.Index, "CPU", 0),
-			graph:  tf.NewGraph(), scopes: map[string]int{}, handles: map[*shard]tf.Output{},
-			views: map[*shard]strategy.Variable{}}
-		w.store = strategy.NewSlotStore(w.graph)
+			graph:  tf.NewGraph(), scopes: map[string]int{}, handles: map[resource]tf.Output{}}
 		if err := w.buildBasics(s, spec.NumTasks(cluster.Worker)); err != nil {
 			s.s0.Close()
 			return nil, err

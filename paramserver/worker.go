@@ -15,11 +15,10 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/tfrt"
-	"github.com/tfdist/tfdist/strategy"
 )
 
-// workerGraph is one worker's graph: its copy of every Function, handles of
-// the variables' shards, and the optimizers' slots as this graph names them.
+// workerGraph is one worker's graph: its copy of every Function, and its
+// handles of the variables' shards and the optimizers' slots.
 // It is built under Strategy.mu and read by the worker's loop.
 type workerGraph struct {
 	index  int // position among the workers
@@ -30,10 +29,7 @@ type workerGraph struct {
 
 	graph    *tf.Graph
 	scopes   map[string]int
-	handles  map[*shard]tf.Output
-	views    map[*shard]strategy.Variable
-	store    *strategy.SlotStore
-	known    int // store variables already pinned
+	handles  map[resource]tf.Output
 	progress tf.Output
 	probe    tf.Output
 }
@@ -50,47 +46,16 @@ func (w *workerGraph) buildBasics(s *Strategy, workers int) error {
 	return sc.Err()
 }
 
-// handle returns the graph's handle of sh, creating it on first use.
-func (w *workerGraph) handle(sh *shard) tf.Output {
-	if h, ok := w.handles[sh]; ok {
+// handle returns the graph's handle of r, creating it on first use.
+func (w *workerGraph) handle(r resource) tf.Output {
+	if h, ok := w.handles[r]; ok {
 		return h
 	}
-	sc := w.newScope("ps_var/" + sh.viewName())
-	h := op.VarHandleOp(sc.WithDevice(sh.device), sh.v.dtype, tf.MakeShape(sh.shape()...), op.VarHandleOpSharedName(sh.shared))
-	w.handles[sh] = h
+	device, shared := r.placement()
+	sc := w.newScope("ps_var/" + r.Name())
+	h := op.VarHandleOp(sc.WithDevice(device), r.DType(), tf.MakeShape(r.Shape()...), op.VarHandleOpSharedName(shared))
+	w.handles[r] = h
 	return h
-}
-
-// view returns the shard as an optimizer sees it in this graph.
-func (w *workerGraph) view(sh *shard) (strategy.Variable, error) {
-	if v, ok := w.views[sh]; ok {
-		return v, nil
-	}
-	v, err := strategy.NewExternalVariable(sh.viewName(), sh.v.dtype, sh.shape(), w.handle(sh), strategy.Trainable(sh.v.trainable))
-	if err != nil {
-		return nil, err
-	}
-	w.views[sh] = v
-	return v, nil
-}
-
-// pinSlots gives every slot variable the store created since the last call
-// a reader on the device it must live on — the ps of the variable it serves,
-// ps 0 for non-slot variables — so that the placer puts it there.
-func pinSlots(g *tf.Graph, counters map[string]int, store *strategy.SlotStore, known *int, deviceOf func(strategy.SlotInfo) string) error {
-	infos := store.Slots()
-	if len(infos) == *known {
-		return nil
-	}
-	sc := newScope(g, counters, "pin_slots")
-	for i, info := range infos[*known:] {
-		op.ReadVariableOp(sc.SubScope(fmt.Sprintf("pin_%d", i)).WithDevice(deviceOf(info)), info.Var.Handle(0), info.Var.DType())
-	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	*known = len(infos)
-	return nil
 }
 
 // dial reports whether addr accepts TCP connections within timeout.

@@ -24,7 +24,9 @@
 // InGraph is the in-graph replication engine behind the default strategy
 // (Default), mirrored.Strategy and, with collective ops as its
 // CrossDeviceOps, the multi-worker strategy. All compute runs in TensorFlow's
-// runtime; the engine only builds and runs graphs.
+// runtime; the engine only builds and runs graphs. State is the one
+// extension point through which other packages (checkpoint) extend a
+// strategy's graph and run it.
 //
 // Graph construction follows graft's op.Scope rules: an op without a name
 // takes its type as its name, so give each op its own sub-scope

@@ -25,7 +25,7 @@ func (e *InGraph) hostReducerLocked(kind string, dtype tf.DataType, rank int, bu
 	if h, ok := e.reducers[key]; ok {
 		return h, nil
 	}
-	s := e.NewScope("host_" + kind)
+	s := e.namespace("host_" + kind)
 	h := &hostReducer{}
 	err := callSafely(func() error {
 		dims := make([]int64, rank)

@@ -64,7 +64,7 @@ type InGraph struct {
 	mu       sync.Mutex // serialises graph building and step runs
 	vars     []*variable
 	byName   map[string]*variable
-	scopes   map[string]int // namespace counters for NewScope
+	scopes   map[string]int // namespace counters
 	slots    map[slotKey]*variable
 	reducers map[string]*hostReducer
 	closed   bool
@@ -165,14 +165,8 @@ func NewInGraph(cfg Config) (*InGraph, error) {
 	return e, nil
 }
 
-// Config returns the engine's configuration.
-func (e *InGraph) Config() Config { return e.cfg }
-
 // Devices returns the local replica devices.
 func (e *InGraph) Devices() []string { return append([]string(nil), e.cfg.Devices...) }
-
-// HostDevice returns the device of host-side ops.
-func (e *InGraph) HostDevice() string { return e.cfg.HostDevice }
 
 // NumReplicasInSync returns the number of replicas across all workers.
 func (e *InGraph) NumReplicasInSync() int { return e.cfg.NumReplicasInSync }
@@ -180,18 +174,15 @@ func (e *InGraph) NumReplicasInSync() int { return e.cfg.NumReplicasInSync }
 // NumLocalReplicas returns the number of replicas in this process.
 func (e *InGraph) NumLocalReplicas() int { return len(e.cfg.Devices) }
 
-// Logger returns the engine's logger.
-func (e *InGraph) Logger() *zap.Logger { return e.log }
-
-// NewScope returns a fresh graph-building scope over the engine's graph with
-// a namespace of its own (name, name_1, …). Each scope has its own error
-// state, so a failed build does not poison later ones.
-func (e *InGraph) NewScope(name string) *op.Scope {
+// namespace returns a fresh graph-building scope over the engine's graph
+// with a namespace of its own (name, name_1, …). Each scope has its own
+// error state, so a failed build does not poison later ones. e.mu is held.
+func (e *InGraph) namespace(name string) *op.Scope {
 	s, _ := e.newScope(name)
 	return s
 }
 
-// newScope is NewScope that also returns the namespace.
+// newScope is namespace that also returns the namespace.
 func (e *InGraph) newScope(name string) (*op.Scope, string) {
 	n := e.scopes[name]
 	e.scopes[name]++
@@ -263,7 +254,7 @@ func (e *InGraph) newVariable(name string, dtype tf.DataType, shape []int64, ini
 	}
 	v := &variable{name: name, dtype: dtype, shape: append([]int64(nil), shape...), sync: cfg.Synchronization,
 		agg: cfg.Aggregation, trainable: cfg.Trainable, owner: e}
-	s := e.NewScope("var/" + name)
+	s := e.namespace("var/" + name)
 	var assigns []*tf.Operation
 	err = callSafely(func() error {
 		val, err := init(s.SubScope("initial_value").WithDevice(e.cfg.Devices[0]), dtype, shape)
@@ -325,52 +316,6 @@ func (e *InGraph) initPending(ctx context.Context) error {
 	return nil
 }
 
-// MarkInitialized records that vs hold values (restored from a checkpoint,
-// say) so that their initialisers do not run.
-func (e *InGraph) MarkInitialized(vs ...Variable) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.markLocked(vs)
-}
-
-func (e *InGraph) markLocked(vs []Variable) {
-	for _, v := range vs {
-		if iv, err := e.own(v, "MarkInitialized"); err == nil {
-			iv.inited = true
-		}
-	}
-}
-
-// RunOps runs fetches and targets in the engine's session. Ops built through
-// NewScope are added to the session's graph on first use.
-func (e *InGraph) RunOps(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation) ([]*tf.Tensor, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.runLocked(ctx, feeds, fetches, targets)
-}
-
-// RunOpsInitializing is RunOps for ops that give vs their values (a
-// checkpoint restore): on success vs are marked initialised under the same
-// lock, so no step in between re-runs their initialisers.
-func (e *InGraph) RunOpsInitializing(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation, vs ...Variable) ([]*tf.Tensor, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out, err := e.runLocked(ctx, feeds, fetches, targets)
-	if err != nil {
-		return nil, err
-	}
-	e.markLocked(vs)
-	return out, nil
-}
-
-// Lock and Unlock let a package that builds ops over the engine's graph
-// (checkpoint, say) keep steps from running meanwhile. Build with NewScope,
-// then run with RunOps after Unlock.
-func (e *InGraph) Lock() { e.mu.Lock() }
-
-// Unlock ends a Lock.
-func (e *InGraph) Unlock() { e.mu.Unlock() }
-
 func (e *InGraph) runLocked(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation) ([]*tf.Tensor, error) {
 	if e.closed {
 		return nil, errors.New("strategy: closed")
@@ -420,36 +365,18 @@ func (e *InGraph) Value(ctx context.Context, vv Variable) (*tf.Tensor, error) {
 	return out[0], nil
 }
 
-// readers of variables outside replicas, built once per variable.
+// readerLocked returns v's reader outside replicas, built once per
+// variable.
 func (e *InGraph) readerLocked(v *variable) (*hostReducer, error) {
 	key := "read/" + v.name
 	if h, ok := e.reducers[key]; ok {
 		return h, nil
 	}
-	s := e.NewScope("read/" + v.name)
+	s := e.namespace("read/" + v.name)
 	h := &hostReducer{}
-	err := callSafely(func() error {
-		read := func(r int) tf.Output {
-			return op.ReadVariableOp(s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]), v.handles[r], v.dtype)
-		}
-		if v.sync == OnWrite || v.agg == AggregationOnlyFirstReplica || len(v.handles) == 1 && e.cfg.NumReplicasInSync == 1 {
-			h.out = read(0)
-			return s.Err()
-		}
-		if v.agg == AggregationNone {
-			return fmt.Errorf("variable %q is OnRead with aggregation NONE: it cannot be read outside a replica; give it AggregationSum or AggregationMean", v.name)
-		}
-		vals := make([][]tf.Output, len(v.handles))
-		for r := range v.handles {
-			vals[r] = []tf.Output{read(r)}
-		}
-		red, err := e.cfg.CrossDeviceOps.BatchReduce(s.SubScope("reduce"), reduceOpOf(v.agg), vals, e.cfg.Devices)
-		if err != nil {
+	err := callSafely(func() (err error) {
+		if h.out, h.all, err = e.aggregate(s, v); err != nil {
 			return err
-		}
-		h.out = red[0][0]
-		for r := range red {
-			h.all = append(h.all, red[r][0].Op)
 		}
 		return s.Err()
 	})
@@ -521,7 +448,7 @@ func (e *InGraph) Copies(ctx context.Context, vv Variable) ([]*tf.Tensor, error)
 	key := "copies/" + v.name
 	h, ok := e.reducers[key]
 	if !ok {
-		s := e.NewScope("copies/" + v.name)
+		s := e.namespace("copies/" + v.name)
 		h = &hostReducer{}
 		for r := range v.handles {
 			o := op.ReadVariableOp(s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]), v.handles[r], v.dtype)
@@ -537,9 +464,10 @@ func (e *InGraph) Copies(ctx context.Context, vv Variable) ([]*tf.Tensor, error)
 
 // Assign writes value to every local copy of v outside any replica, as a
 // tf.distribute program assigns a variable in cross-replica context: to
-// reset a metric between epochs, say. Under MultiWorkerMirrored every
-// worker assigns its own copies, so every worker must assign the same value
-// to an OnWrite variable.
+// reset a metric between epochs, say. An OnRead variable with
+// AggregationSum gets value/replicas in each copy, so that its value is
+// value. Under MultiWorkerMirrored every worker assigns its own copies, so
+// every worker must assign the same value.
 func (e *InGraph) Assign(ctx context.Context, vv Variable, value *tf.Tensor) error {
 	v, err := e.own(vv, "strategy: Assign")
 	if err != nil {
@@ -556,11 +484,11 @@ func (e *InGraph) Assign(ctx context.Context, vv Variable, value *tf.Tensor) err
 	key := "assign/" + v.name
 	h, ok := e.reducers[key]
 	if !ok {
-		s := e.NewScope("assign/" + v.name)
+		s := e.namespace("assign/" + v.name)
 		h = &hostReducer{in: []tf.Output{op.Placeholder(s.SubScope("value").WithDevice(e.cfg.HostDevice), v.dtype,
 			op.PlaceholderShape(tf.MakeShape(v.shape...)))}}
-		for r := range v.handles {
-			h.all = append(h.all, op.AssignVariableOp(s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]), v.handles[r], h.in[0]))
+		if err := callSafely(func() error { h.all = e.writeCopies(s, v, h.in[0]); return nil }); err != nil {
+			return fmt.Errorf("strategy: Assign %q: %w", v.name, err)
 		}
 		if err := s.Err(); err != nil {
 			return fmt.Errorf("strategy: Assign %q: %w", v.name, err)

@@ -122,7 +122,7 @@ func (rc *ReplicaContext) AllReduce(red ReduceOp, value tf.Output) (tf.Output, e
 		for r, a := range args {
 			vals[r] = []tf.Output{a.(tf.Output)}
 		}
-		out, err := rc.e.cfg.CrossDeviceOps.BatchReduce(rc.e.NewScope("all_reduce"), red, vals, rc.e.cfg.Devices)
+		out, err := rc.e.cfg.CrossDeviceOps.BatchReduce(rc.e.namespace("all_reduce"), red, vals, rc.e.cfg.Devices)
 		if err != nil {
 			return nil, err
 		}
@@ -145,7 +145,7 @@ func (rc *ReplicaContext) AllGather(value tf.Output) (tf.Output, error) {
 		for r, a := range args {
 			vals[r] = []tf.Output{a.(tf.Output)}
 		}
-		out, err := rc.e.cfg.CrossDeviceOps.BatchGather(rc.e.NewScope("all_gather"), vals, rc.e.cfg.Devices)
+		out, err := rc.e.cfg.CrossDeviceOps.BatchGather(rc.e.namespace("all_gather"), vals, rc.e.cfg.Devices)
 		if err != nil {
 			return nil, err
 		}
@@ -277,7 +277,7 @@ func (e *InGraph) mergeApply(opt Optimizer, all []any) ([]any, error) {
 		}
 		vals[r] = args.grads
 	}
-	s := e.NewScope("apply_gradients")
+	s := e.namespace("apply_gradients")
 	reduced, err := e.cfg.CrossDeviceOps.BatchReduce(s.SubScope("all_reduce"), Sum, vals, e.cfg.Devices)
 	if err != nil {
 		return nil, err
@@ -358,7 +358,7 @@ func (rc *ReplicaContext) write(kind string, vv Variable, value tf.Output, add b
 		return fmt.Errorf("%s %q in a replica: the variable is OnWrite with aggregation NONE, so replicas' writes cannot be combined; create it with WithAggregation(AggregationSum, AggregationMean or AggregationOnlyFirstReplica)", kind, v.name)
 	}
 	res, err := rc.merges.call(rc.local, kind, value, func(args []any) ([]any, error) {
-		s := rc.e.NewScope(sanitize(kind + "_" + v.name))
+		s := rc.e.namespace(sanitize(kind + "_" + v.name))
 		var combined []tf.Output
 		if v.agg == AggregationOnlyFirstReplica {
 			if b, ok := rc.e.cfg.CrossDeviceOps.(Broadcaster); ok && rc.e.cfg.NumReplicasInSync > len(args) {

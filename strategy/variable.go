@@ -164,25 +164,8 @@ func (v *variable) Aggregation() Aggregation { return v.agg }
 // Trainable reports whether optimizers train the variable.
 func (v *variable) Trainable() bool { return v.trainable }
 
-// Handle returns the resource handle of the copy on local replica r.
-func (v *variable) Handle(r int) tf.Output { return v.handles[r] }
-
-// NumCopies returns how many copies the variable has in this process.
-func (v *variable) NumCopies() int { return len(v.handles) }
-
 // String returns the name, type and shape.
 func (v *variable) String() string { return fmt.Sprintf("%s:%v%v", v.name, v.dtype, v.shape) }
-
-// Copies is implemented by the variables of the in-graph engine: one
-// resource variable per local replica. Checkpoints and tests that inspect
-// the copies use it.
-type Copies interface {
-	Variable
-	// Handle returns the resource handle of the copy on local replica r.
-	Handle(r int) tf.Output
-	// NumCopies returns how many copies the variable has in this process.
-	NumCopies() int
-}
 
 // scope is the in-graph engine's Scope.
 type scope struct {

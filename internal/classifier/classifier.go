@@ -142,7 +142,7 @@ func parseFlags(prog, model string, args []string, stderr io.Writer) (Options, e
 // and what checkpoints take.
 type engine interface {
 	strategy.Strategy
-	checkpoint.Engine
+	checkpoint.Source
 }
 
 // newStrategy builds the strategy the flags ask for.

@@ -71,7 +71,7 @@ func runPS(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	step := 0
 	var mgr *checkpoint.Manager
 	if o.CheckpointDir != "" {
-		if mgr, err = paramserver.NewCheckpointManager(s, o.CheckpointDir); err != nil {
+		if mgr, err = checkpoint.NewManager(s, o.CheckpointDir); err != nil {
 			return res, err
 		}
 		done, _, err := mgr.RestoreLatest(ctx)
