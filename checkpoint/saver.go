@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -226,7 +227,7 @@ func (s *Saver) plan(prefix string, ix *index, items []strategy.Saveable) ([]str
 			continue
 		}
 		taken[v.Name] = true
-		if ent.DType != v.DType || !sameShape(ent.Shape, v.Shape) {
+		if ent.DType != v.DType || !slices.Equal(ent.Shape, v.Shape) {
 			merr.Mismatched = append(merr.Mismatched, Mismatch{Name: v.Name, CheckpointDType: ent.DType,
 				CheckpointShape: ent.Shape, ModelDType: v.DType, ModelShape: v.Shape})
 			continue
@@ -443,16 +444,4 @@ func sortedNames(m map[string]Entry) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-func sameShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -441,7 +442,7 @@ func stack(elems []hostElem) (hostElem, error) {
 		parts := make([]any, len(elems))
 		for i, e := range elems {
 			c := e.cols[j]
-			if c.dtype != c0.dtype || !equalShape(c.shape, c0.shape) {
+			if c.dtype != c0.dtype || !slices.Equal(c.shape, c0.shape) {
 				return hostElem{}, fmt.Errorf("%w: feature %q of element %d is %s%v, expected %s%v like element 0%s",
 					ErrShape, name, i, dtypeName(c.dtype), c.shape, dtypeName(c0.dtype), c0.shape, at(e.origin))
 			}
@@ -465,18 +466,6 @@ func at(o origin) string {
 		return ""
 	}
 	return " (" + o.String() + ")"
-}
-
-func equalShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Take returns the first n elements of ds (all of them when n < 0).

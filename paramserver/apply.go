@@ -70,9 +70,6 @@ func (s *Strategy) slot(key slotKey, dtype tf.DataType, shape []int64, init stra
 	if p, ok := s.slotParts[key]; ok {
 		return p, nil
 	}
-	if init == nil {
-		return nil, fmt.Errorf("slot %q of %q: nil initializer", key.slot, key.owner)
-	}
 	logical, full := key.owner+"/"+key.slot, shape
 	p := &slotPart{name: logical, dtype: dtype, shape: append([]int64(nil), shape...), device: s.ps[0], shards: 1}
 	if sh := key.sh; sh != nil {
@@ -85,15 +82,9 @@ func (s *Strategy) slot(key slotKey, dtype tf.DataType, shape []int64, init stra
 	err := safely(func() error {
 		ds := sc.WithDevice(p.device)
 		p.h0 = op.VarHandleOp(ds, dtype, tf.MakeShape(shape...), op.VarHandleOpSharedName(p.shared))
-		val, err := init(ds.SubScope("initial_value"), dtype, shape)
+		val, err := init.Build(ds.SubScope("initial_value"), dtype, shape)
 		if err != nil {
 			return err
-		}
-		if err := sc.Err(); err != nil {
-			return err
-		}
-		if val.DataType() != dtype {
-			return fmt.Errorf("initializer gives %s, expected %s", strategy.DTypeName(val.DataType()), strategy.DTypeName(dtype))
 		}
 		p.init = op.AssignVariableOp(ds.SubScope("init"), p.h0, val)
 		return sc.Err()

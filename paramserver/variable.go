@@ -275,15 +275,9 @@ func (s *Strategy) newVariable(name string, dtype tf.DataType, shape []int64, in
 	}
 	sc := s.newScope0("ps_var/" + name)
 	err = safely(func() error {
-		val, err := init(sc.SubScope("initial_value").WithDevice(s.host), dtype, shape)
+		val, err := init.Build(sc.SubScope("initial_value").WithDevice(s.host), dtype, shape)
 		if err != nil {
 			return err
-		}
-		if err := sc.Err(); err != nil {
-			return err
-		}
-		if val.DataType() != dtype {
-			return fmt.Errorf("the initializer gives %s, expected %s", strategy.DTypeName(val.DataType()), strategy.DTypeName(dtype))
 		}
 		for k := range n {
 			ps := s.nextPS % len(s.ps)

@@ -257,15 +257,9 @@ func (e *InGraph) newVariable(name string, dtype tf.DataType, shape []int64, ini
 	s := e.namespace("var/" + name)
 	var assigns []*tf.Operation
 	err = callSafely(func() error {
-		val, err := init(s.SubScope("initial_value").WithDevice(e.cfg.Devices[0]), dtype, shape)
+		val, err := init.Build(s.SubScope("initial_value").WithDevice(e.cfg.Devices[0]), dtype, shape)
 		if err != nil {
 			return err
-		}
-		if err := s.Err(); err != nil {
-			return err
-		}
-		if val.DataType() != dtype {
-			return fmt.Errorf("initializer gives %s, expected %s", DTypeName(val.DataType()), DTypeName(dtype))
 		}
 		vals := make([]tf.Output, len(e.cfg.Devices))
 		for r := range vals {

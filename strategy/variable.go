@@ -1,8 +1,10 @@
 package strategy
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
@@ -13,6 +15,25 @@ import (
 // program (workers) are to agree without a broadcast: use seeded, stateless
 // random ops.
 type Initializer func(s *op.Scope, dtype tf.DataType, shape []int64) (tf.Output, error)
+
+// Build builds the initial value on s and checks its type: the value of a
+// variable of dtype and shape, as every strategy creates one.
+func (init Initializer) Build(s *op.Scope, dtype tf.DataType, shape []int64) (tf.Output, error) {
+	if init == nil {
+		return tf.Output{}, errors.New("nil initializer")
+	}
+	val, err := init(s, dtype, shape)
+	if err != nil {
+		return tf.Output{}, err
+	}
+	if err := s.Err(); err != nil {
+		return tf.Output{}, err
+	}
+	if val.DataType() != dtype {
+		return tf.Output{}, fmt.Errorf("the initializer gives %s, expected %s", DTypeName(val.DataType()), DTypeName(dtype))
+	}
+	return val, nil
+}
 
 // Zeros initialises a variable to zero.
 func Zeros() Initializer {
@@ -28,7 +49,7 @@ func Constant(value *tf.Tensor) Initializer {
 		if value.DataType() != dtype {
 			return tf.Output{}, fmt.Errorf("initial value: dtype %s, expected %s", DTypeName(value.DataType()), DTypeName(dtype))
 		}
-		if !sameShape(value.Shape(), shape) {
+		if !slices.Equal(value.Shape(), shape) {
 			return tf.Output{}, fmt.Errorf("initial value: shape %v, expected %v", value.Shape(), shape)
 		}
 		return op.Const(s, value), nil
@@ -47,18 +68,6 @@ func zeroOf(s *op.Scope, dtype tf.DataType) tf.Output {
 		return op.Const(s, int64(0))
 	}
 	return op.Cast(s, op.Const(s, int32(0)), dtype)
-}
-
-func sameShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // VariableOption sets a property of a variable.
