@@ -12,6 +12,8 @@ import (
 
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/internal/models"
+	"github.com/tfdist/tfdist/internal/reducedtest"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/mirrored"
@@ -211,4 +213,61 @@ func BenchmarkInputWait(b *testing.B) {
 		b.ReportMetric(100*wait.Seconds()/total.Seconds(), "%wait_"+name)
 		b.ReportMetric(float64(total.Microseconds())/float64(b.N), "us/step_"+name)
 	}
+}
+
+// BenchmarkReducedLoss trains the classifier (global batch 64) on Mirrored
+// with 2 and 4 logical CPUs and gets each step's global loss two ways,
+// alternately in one run: summed in the step's own run
+// (Replica.ReduceOutput), and returned per replica and summed by Reduce
+// after the run, a second Session.Run. It reports each way's time per step
+// and their ratio, in-run / run+Reduce.
+func BenchmarkReducedLoss(b *testing.B) {
+	d, err := digits.Load()
+	require.NoError(b, err)
+	ctx := context.Background()
+	var timers []*reducedtest.LossTimer
+	for _, n := range []int{2, 4} {
+		m, err := mirrored.New(mirrored.WithLogicalCPUs(n))
+		require.NoError(b, err)
+		defer m.Close()
+		var model *nn.Sequential
+		require.NoError(b, m.Scope(func(sc strategy.Scope) error {
+			model, err = models.New(sc, "mlp", 64, 1)
+			return err
+		}))
+		feeds := splitFeeds(d.X[:benchBatch], d.Y[:benchBatch], n)
+		lt, err := reducedtest.NewLossTimer(m, models.Spec, models.TrainStep(model, optimizer.NewSGD(optimizer.Constant(0.1))), feeds, benchBatch)
+		require.NoError(b, err)
+		timers = append(timers, lt)
+	}
+	for _, lt := range timers {
+		for range 20 { // warm up
+			require.NoError(b, lt.Step(ctx))
+		}
+		lt.Reset()
+	}
+	b.ResetTimer()
+	for range b.N {
+		for _, lt := range timers {
+			require.NoError(b, lt.Step(ctx))
+		}
+	}
+	for i, n := range []int{2, 4} {
+		lt := timers[i]
+		b.ReportMetric(float64(lt.InRun.Microseconds())/float64(b.N), fmt.Sprintf("mirrored%d_inrun_us/step", n))
+		b.ReportMetric(float64(lt.RunReduce.Microseconds())/float64(b.N), fmt.Sprintf("mirrored%d_run+reduce_us/step", n))
+		b.ReportMetric(lt.InRun.Seconds()/lt.RunReduce.Seconds(), fmt.Sprintf("mirrored%d_inrun/run+reduce", n))
+	}
+}
+
+// splitFeeds gives each of n replicas its slice of the batch x, y.
+func splitFeeds(x [][]float32, y []int32, n int) []map[string]*tf.Tensor {
+	per := len(y) / n
+	feeds := make([]map[string]*tf.Tensor, n)
+	for r := range n {
+		xt, _ := tf.NewTensor(x[r*per : (r+1)*per])
+		yt, _ := tf.NewTensor(y[r*per : (r+1)*per])
+		feeds[r] = map[string]*tf.Tensor{"x": xt, "y": yt}
+	}
+	return feeds
 }

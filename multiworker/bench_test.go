@@ -7,7 +7,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+	tf "github.com/wamuir/graft/tensorflow"
+
+	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/allreducebench"
+	"github.com/tfdist/tfdist/internal/models"
+	"github.com/tfdist/tfdist/internal/reducedtest"
+	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/optimizer"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // The benchmarks re-execute this test binary as their worker processes,
@@ -90,4 +100,60 @@ func BenchmarkOverlap(b *testing.B) {
 		b.ReportMetric(step*1e3, "step_ms")
 		b.ReportMetric((compute+comm-step)/comm, "hidden")
 	}
+}
+
+// BenchmarkReducedLoss trains the classifier (global batch 64) on 2 workers
+// of 2 replicas each, in this process on tfdist's engine, and gets each
+// step's global loss two ways, alternately in one run: summed in the
+// step's own run (Replica.ReduceOutput), and returned per replica and
+// summed by Reduce after the run, a second Session.Run and a second
+// collective. It reports worker 0's time per step of each way and their
+// ratio, in-run / run+Reduce. Run with -benchtime 1x: each iteration
+// starts the workers and times 200 steps each way.
+func BenchmarkReducedLoss(b *testing.B) {
+	d, err := digits.Load()
+	require.NoError(b, err)
+	const gb, per, steps = 64, 16, 200
+	var inRun, runReduce time.Duration
+	for range b.N {
+		errs := onWorkers(loopbackSpec(b, 2), []multiworker.Option{multiworker.WithLogicalCPUs(2),
+			multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+			func(w int, s *multiworker.Strategy) error {
+				var model *nn.Sequential
+				if err := s.Scope(func(sc strategy.Scope) (err error) {
+					model, err = models.New(sc, "mlp", 64, 1)
+					return err
+				}); err != nil {
+					return err
+				}
+				feeds := make([]map[string]*tf.Tensor, 2)
+				for r := range feeds {
+					lo := (2*w + r) * per
+					xt, _ := tf.NewTensor(d.X[lo : lo+per])
+					yt, _ := tf.NewTensor(d.Y[lo : lo+per])
+					feeds[r] = map[string]*tf.Tensor{"x": xt, "y": yt}
+				}
+				lt, err := reducedtest.NewLossTimer(s, models.Spec, models.TrainStep(model, optimizer.NewSGD(optimizer.Constant(0.1))), feeds, gb)
+				if err != nil {
+					return err
+				}
+				for i := range 20 + steps {
+					if i == 20 { // after the warm-up
+						lt.Reset()
+					}
+					if err := lt.Step(context.Background()); err != nil {
+						return err
+					}
+				}
+				if w == 0 {
+					inRun, runReduce = inRun+lt.InRun, runReduce+lt.RunReduce
+				}
+				return nil
+			})
+		require.NoError(b, errs[0])
+		require.NoError(b, errs[1])
+	}
+	b.ReportMetric(float64(inRun.Microseconds())/float64(b.N*steps), "inrun_us/step")
+	b.ReportMetric(float64(runReduce.Microseconds())/float64(b.N*steps), "run+reduce_us/step")
+	b.ReportMetric(inRun.Seconds()/runReduce.Seconds(), "inrun/run+reduce")
 }

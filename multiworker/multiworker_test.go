@@ -20,7 +20,7 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-func loopbackSpec(t *testing.T, workers int) cluster.ClusterSpec {
+func loopbackSpec(t testing.TB, workers int) cluster.ClusterSpec {
 	t.Helper()
 	ports, err := tfrt.FreeLoopbackPorts(workers)
 	require.NoError(t, err)

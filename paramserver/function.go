@@ -137,6 +137,10 @@ func (s *Strategy) trace(f *Function, w *workerGraph, fn strategy.ReplicaFn) (*w
 	if err := root.Err(); err != nil {
 		return nil, nil, false, err
 	}
+	out, err = withReduced(out, &rc.reduced)
+	if err != nil {
+		return nil, nil, false, err
+	}
 	outNames := make([]string, 0, len(out))
 	for name, o := range out {
 		if o.Op == nil {
@@ -162,6 +166,22 @@ func (s *Strategy) trace(f *Function, w *workerGraph, fn strategy.ReplicaFn) (*w
 		wf.targets = append(append(wf.targets, rc.applies...), mark)
 	}
 	return wf, outNames, mark != nil, root.Err()
+}
+
+// withReduced returns the step function's outputs with its reduced outputs
+// added: each is the worker's own value.
+func withReduced(out strategy.Outputs, red *strategy.ReducedOutputs) (strategy.Outputs, error) {
+	if err := red.Check(out); err != nil {
+		return nil, err
+	}
+	all := make(strategy.Outputs, len(out))
+	for name, o := range out {
+		all[name] = o
+	}
+	for _, o := range red.List() {
+		all[o.Name] = o.Value
+	}
+	return all, nil
 }
 
 func firstLine(err error) string {

@@ -31,6 +31,7 @@ type replicaContext struct {
 	applies []*tf.Operation
 	targets []*tf.Operation
 	nGrad   int
+	reduced strategy.ReducedOutputs
 }
 
 var _ strategy.Replica = (*replicaContext)(nil)
@@ -83,6 +84,14 @@ func (rc *replicaContext) AllReduce(strategy.ReduceOp, tf.Output) (tf.Output, er
 // AllGather is an error: the workers do not run in sync.
 func (rc *replicaContext) AllGather(tf.Output) (tf.Output, error) {
 	return tf.Output{}, fmt.Errorf("AllGather: %w", errNotInSync)
+}
+
+// ReduceOutput declares an output named name that the step returns with
+// its other outputs. A worker's step is one replica, not in sync with the
+// others, so the value combined across the replicas of the step is value
+// itself, for Sum and Mean alike.
+func (rc *replicaContext) ReduceOutput(name string, red strategy.ReduceOp, value tf.Output) error {
+	return rc.reduced.Declare(name, red, value)
 }
 
 // AddTarget makes o run every time the step runs.

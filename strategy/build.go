@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sort"
 	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -22,12 +23,18 @@ type Step struct {
 	counts      []tf.Output   // per-replica example counts, fed otherwise
 	outNames    []string
 	outputs     [][]tf.Output // [replica][output]
+	redNames    []string      // reduced outputs (ReduceOutput), sorted
 	targets     []*tf.Operation
-	fetches     []tf.Output // outputs flattened replica-major
+	fetches     []tf.Output // outputs flattened replica-major, then the reduced outputs
 }
 
-// OutputNames returns the names of the step's outputs, sorted.
-func (st *Step) OutputNames() []string { return append([]string(nil), st.outNames...) }
+// OutputNames returns the names of the step's outputs, sorted: the keys of
+// the Result a run returns, reduced outputs included.
+func (st *Step) OutputNames() []string {
+	names := append(append([]string(nil), st.outNames...), st.redNames...)
+	sort.Strings(names)
+	return names
+}
 
 // Build traces fn once per local replica into the strategy's graph and
 // returns the compiled Step. spec gives each input's type and per-replica
@@ -109,7 +116,7 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 			}
 		}
 		outs[r] = out
-		return nil
+		return rcs[r].reduced.Check(out)
 	})
 	if err != nil {
 		if serr := root.Err(); serr != nil {
@@ -139,11 +146,14 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 			st.targets = append(st.targets, globals[r].Op)
 		}
 	}
+	if err := e.buildReduced(root, st, rcs); err != nil {
+		return nil, err
+	}
 	if err := e.initPending(context.Background()); err != nil {
 		return nil, &BuildError{Replica: -1, Err: err}
 	}
 	e.log.Debug("step built", zap.Int("replicas", n), zap.Strings("inputs", st.names),
-		zap.Strings("outputs", st.outNames), zap.Duration("took", time.Since(start)))
+		zap.Strings("outputs", st.outNames), zap.Strings("reduced_outputs", st.redNames), zap.Duration("took", time.Since(start)))
 	return st, nil
 }
 
@@ -214,7 +224,7 @@ func (e *InGraph) RunReplicas(ctx context.Context, st *Step, feeds []map[string]
 	if err != nil {
 		return nil, err
 	}
-	res := make(Result, len(st.outNames))
+	res := make(Result, len(st.outNames)+len(st.redNames))
 	k := len(st.outNames)
 	for j, name := range st.outNames {
 		pr := make(PerReplica, len(feeds))
@@ -222,6 +232,9 @@ func (e *InGraph) RunReplicas(ctx context.Context, st *Step, feeds []map[string]
 			pr[r] = out[r*k+j]
 		}
 		res[name] = pr
+	}
+	for j, name := range st.redNames {
+		res[name] = PerReplica{out[len(feeds)*k+j]}
 	}
 	return res, nil
 }

@@ -84,6 +84,15 @@ type Replica interface {
 	AssignAdd(v Variable, value tf.Output) error
 	// AddTarget makes o run every step (a metric update, say).
 	AddTarget(o *tf.Operation)
+	// ReduceOutput declares an output of the step, named name, that is
+	// value combined across all replicas in sync by red: summed, or
+	// averaged over NumReplicasInSync. It is computed and fetched in the
+	// step's own run — no Reduce after it — and the run's Result holds it
+	// as one tensor (Result.Reduced). Every replica must declare the same
+	// reduced outputs, and name must differ from the outputs the step
+	// function returns. Under the parameter-server strategy, whose workers
+	// do not run in sync, the output is the worker's own value.
+	ReduceOutput(name string, red ReduceOp, value tf.Output) error
 }
 
 // ApplyContext gives an Optimizer what it needs to update one copy of the

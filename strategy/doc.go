@@ -9,17 +9,25 @@
 // A program creates its variables inside Strategy.Scope, builds a replica
 // function into a Step with Strategy.Build (the function is traced once per
 // replica into one TensorFlow graph, never per step), and runs the Step once
-// per global batch with Strategy.Run:
+// per global batch with Strategy.Run. A value the loop needs combined
+// across replicas (the loss) is declared with Replica.ReduceOutput and
+// comes back reduced from the step's own run:
 //
 //	err := s.Scope(func(sc strategy.Scope) error { m, err = NewModel(sc); return err })
 //	step, err := s.Build(spec, func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 //		loss := r.AverageLoss(m.PerExampleLoss(r, in["x"], in["y"]))
-//		return strategy.Outputs{"loss": loss}, r.Minimize(opt, loss, m.Vars())
+//		if err := r.ReduceOutput("loss", strategy.Sum, loss); err != nil {
+//			return nil, err
+//		}
+//		return nil, r.Minimize(opt, loss, m.Vars())
 //	})
 //	for batch, err := range dist.All(ctx) {
 //		res, err := s.Run(ctx, step, batch)
-//		loss, err := s.Reduce(ctx, strategy.Sum, res["loss"])
+//		loss := res.Reduced("loss") // the global mean loss
 //	}
+//
+// Outputs a step function returns come back per replica (PerReplica), for
+// Strategy.Reduce or Gather to combine in a run of their own.
 //
 // InGraph is the in-graph replication engine behind the default strategy
 // (Default), mirrored.Strategy and, with collective ops as its

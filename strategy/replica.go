@@ -37,6 +37,7 @@ type ReplicaContext struct {
 	globalCount tf.Output
 	merges      *merger
 	nGrad       int
+	reduced     ReducedOutputs
 }
 
 // ReplicaID returns the replica's id among all replicas in sync.

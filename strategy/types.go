@@ -117,7 +117,9 @@ type Outputs map[string]tf.Output
 // PerReplica holds one value per local replica, in replica order.
 type PerReplica []*tf.Tensor
 
-// Result maps each output name of a Step to its per-replica values.
+// Result maps each output name of a Step to its per-replica values, or,
+// for an output declared with Replica.ReduceOutput, to its one reduced
+// value (Result.Reduced).
 type Result map[string]PerReplica
 
 // ErrScopeClosed is returned when a Scope is used after its function returned.

@@ -1,0 +1,171 @@
+package strategy
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+)
+
+// ReducedOutput is an output a step declared with Replica.ReduceOutput: the
+// replicas' values of Value, combined by Op.
+type ReducedOutput struct {
+	Name  string
+	Op    ReduceOp
+	Value tf.Output
+}
+
+// ReducedOutputs collects the outputs one replica declares with
+// Replica.ReduceOutput and checks them. Strategies that implement Replica
+// keep one per traced replica; model code does not use it.
+type ReducedOutputs struct {
+	list []ReducedOutput
+}
+
+// Declare records a reduced output, or returns an error naming the output
+// when its name is empty or already declared, red is neither Sum nor Mean,
+// or value has no op.
+func (d *ReducedOutputs) Declare(name string, red ReduceOp, value tf.Output) error {
+	if name == "" {
+		return errors.New("ReduceOutput: empty output name")
+	}
+	if red != Sum && red != Mean {
+		return fmt.Errorf("ReduceOutput %q: reduce op %v, expected strategy.Sum or strategy.Mean", name, red)
+	}
+	if value.Op == nil {
+		return fmt.Errorf("ReduceOutput %q: the value has no op (was it built from a failed scope?)", name)
+	}
+	for _, o := range d.list {
+		if o.Name == name {
+			return fmt.Errorf("ReduceOutput %q: declared twice in one step; each reduced output needs its own name", name)
+		}
+	}
+	d.list = append(d.list, ReducedOutput{Name: name, Op: red, Value: value})
+	return nil
+}
+
+// Check returns an error naming the first reduced output whose name is
+// also an output that the step function returned in out.
+func (d *ReducedOutputs) Check(out Outputs) error {
+	for _, o := range d.List() {
+		if _, clash := out[o.Name]; clash {
+			return fmt.Errorf("output %q: the step function both returns it and declares it with ReduceOutput; give one of them another name", o.Name)
+		}
+	}
+	return nil
+}
+
+// List returns the declared outputs sorted by name: the order in which
+// every worker reduces them, whatever order its step declared them in.
+func (d *ReducedOutputs) List() []ReducedOutput {
+	out := append([]ReducedOutput(nil), d.list...)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Reduced returns the value of the output name that the step declared with
+// Replica.ReduceOutput: one tensor, already combined across every replica
+// of every worker in the step's own run: the single entry of r[name]. It
+// returns nil when r has no output name, or when name is a per-replica
+// output of several local replicas; of one local replica, it returns that
+// replica's own, unreduced value, so ask it for reduced outputs only.
+func (r Result) Reduced(name string) *tf.Tensor {
+	if v := r[name]; len(v) == 1 {
+		return v[0]
+	}
+	return nil
+}
+
+// ReduceOutput declares an output of the step whose value is value summed
+// (Sum) or averaged (Mean, over NumReplicasInSync) across every replica of
+// every worker, computed in the step's own run. Build reduces all of a
+// step's reduced outputs together with the strategy's CrossDeviceOps, once
+// every replica has been traced, so every replica must declare the same
+// ones.
+func (rc *ReplicaContext) ReduceOutput(name string, red ReduceOp, value tf.Output) error {
+	return rc.reduced.Declare(name, red, value)
+}
+
+// ReducedOutputNames returns the names of the outputs the step declared
+// with Replica.ReduceOutput, sorted.
+func (st *Step) ReducedOutputNames() []string { return append([]string(nil), st.redNames...) }
+
+// buildReduced checks that every replica declared the same reduced outputs
+// as replica 0 and builds them: one BatchReduce (Sum) of every declared
+// output, then, for Mean, a division by the replicas in sync. Replica 0's
+// results are fetched after the per-replica outputs; the other replicas'
+// run as targets, since a collective completes only when every member
+// joins.
+func (e *InGraph) buildReduced(root *op.Scope, st *Step, rcs []*ReplicaContext) error {
+	first := rcs[0].reduced.List()
+	if len(first) == 0 {
+		for r := range rcs {
+			if n := len(rcs[r].reduced.list); n > 0 {
+				return &BuildError{Replica: r, Err: fmt.Errorf("declares reduced outputs %v, replica 0 declares none", names(rcs[r].reduced.List()))}
+			}
+		}
+		return nil
+	}
+	vals := make([][]tf.Output, len(rcs))
+	for r, rc := range rcs {
+		decl := rc.reduced.List()
+		if err := sameReduced(first, decl); err != nil {
+			return &BuildError{Replica: r, Err: err}
+		}
+		for _, o := range decl {
+			vals[r] = append(vals[r], o.Value)
+		}
+	}
+	s := root.SubScope("reduced_outputs")
+	sums, err := e.cfg.CrossDeviceOps.BatchReduce(s.SubScope("sum"), Sum, vals, e.cfg.Devices)
+	if err != nil {
+		return &BuildError{Replica: -1, Err: fmt.Errorf("reduced outputs %v: %w", names(first), err)}
+	}
+	for k, o := range first {
+		v := sums[0][k]
+		if o.Op == Mean {
+			ms := s.SubScope("mean_" + sanitize(o.Name)).WithDevice(e.cfg.Devices[0])
+			n := op.Cast(ms.SubScope("n"), op.Const(ms.SubScope("replicas"), int32(e.cfg.NumReplicasInSync)), v.DataType())
+			v = op.Div(ms, v, n)
+		}
+		st.redNames = append(st.redNames, o.Name)
+		st.fetches = append(st.fetches, v)
+		for r := 1; r < len(sums); r++ {
+			st.targets = append(st.targets, sums[r][k].Op)
+		}
+	}
+	if err := s.Err(); err != nil {
+		return &BuildError{Replica: -1, Err: fmt.Errorf("reduced outputs %v: %w", names(first), err)}
+	}
+	return nil
+}
+
+// sameReduced returns an error naming the first reduced output in which
+// decl differs from replica 0's declarations, want.
+func sameReduced(want, decl []ReducedOutput) error {
+	if len(decl) != len(want) {
+		return fmt.Errorf("declares reduced outputs %v, replica 0 declares %v", names(decl), names(want))
+	}
+	for k, o := range decl {
+		w := want[k]
+		switch {
+		case o.Name != w.Name:
+			return fmt.Errorf("declares reduced outputs %v, replica 0 declares %v", names(decl), names(want))
+		case o.Op != w.Op:
+			return fmt.Errorf("reduced output %q: reduces with %v, replica 0 with %v", o.Name, o.Op, w.Op)
+		case o.Value.DataType() != w.Value.DataType():
+			return fmt.Errorf("reduced output %q: is %s, replica 0's is %s", o.Name, DTypeName(o.Value.DataType()), DTypeName(w.Value.DataType()))
+		}
+	}
+	return nil
+}
+
+func names(outs []ReducedOutput) []string {
+	n := make([]string, len(outs))
+	for i, o := range outs {
+		n[i] = o.Name
+	}
+	return n
+}
