@@ -11,9 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/tfdist/tfdist/checkpoint"
@@ -50,8 +48,6 @@ type Options struct {
 	CollectiveTimeout time.Duration
 	Communication     string
 	StatsEvery        time.Duration
-	CrashAtStep       int
-	CrashTask         string
 }
 
 // Result is what a run reports (the -json line of the command).
@@ -93,8 +89,6 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.DurationVar(&o.CollectiveTimeout, "collective-timeout", 60*time.Second, "multiworker: how long a step waits for its peers before failing and naming a dead or silent one (0: forever)")
 	fs.StringVar(&o.Communication, "communication", "tfdist", "multiworker: who moves tensors between workers: tfdist (its own collective engine) or tensorflow (TensorFlow's ring collectives)")
 	fs.DurationVar(&o.StatsEvery, "stats-every", 0, "print a line 'stats goroutines=N heap=BYTES' every `D` (0: never), for soak runs that watch the process")
-	fs.IntVar(&o.CrashAtStep, "crash-at-step", 0, "fault-tolerance testing: kill this process (SIGKILL) after this step, on the first attempt only")
-	fs.StringVar(&o.CrashTask, "crash-task", "", "with -crash-at-step: only the task named type:index (e.g. worker:1) crashes")
 }
 
 // Check reports the first flag whose value cannot work.
@@ -260,7 +254,11 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	crash := o.CrashAtStep > 0 && firstAttempt() && (o.CrashTask == "" || o.CrashTask == taskName())
+	crash, err := crashPlanFromEnv()
+	if err != nil {
+		return res, err
+	}
+	armed := crash.armed()
 
 	// Metrics: TensorBoard event files from the chief, progress on log.
 	var tb *summary.Writer
@@ -303,9 +301,8 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 				return res, err
 			}
 		}
-		if crash && step == o.CrashAtStep {
-			fmt.Fprintf(log, "crashing on purpose after step %d\n", step)
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		if armed {
+			crash.crashIfDue(log, step)
 		}
 		if report != nil {
 			report.Update(step, res.FinalLoss)
@@ -361,21 +358,4 @@ func evaluate(ctx context.Context, s strategy.Strategy, step *strategy.Step, tes
 		correct += float64(sum.Value().(float32))
 	}
 	return correct / float64(test.Len()), nil
-}
-
-// firstAttempt reports whether this is the first run of the job, not a run
-// tfdist launch restarted after a failure.
-func firstAttempt() bool {
-	r := os.Getenv("TFDIST_RESTART")
-	return r == "" || r == "0"
-}
-
-// taskName returns this process's task as type:index, from the variables
-// tfdist launch sets, or "" outside a launched cluster.
-func taskName() string {
-	t, i := os.Getenv("TFDIST_TASK_TYPE"), os.Getenv("TFDIST_TASK_INDEX")
-	if t == "" {
-		return ""
-	}
-	return t + ":" + i
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"syscall"
 	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -28,8 +26,12 @@ func runPS(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	if o.Devices != 1 {
 		return res, fmt.Errorf("-strategy ps: -devices %d: each worker runs its steps on one device", o.Devices)
 	}
-	if o.CrashAtStep > 0 && o.CrashTask != "" && o.CrashTask != "chief:0" {
-		return res, fmt.Errorf("-strategy ps: -crash-task %s: only the chief runs the training loop; use chief:0 (kill ps and worker tasks from outside)", o.CrashTask)
+	crash, err := crashPlanFromEnv()
+	if err != nil {
+		return res, err
+	}
+	if crash.step > 0 && crash.task != "" && crash.task != "chief:0" {
+		return res, fmt.Errorf("-strategy ps: %s=%s: only the chief runs the training loop; use chief:0 (kill ps and worker tasks from outside)", EnvCrashTask, crash.task)
 	}
 	opt, err := newOptimizer(o)
 	if err != nil {
@@ -99,7 +101,7 @@ func runPS(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		return res, err
 	}
 
-	crash := o.CrashAtStep > 0 && firstAttempt()
+	armed := crash.armed()
 	// Schedule in chunks: Join between chunks gives checkpoints and
 	// progress lines a consistent point.
 	chunk := 50
@@ -139,9 +141,8 @@ func runPS(ctx context.Context, o Options, log io.Writer) (Result, error) {
 			rate := float64((step-first)*o.GlobalBatch) / time.Since(start).Seconds()
 			fmt.Fprintf(log, "step %4d/%d  loss %.4f  %.0f examples/s\n", step, o.Steps, res.FinalLoss, rate)
 		}
-		if crash && step >= o.CrashAtStep {
-			fmt.Fprintf(log, "crashing on purpose after step %d\n", step)
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		if armed {
+			crash.crashIfDue(log, step)
 		}
 	}
 	if el := time.Since(start).Seconds(); el > 0 && step > first {
