@@ -32,6 +32,16 @@ func TestDemoTrains(t *testing.T) {
 	assert.Contains(t, help, `(default "mirrored")`)
 }
 
+// The classifier's fault-injection hooks (environment variables of the
+// tests) are not among the flags tfdist demo shows.
+func TestDemoUsageHidesFaultInjection(t *testing.T) {
+	code, help, _ := runHere(nil, "", "demo", "-h")
+	require.Equal(t, 0, code)
+	assert.Contains(t, help, "-checkpoint-dir")
+	assert.NotContains(t, help, "crash")
+	assert.NotContains(t, help, "TFDIST_TEST")
+}
+
 func TestBenchComparesStrategies(t *testing.T) {
 	code, out, errOut := runHere(nil, "", "bench", "-steps", "20", "-global-batch", "32")
 	require.Equal(t, 0, code, errOut)

@@ -79,4 +79,20 @@ func TestBadFlags(t *testing.T) {
 	assert.ErrorContains(t, err, "does not divide")
 	_, err = classifier.Run(ctx, options(t, "-strategy", "default", "-devices", "2"), io.Discard)
 	assert.ErrorContains(t, err, "use -strategy mirrored")
+	t.Setenv(classifier.EnvCrashAtStep, "soon")
+	_, err = classifier.Run(ctx, options(t, "-strategy", "default"), io.Discard)
+	assert.ErrorContains(t, err, classifier.EnvCrashAtStep+`="soon"`)
+}
+
+// The tests' fault-injection hooks are environment variables, not flags:
+// the usage text does not mention them, and no flag takes them.
+func TestUsageHidesFaultInjection(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 0, classifier.Main("classifier", "mlp", []string{"-h"}, &stdout, &stderr))
+	usage := stderr.String()
+	assert.Contains(t, usage, "-checkpoint-dir")
+	assert.NotContains(t, usage, "crash")
+	assert.NotContains(t, usage, "TFDIST_TEST")
+	_, err := classifier.ParseFlags([]string{"-crash-at-step", "5"}, io.Discard)
+	assert.ErrorContains(t, err, "flag provided but not defined: -crash-at-step")
 }

@@ -132,9 +132,9 @@ func TestDeadPeerFailsTheSurvivorWithinTimeout(t *testing.T) {
 		tfc, err := cluster.Marshal(spec, cluster.Task{Type: cluster.Worker, Index: w})
 		require.NoError(t, err)
 		cmd := exec.Command(bins.classifier, "-strategy", "multiworker", "-devices", "2", "-steps", "200",
-			"-global-batch", "32", "-checkpoint-dir", dir, "-checkpoint-every", "20", "-collective-timeout", "10s",
-			"-crash-at-step", fmt.Sprint(crashAt), "-crash-task", "worker:1", "-log-every", "0")
-		cmd.Env = append(os.Environ(), "TF_CONFIG="+tfc, "TFDIST_TASK_TYPE=worker", fmt.Sprintf("TFDIST_TASK_INDEX=%d", w), "TF_CPP_MIN_LOG_LEVEL=2")
+			"-global-batch", "32", "-checkpoint-dir", dir, "-checkpoint-every", "20", "-collective-timeout", "10s", "-log-every", "0")
+		cmd.Env = append(os.Environ(), "TF_CONFIG="+tfc, "TFDIST_TASK_TYPE=worker", fmt.Sprintf("TFDIST_TASK_INDEX=%d", w), "TF_CPP_MIN_LOG_LEVEL=2",
+			fmt.Sprintf("%s=%d", classifier.EnvCrashAtStep, crashAt), classifier.EnvCrashTask+"=worker:1")
 		out := &syncbuf.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		require.NoError(t, cmd.Start())
@@ -172,10 +172,11 @@ func TestRestartResumesFromCheckpoint(t *testing.T) {
 	args := []string{"-steps", "120", "-global-batch", "32", "-lr", "0.1"}
 	want := defaultRun(t, args...)
 	crashAt := 41 + rand.IntN(19) // between the checkpoints of steps 40 and 60
+	t.Setenv(classifier.EnvCrashAtStep, fmt.Sprint(crashAt))
+	t.Setenv(classifier.EnvCrashTask, "worker:1")
 	out, err := launch(t, 4*time.Minute, []string{"--workers", "2", "--max-restarts", "1", "--grace", "5s"},
 		append(args, "-strategy", "multiworker", "-devices", "2", "-json", "-log-every", "0",
-			"-checkpoint-dir", t.TempDir(), "-checkpoint-every", "20", "-collective-timeout", "10s",
-			"-crash-at-step", fmt.Sprint(crashAt), "-crash-task", "worker:1")...)
+			"-checkpoint-dir", t.TempDir(), "-checkpoint-every", "20", "-collective-timeout", "10s")...)
 	require.NoError(t, err, out)
 	assert.Contains(t, out, fmt.Sprintf("crashing on purpose after step %d", crashAt))
 	assert.Contains(t, out, "resuming after step 40")

@@ -30,7 +30,28 @@ func TestLaunchParameterServerReachesNinetyPercent(t *testing.T) {
 	assert.EqualValues(t, 300, r.AppliedSteps, "one update per scheduled step")
 	assert.Equal(t, 2, r.Workers)
 	assert.True(t, r.Chief)
-	assert.Contains(t, out, "[chief:0] step  300/300")
+	assert.Regexp(t, `\[chief:0\] step +300/300`, out)
+}
+
+// The LeNet CNN (-model lenet, what examples/lenet trains) under tfdist
+// launch --chief --workers 2 --ps 2 reaches 95% held-out accuracy: Adam at
+// 0.001 for 3,000 asynchronous steps of 64. Measured over twelve runs, half
+// of them two at a time: 96.6% to 98.0%, 24 s each alone, 39 s two at a
+// time. 2,000 steps gave 95.3% to 97.0% under that load; momentum at 0.05
+// for 800 steps gave 93.6% to 97.3%, and diverged in one run of ten at
+// 1,200 steps.
+func TestLaunchParameterServerLeNetReachesNinetyFivePercent(t *testing.T) {
+	needBinaries(t)
+	out, err := launch(t, 3*time.Minute, []string{"--chief", "--workers", "2", "--ps", "2"},
+		"-strategy", "ps", "-model", "lenet", "-optimizer", "adam", "-lr", "0.001", "-steps", "3000",
+		"-json", "-log-every", "500")
+	require.NoError(t, err, out)
+	r, ok := results(t, out)["chief:0"]
+	require.True(t, ok, out)
+	assert.EqualValues(t, 3000, r.AppliedSteps, "one update per scheduled step")
+	assert.Equal(t, 2, r.Workers)
+	assert.GreaterOrEqual(t, r.Accuracy, 0.95, out)
+	t.Logf("held-out accuracy %.2f%%", 100*r.Accuracy)
 }
 
 // The chief dies after the checkpoint of step 100; tfdist launch restarts
@@ -39,9 +60,10 @@ func TestLaunchParameterServerReachesNinetyPercent(t *testing.T) {
 func TestParameterServerRelaunchResumesFromCheckpoint(t *testing.T) {
 	needBinaries(t)
 	dir := t.TempDir()
+	t.Setenv(classifier.EnvCrashAtStep, "100")
+	t.Setenv(classifier.EnvCrashTask, "chief:0")
 	out, err := launch(t, 3*time.Minute, []string{"--chief", "--workers", "2", "--ps", "2", "--max-restarts", "1"},
-		"-strategy", "ps", "-steps", "300", "-checkpoint-dir", dir, "-checkpoint-every", "50",
-		"-crash-at-step", "100", "-crash-task", "chief:0", "-json", "-log-every", "50")
+		"-strategy", "ps", "-steps", "300", "-checkpoint-dir", dir, "-checkpoint-every", "50", "-json", "-log-every", "50")
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "crashing on purpose after step 100")
 	assert.Contains(t, out, "resuming after step 100 from "+dir)
@@ -60,6 +82,8 @@ func TestParameterServerNeedsACluster(t *testing.T) {
 	assert.True(t, strings.Contains(err.Error(), "tfdist launch --chief --workers 2 --ps 2"), err)
 	_, err = classifier.Run(context.Background(), options(t, "-strategy", "ps", "-devices", "2"), io.Discard)
 	assert.ErrorContains(t, err, "-strategy ps: -devices 2")
-	_, err = classifier.Run(context.Background(), options(t, "-strategy", "ps", "-crash-at-step", "5", "-crash-task", "worker:1"), io.Discard)
-	assert.ErrorContains(t, err, "-crash-task worker:1: only the chief runs the training loop")
+	t.Setenv(classifier.EnvCrashAtStep, "5")
+	t.Setenv(classifier.EnvCrashTask, "worker:1")
+	_, err = classifier.Run(context.Background(), options(t, "-strategy", "ps"), io.Discard)
+	assert.ErrorContains(t, err, classifier.EnvCrashTask+"=worker:1: only the chief runs the training loop")
 }

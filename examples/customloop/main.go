@@ -1,5 +1,6 @@
 // Command customloop is a custom training loop on the Mirrored strategy,
-// written the way a tf.distribute user writes one: per-replica input
+// written the way a tf.distribute user writes one: a model of nn layers
+// (nn.MLP) and a step built with an nn.Builder, per-replica input
 // pipelines from DistributeDatasetsFromFunction, a metric kept in an OnRead
 // variable that every replica updates and that is summed when read, a
 // learning-rate schedule, and a checkpoint manager that saves every epoch and
@@ -18,11 +19,11 @@ import (
 	"os"
 
 	tf "github.com/wamuir/graft/tensorflow"
-	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
@@ -57,59 +58,15 @@ func run(ctx context.Context, o options, log io.Writer) (report, error) {
 		return rep, err
 	}
 	defer s.Close()
-	per, err := s.InputContext().PerReplicaBatchSize(o.globalBatch)
-	if err != nil {
-		return rep, err
-	}
 	data, err := digits.Load()
 	if err != nil {
 		return rep, err
 	}
 	train, test := data.Split(297, o.seed)
-	stepsPerEpoch := train.Len() / o.globalBatch
-
-	var model *nn.MLP
-	var correct, seen strategy.Variable
-	if err := s.Scope(func(sc strategy.Scope) error {
-		if model, err = nn.NewMLP(sc, "mlp", []int{digits.Features, 64, digits.Classes}, int64(o.seed)); err != nil {
-			return err
-		}
-		metric := []strategy.VariableOption{strategy.WithSynchronization(strategy.OnRead), strategy.WithAggregation(strategy.AggregationSum)}
-		if correct, err = sc.Variable("metrics/correct", tf.Float, nil, strategy.Zeros(), metric...); err != nil {
-			return err
-		}
-		seen, err = sc.Variable("metrics/seen", tf.Float, nil, strategy.Zeros(), metric...)
-		return err
-	}); err != nil {
-		return rep, err
-	}
-	opt := optimizer.NewMomentum(optimizer.CosineDecay{Initial: 0.1, DecaySteps: int64(stepsPerEpoch * max(o.decayEpochs, 1)), Alpha: 0.1}, 0.9, false)
-	spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
-	step, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := model.Apply(rc, in["x"])
-		if err != nil {
-			return nil, err
-		}
-		sc := rc.Scope()
-		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(sc.SubScope("xent"), logits, in["y"], digits.Classes))
-		hits := nn.Correct(sc.SubScope("hits"), logits, in["y"])
-		if err := rc.AssignAdd(correct, op.Sum(sc.SubScope("n_correct"), hits, op.Const(sc.SubScope("axis"), int32(0)))); err != nil {
-			return nil, err
-		}
-		n := op.Cast(sc.SubScope("n"), op.Size(sc.SubScope("size"), in["y"]), tf.Float)
-		if err := rc.AssignAdd(seen, n); err != nil {
-			return nil, err
-		}
-		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, model.Vars())
-	})
+	t, err := newTrainer(s, o, train)
 	if err != nil {
 		return rep, err
 	}
-	zero, err := tf.NewTensor(float32(0))
-	if err != nil {
-		return rep, err
-	}
-
 	mgr, err := checkpoint.NewManager(s, o.dir, checkpoint.WithMaxToKeep(2))
 	if err != nil {
 		return rep, err
@@ -122,101 +79,143 @@ func run(ctx context.Context, o options, log io.Writer) (report, error) {
 		rep.ResumedAfter = int(epoch)
 		fmt.Fprintf(log, "resumed after epoch %d (step %d)\n", epoch, done)
 	}
-
 	for epoch := rep.ResumedAfter + 1; epoch <= o.epochs; epoch++ {
-		// The metric resets at the start of every epoch.
-		for _, v := range []strategy.Variable{correct, seen} {
-			if err := s.Assign(ctx, v, zero); err != nil {
-				return rep, err
-			}
-		}
-		// One pipeline per worker, batched per replica; the shuffle seed
-		// depends on the epoch so a resumed run sees the same data.
-		dist, err := s.DistributeDatasetsFromFunction(func(ic dataset.InputContext) (dataset.Dataset, error) {
-			ds, err := dataset.FromSlices(map[string]any{"x": train.X, "y": train.Y})
-			if err != nil {
-				return nil, err
-			}
-			ds = dataset.Shard(ds, ic.NumInputPipelines, ic.InputPipelineID)
-			return dataset.Batched(dataset.Shuffle(ds, train.Len(), o.seed+uint64(epoch)), per, true), nil
-		}, dataset.WithGlobalBatchSize(o.globalBatch))
+		res, err := t.epoch(ctx, epoch)
 		if err != nil {
 			return rep, err
 		}
-		var res epochResult
-		res.Epoch = epoch
-		for batch, err := range dist.All(ctx) {
-			if err != nil {
-				return rep, err
-			}
-			out, err := s.Run(ctx, step, batch)
-			if err != nil {
-				return rep, err
-			}
-			l, err := s.Reduce(ctx, strategy.Sum, out["loss"])
-			if err != nil {
-				return rep, err
-			}
-			res.Loss = float64(l.Value().(float32))
-		}
-		c, err := s.Value(ctx, correct)
-		if err != nil {
-			return rep, err
-		}
-		n, err := s.Value(ctx, seen)
-		if err != nil {
-			return rep, err
-		}
-		res.Accuracy = float64(c.Value().(float32)) / float64(n.Value().(float32))
 		rep.Epochs = append(rep.Epochs, res)
-		if _, err := mgr.Save(ctx, int64(epoch*stepsPerEpoch), checkpoint.Metadata{"epoch": int64(epoch)}); err != nil {
+		if _, err := mgr.Save(ctx, int64(epoch*t.stepsPerEpoch), checkpoint.Metadata{"epoch": int64(epoch)}); err != nil {
 			return rep, err
 		}
 		fmt.Fprintf(log, "epoch %d: loss %.4f, training accuracy %.2f%%, saved\n", epoch, res.Loss, 100*res.Accuracy)
 	}
-	rep.HeldOut, err = heldOut(ctx, s, model, test)
+	rep.HeldOut, err = heldOut(ctx, s, t.model, test)
 	return rep, err
 }
 
-// heldOut scores the test set with a second step built on the same model.
-func heldOut(ctx context.Context, s *mirrored.Strategy, model *nn.MLP, test digits.Data) (float64, error) {
-	spec := strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
-	eval, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := model.Apply(rc, in["x"])
+// trainer is what every epoch of the loop uses.
+type trainer struct {
+	o             options
+	s             *mirrored.Strategy
+	train         digits.Data
+	stepsPerEpoch int
+	perReplica    int // examples per replica and step
+	model         *nn.MLP
+	correct, seen strategy.Variable // the metric: summed over replicas when read
+	step          *strategy.Step
+}
+
+// newTrainer creates the model and the metric in s and builds the
+// training step.
+func newTrainer(s *mirrored.Strategy, o options, train digits.Data) (*trainer, error) {
+	t := &trainer{o: o, s: s, train: train, stepsPerEpoch: train.Len() / o.globalBatch}
+	var err error
+	if t.perReplica, err = s.InputContext().PerReplicaBatchSize(o.globalBatch); err != nil {
+		return nil, err
+	}
+	if err := s.Scope(func(sc strategy.Scope) error {
+		if t.model, err = nn.NewMLP(sc, "mlp", []int{digits.Features, 64, digits.Classes}, int64(o.seed)); err != nil {
+			return err
+		}
+		metric := []strategy.VariableOption{strategy.WithSynchronization(strategy.OnRead), strategy.WithAggregation(strategy.AggregationSum)}
+		if t.correct, err = sc.Variable("metrics/correct", tf.Float, nil, strategy.Zeros(), metric...); err != nil {
+			return err
+		}
+		t.seen, err = sc.Variable("metrics/seen", tf.Float, nil, strategy.Zeros(), metric...)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	decay := optimizer.CosineDecay{Initial: 0.1, DecaySteps: int64(t.stepsPerEpoch * max(o.decayEpochs, 1)), Alpha: 0.1}
+	t.step, err = s.Build(models.Spec, t.trainStep(optimizer.NewMomentum(decay, 0.9, false)))
+	return t, err
+}
+
+// trainStep minimises the cross-entropy with opt and counts the examples
+// seen and classified right into the metric.
+func (t *trainer) trainStep(opt strategy.Optimizer) strategy.ReplicaFn {
+	return func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		logits, err := t.model.Apply(rc, in["x"])
 		if err != nil {
 			return nil, err
 		}
-		sc := rc.Scope()
-		hits := op.Sum(sc.SubScope("sum"), nn.Correct(sc.SubScope("hits"), logits, in["y"]), op.Const(sc.SubScope("axis"), int32(0)))
-		return strategy.Outputs{"hits": hits}, nil
-	})
+		b := nn.NewBuilder(rc.Scope(), "train")
+		loss := rc.AverageLoss(nn.SparseSoftmaxCrossEntropy(b.Op(), logits, in["y"], digits.Classes))
+		if err := rc.AssignAdd(t.correct, b.SumAll(nn.Correct(b.Op(), logits, in["y"]))); err != nil {
+			return nil, err
+		}
+		if err := rc.AssignAdd(t.seen, b.Count(in["y"], tf.Float)); err != nil {
+			return nil, err
+		}
+		return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, t.model.Vars())
+	}
+}
+
+// epoch resets the metric and trains one pass over the training data.
+func (t *trainer) epoch(ctx context.Context, epoch int) (epochResult, error) {
+	res := epochResult{Epoch: epoch}
+	zero, err := tf.NewTensor(float32(0))
+	if err != nil {
+		return res, err
+	}
+	for _, v := range []strategy.Variable{t.correct, t.seen} {
+		if err := t.s.Assign(ctx, v, zero); err != nil {
+			return res, err
+		}
+	}
+	// One pipeline per worker, batched per replica; the shuffle seed
+	// depends on the epoch so a resumed run sees the same data.
+	dist, err := t.s.DistributeDatasetsFromFunction(func(ic dataset.InputContext) (dataset.Dataset, error) {
+		ds, err := dataset.FromSlices(map[string]any{"x": t.train.X, "y": t.train.Y})
+		if err != nil {
+			return nil, err
+		}
+		ds = dataset.Shard(ds, ic.NumInputPipelines, ic.InputPipelineID)
+		return dataset.Batched(dataset.Shuffle(ds, t.train.Len(), t.o.seed+uint64(epoch)), t.perReplica, true), nil
+	}, dataset.WithGlobalBatchSize(t.o.globalBatch))
+	if err != nil {
+		return res, err
+	}
+	for batch, err := range dist.All(ctx) {
+		if err != nil {
+			return res, err
+		}
+		out, err := t.s.Run(ctx, t.step, batch)
+		if err != nil {
+			return res, err
+		}
+		l, err := t.s.Reduce(ctx, strategy.Sum, out["loss"])
+		if err != nil {
+			return res, err
+		}
+		res.Loss = float64(l.Value().(float32))
+	}
+	res.Accuracy, err = t.metric(ctx)
+	return res, err
+}
+
+// metric reads the training accuracy the metric has counted.
+func (t *trainer) metric(ctx context.Context) (float64, error) {
+	c, err := t.s.Value(ctx, t.correct)
 	if err != nil {
 		return 0, err
 	}
-	ds, err := dataset.FromSlices(map[string]any{"x": test.X, "y": test.Y})
+	n, err := t.s.Value(ctx, t.seen)
 	if err != nil {
 		return 0, err
 	}
-	dist, err := s.DistributeDataset(dataset.Batched(ds, 64, false))
+	return float64(c.Value().(float32)) / float64(n.Value().(float32)), nil
+}
+
+// heldOut scores the test set with the digits models' eval step, built on
+// the same model.
+func heldOut(ctx context.Context, s *mirrored.Strategy, model *nn.MLP, test digits.Data) (float64, error) {
+	eval, err := s.Build(models.Spec, models.EvalStep(model.Sequential))
 	if err != nil {
 		return 0, err
 	}
-	var hits float64
-	for b, err := range dist.All(ctx) {
-		if err != nil {
-			return 0, err
-		}
-		out, err := s.Run(ctx, eval, b)
-		if err != nil {
-			return 0, err
-		}
-		h, err := s.Reduce(ctx, strategy.Sum, out["hits"])
-		if err != nil {
-			return 0, err
-		}
-		hits += float64(h.Value().(float32))
-	}
-	return hits / float64(test.Len()), nil
+	return models.Accuracy(ctx, s, eval, test, 64)
 }
 
 func main() {

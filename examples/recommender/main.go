@@ -8,9 +8,11 @@
 //	tfdist launch --chief --workers 2 --ps 2 -- recommender -users 100000 -max-shard-bytes 1048576
 //
 // The data: every user and item has a hidden taste vector; a user clicks an
-// item when their tastes agree (a positive dot product). The model scores a
-// pair by the dot product of its embeddings and learns from logistic loss;
-// it is judged on pairs it never saw. The last -cold-users users never
+// item when their tastes agree (a positive dot product). The model, two
+// nn.Embedding layers whose tables the strategy's partitioner shards,
+// scores a pair by the dot product of its embeddings and learns from
+// logistic loss (nn.SigmoidCrossEntropy) with optimizer.SparseSGD; it is
+// judged on pairs it never saw. The last -cold-users users never
 // appear in training: their embeddings must come out exactly as they went
 // in, since no sparse update ever touched their rows.
 package main
@@ -33,6 +35,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
@@ -140,146 +143,195 @@ func (w *world) pairs(n int) (users, items []int32, clicks []float32) {
 	return users, items, clicks
 }
 
-// uniform initialises an embedding table with small values from a seeded
-// stateless generator.
-func uniform(seed int64) strategy.Initializer {
-	return func(s *op.Scope, dtype tf.DataType, shape []int64) (tf.Output, error) {
-		u := op.StatelessRandomUniform(s.SubScope("uniform"), op.Const(s.SubScope("shape"), shape),
-			op.Const(s.SubScope("seed"), []int64{seed, 7}), op.StatelessRandomUniformDtype(dtype))
-		return op.Mul(s.SubScope("scale"), op.Sub(s.SubScope("center"), u, op.Const(s.SubScope("half"), float32(0.5))),
-			op.Const(s.SubScope("width"), float32(1))), s.Err()
+// model scores a (user, item) pair by the dot product of their
+// embeddings: two nn.Embedding tables, sharded over the ps tasks.
+type model struct {
+	users, items nn.Layer
+}
+
+// newModel creates the tables in s, seeded by seed.
+func newModel(s *paramserver.Strategy, o Options) (*model, error) {
+	var m model
+	err := s.Scope(func(sc strategy.Scope) error {
+		var err error
+		if m.users, _, err = (nn.Embedding{InputDim: o.Users, OutputDim: o.Dim}).Build(sc, "user_embedding", nil, int64(o.Seed)); err != nil {
+			return err
+		}
+		m.items, _, err = (nn.Embedding{InputDim: o.Items, OutputDim: o.Dim}).Build(sc, "item_embedding", nil, int64(o.Seed)+1)
+		return err
+	})
+	return &m, err
+}
+
+// vars returns the user table and the item table.
+func (m *model) vars() []strategy.Variable { return append(m.users.Vars(), m.items.Vars()...) }
+
+// logits scores each pair of the batch.
+func (m *model) logits(rc strategy.Replica, b *nn.Builder, in strategy.Inputs) (tf.Output, error) {
+	u, err := m.users.Apply(rc, in["user"], true)
+	if err != nil {
+		return tf.Output{}, err
+	}
+	i, err := m.items.Apply(rc, in["item"], true)
+	if err != nil {
+		return tf.Output{}, err
+	}
+	return b.Sum(b.Mul(u, i), false, 1), nil
+}
+
+// trainStep minimises the logistic loss, updating only the rows the batch
+// looked up, with SparseSGD.
+func (m *model) trainStep(lr float64) strategy.ReplicaFn {
+	return func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		b := nn.NewBuilder(rc.Scope(), "train")
+		z, err := m.logits(rc, b, in)
+		if err != nil {
+			return nil, err
+		}
+		loss := rc.AverageLoss(nn.SigmoidCrossEntropy(b.Op(), z, in["click"]))
+		return strategy.Outputs{"loss": loss}, rc.Minimize(nil, loss, m.vars(),
+			strategy.WithSparseOptimizer(optimizer.SparseSGD{LearningRate: float32(lr)}))
+	}
+}
+
+// evalStep outputs the batch's summed logistic loss and how many clicks it
+// predicts right (a click where the score is positive).
+func (m *model) evalStep(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+	b := nn.NewBuilder(rc.Scope(), "eval")
+	z, err := m.logits(rc, b, in)
+	if err != nil {
+		return nil, err
+	}
+	pred := b.Cast(op.Greater(b.Op(), z, b.Scalar(0, tf.Float)), tf.Float)
+	right := b.Cast(op.Equal(b.Op(), pred, in["click"]), tf.Float)
+	return strategy.Outputs{"correct": b.SumAll(right), "loss": b.SumAll(nn.SigmoidCrossEntropy(b.Op(), z, in["click"]))}, nil
+}
+
+// spec is the input of both steps: pairs of ids and whether the user
+// clicked.
+var spec = strategy.InputSpec{
+	"user": {DType: tf.Int32, Shape: []int64{-1}}, "item": {DType: tf.Int32, Shape: []int64{-1}},
+	"click": {DType: tf.Float, Shape: []int64{-1}},
+}
+
+// sharded is what the parameter-server strategy's variables tell of their
+// shards, asked without their concrete type.
+type sharded interface {
+	NumShards() int
+	Shards() []paramserver.ShardInfo
+}
+
+// numShards returns the number of shards of v: 1 for a variable the
+// strategy keeps in one piece.
+func numShards(v strategy.Variable) int {
+	if sv, ok := v.(sharded); ok {
+		return sv.NumShards()
+	}
+	return 1
+}
+
+// describeShards writes where the shards of each of vars live.
+func describeShards(log io.Writer, vars []strategy.Variable) {
+	for _, v := range vars {
+		fmt.Fprintf(log, "%s %v in %d shard(s):", v.Name(), v.Shape(), numShards(v))
+		if sv, ok := v.(sharded); ok {
+			for _, sh := range sv.Shards() {
+				fmt.Fprintf(log, " rows %d..%d on %s;", sh.Offset, sh.Offset+sh.Rows-1, sh.Device)
+			}
+		}
+		fmt.Fprintln(log)
 	}
 }
 
 // run trains and evaluates on the cluster r names (TF_CONFIG when nil).
 func run(ctx context.Context, o Options, r cluster.Resolver, log io.Writer) (Result, error) {
 	res := Result{Steps: o.Steps}
-	s, err := paramserver.New(ctx, r)
+	part := paramserver.FixedShards(o.Shards)
+	if o.Shards == 0 {
+		part = paramserver.MaxShardBytes(o.MaxShardBytes, 0)
+	}
+	s, err := paramserver.New(ctx, r, paramserver.WithPartitioner(part))
 	if err != nil {
 		return res, err
 	}
 	defer s.Close()
 	res.Workers, res.PS = s.NumWorkers(), s.NumPS()
-	part := paramserver.FixedShards(o.Shards)
-	if o.Shards == 0 {
-		part = paramserver.MaxShardBytes(o.MaxShardBytes, 0)
-	}
-	var users, items strategy.Variable
-	if err := s.Scope(func(sc strategy.Scope) error {
-		if users, err = sc.Variable("user_embedding", tf.Float, []int64{int64(o.Users), int64(o.Dim)}, uniform(int64(o.Seed)),
-			strategy.WithPartitioner(part)); err != nil {
-			return err
-		}
-		items, err = sc.Variable("item_embedding", tf.Float, []int64{int64(o.Items), int64(o.Dim)}, uniform(int64(o.Seed)+1),
-			strategy.WithPartitioner(part))
-		return err
-	}); err != nil {
+	m, err := newModel(s, o)
+	if err != nil {
 		return res, err
 	}
-	// The strategy's own variables say how they are sharded.
-	res.UserShards, res.ItemShards = users.(*paramserver.Variable).NumShards(), items.(*paramserver.Variable).NumShards()
-	for _, sv := range []strategy.Variable{users, items} {
-		v := sv.(*paramserver.Variable)
-		fmt.Fprintf(log, "%s %v in %d shard(s):", v.Name(), v.Shape(), v.NumShards())
-		for _, sh := range v.Shards() {
-			fmt.Fprintf(log, " rows %d..%d on %s;", sh.Offset, sh.Offset+sh.Rows-1, sh.Device)
-		}
-		fmt.Fprintln(log)
-	}
+	users, items := m.users.Vars()[0], m.items.Vars()[0]
+	res.UserShards, res.ItemShards = numShards(users), numShards(items)
+	describeShards(log, m.vars())
 	before, err := s.Value(ctx, users)
 	if err != nil {
 		return res, err
 	}
+	t, err := newTrainer(ctx, s, m, o)
+	if err != nil {
+		return res, err
+	}
+	defer t.c.Done(context.Background())
+	if err := t.train(ctx, &res, log); err != nil {
+		return res, err
+	}
+	if res.AppliedSteps, err = s.AppliedSteps(ctx); err != nil {
+		return res, err
+	}
+	after, err := s.Value(ctx, users)
+	if err != nil {
+		return res, err
+	}
+	res.ColdRowsIntact = coldRowsIntact(before, after, o)
+	return res, nil
+}
 
-	spec := strategy.InputSpec{
-		"user": {DType: tf.Int32, Shape: []int64{-1}}, "item": {DType: tf.Int32, Shape: []int64{-1}},
-		"click": {DType: tf.Float, Shape: []int64{-1}},
-	}
-	// logits scores each pair by the dot product of its embeddings.
-	logits := func(rc strategy.Replica, in strategy.Inputs) (tf.Output, error) {
-		u, err := rc.Lookup(users, in["user"])
-		if err != nil {
-			return tf.Output{}, err
+// coldRowsIntact reports whether the rows of the users left out of
+// training are the same in both values of the user table.
+func coldRowsIntact(before, after *tf.Tensor, o Options) bool {
+	b, a := before.Value().([][]float32), after.Value().([][]float32)
+	for r := o.Users - o.ColdUsers; r < o.Users; r++ {
+		for j := range b[r] {
+			if a[r][j] != b[r][j] {
+				return false
+			}
 		}
-		i, err := rc.Lookup(items, in["item"])
-		if err != nil {
-			return tf.Output{}, err
-		}
-		sc := rc.Scope().SubScope("score")
-		return op.Sum(sc.SubScope("dot"), op.Mul(sc.SubScope("mul"), u, i), op.Const(sc.SubScope("axis"), int32(1))), sc.Err()
 	}
-	// Logistic loss, log(1 + e^z) - y z, with log(1 + e^z) computed
-	// stably as max(z, 0) + log1p(e^-|z|), from ops whose gradients
-	// TensorFlow's C++ registry has.
-	logLoss := func(s *op.Scope, z, y tf.Output) tf.Output {
-		softplus := op.Add(s.SubScope("softplus"), op.Relu(s.SubScope("relu"), z),
-			op.Log1p(s.SubScope("log1p"), op.Exp(s.SubScope("exp"), op.Neg(s.SubScope("neg"), op.Abs(s.SubScope("abs"), z)))))
-		return op.Sub(s.SubScope("loss"), softplus, op.Mul(s.SubScope("yz"), y, z))
-	}
-	train, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		z, err := logits(rc, in)
-		if err != nil {
-			return nil, err
-		}
-		loss := rc.AverageLoss(logLoss(rc.Scope(), z, in["click"]))
-		return strategy.Outputs{"loss": loss}, rc.Minimize(nil, loss, []strategy.Variable{users, items},
-			strategy.WithSparseOptimizer(optimizer.SparseSGD{LearningRate: float32(o.LR)}))
-	})
-	if err != nil {
-		return res, err
-	}
-	eval, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		z, err := logits(rc, in)
-		if err != nil {
-			return nil, err
-		}
-		sc := rc.Scope().SubScope("eval")
-		pred := op.Cast(sc.SubScope("pred"), op.Greater(sc.SubScope("positive"), z, op.Const(sc.SubScope("zero"), float32(0))), tf.Float)
-		right := op.Cast(sc.SubScope("right"), op.Equal(sc.SubScope("eq"), pred, in["click"]), tf.Float)
-		axis := op.Const(sc.SubScope("axis"), int32(0))
-		return strategy.Outputs{"correct": op.Sum(sc.SubScope("correct"), right, axis),
-			"loss": op.Sum(sc.SubScope("loss_sum"), logLoss(sc, z, in["click"]), axis)}, nil
-	})
-	if err != nil {
-		return res, err
-	}
-	c, err := paramserver.NewCoordinator(s)
-	if err != nil {
-		return res, err
-	}
-	defer c.Done(context.Background())
+	return true
+}
 
+// trainer schedules the model's steps through the coordinator.
+type trainer struct {
+	o       Options
+	c       *paramserver.Coordinator
+	trainFn *paramserver.Function
+	evalFn  *paramserver.Function
+	heldOut []dataset.Element // pairs no step trains on
+	input   *paramserver.PerWorkerDataset
+}
+
+// newTrainer builds the steps, draws the held-out pairs and starts each
+// worker's stream of training pairs.
+func newTrainer(ctx context.Context, s *paramserver.Strategy, m *model, o Options) (*trainer, error) {
+	t := &trainer{o: o}
+	var err error
+	if t.trainFn, err = s.Build(spec, m.trainStep(o.LR)); err != nil {
+		return nil, err
+	}
+	if t.evalFn, err = s.Build(spec, m.evalStep); err != nil {
+		return nil, err
+	}
+	if t.c, err = paramserver.NewCoordinator(s); err != nil {
+		return nil, err
+	}
 	w := newWorld(o)
-	heldOut := make([]dataset.Element, 8)
-	for k := range heldOut {
+	t.heldOut = make([]dataset.Element, 8)
+	for k := range t.heldOut {
 		u, i, y := w.pairs(o.Batch)
-		heldOut[k] = dataset.Element{"user": mustTensor(u), "item": mustTensor(i), "click": mustTensor(y)}
-	}
-	evaluate := func() (acc, loss float64, err error) {
-		var rvs []*paramserver.RemoteValue
-		for _, e := range heldOut {
-			rv, err := c.Schedule(eval, paramserver.Feed(e))
-			if err != nil {
-				return 0, 0, err
-			}
-			rvs = append(rvs, rv)
-		}
-		for _, rv := range rvs {
-			out, err := rv.Get(ctx)
-			if err != nil {
-				return 0, 0, err
-			}
-			acc += float64(out["correct"].Value().(float32))
-			loss += float64(out["loss"].Value().(float32))
-		}
-		n := float64(len(heldOut) * o.Batch)
-		return acc / n, loss / n, nil
-	}
-	if _, res.InitialLoss, err = evaluate(); err != nil {
-		return res, err
+		t.heldOut[k] = dataset.Element{"user": mustTensor(u), "item": mustTensor(i), "click": mustTensor(y)}
 	}
 	// Each worker draws its own stream of pairs.
-	input, err := c.CreatePerWorkerDataset(func(ictx dataset.InputContext) (dataset.Dataset, error) {
+	t.input, err = t.c.CreatePerWorkerDataset(func(ictx dataset.InputContext) (dataset.Dataset, error) {
 		ww := newWorld(o)
 		ww.rng = rand.New(rand.NewPCG(o.Seed, uint64(1000+ictx.InputPipelineID)))
 		u, i, y := ww.pairs(o.Batch * o.Steps / ictx.NumInputPipelines)
@@ -290,50 +342,69 @@ func run(ctx context.Context, o Options, r cluster.Resolver, log io.Writer) (Res
 		return dataset.Batched(dataset.Repeat(ds, -1), o.Batch, true), nil
 	})
 	if err != nil {
-		return res, err
+		t.c.Done(context.Background())
+		return nil, err
+	}
+	return t, nil
+}
+
+// train runs -steps steps, scheduled in chunks of -log-every and joined
+// after each chunk to report the held-out loss and accuracy, and fills in
+// res's losses, accuracy and rate.
+func (t *trainer) train(ctx context.Context, res *Result, log io.Writer) error {
+	var err error
+	if _, res.InitialLoss, err = t.evaluate(ctx); err != nil {
+		return err
 	}
 	start := time.Now()
-	for step := 0; step < o.Steps; {
-		n := o.Steps - step
-		if o.LogEvery > 0 {
-			n = min(n, o.LogEvery)
+	for step := 0; step < t.o.Steps; {
+		n := t.o.Steps - step
+		if t.o.LogEvery > 0 {
+			n = min(n, t.o.LogEvery)
 		}
 		for range n {
-			if _, err := c.Schedule(train, input); err != nil {
-				return res, err
+			if _, err := t.c.Schedule(t.trainFn, t.input); err != nil {
+				return err
 			}
 		}
-		if err := c.Join(ctx); err != nil {
-			return res, err
+		if err := t.c.Join(ctx); err != nil {
+			return err
 		}
 		step += n
-		if o.LogEvery > 0 {
-			acc, loss, err := evaluate()
+		if t.o.LogEvery > 0 {
+			acc, loss, err := t.evaluate(ctx)
 			if err != nil {
-				return res, err
+				return err
 			}
-			fmt.Fprintf(log, "step %4d/%d  held-out loss %.4f  accuracy %.1f%%\n", step, o.Steps, loss, 100*acc)
+			fmt.Fprintf(log, "step %4d/%d  held-out loss %.4f  accuracy %.1f%%\n", step, t.o.Steps, loss, 100*acc)
 		}
 	}
-	res.ExamplesPerSec = float64(o.Steps*o.Batch) / time.Since(start).Seconds()
-	if res.Accuracy, res.FinalLoss, err = evaluate(); err != nil {
-		return res, err
-	}
-	if res.AppliedSteps, err = s.AppliedSteps(ctx); err != nil {
-		return res, err
-	}
-	after, err := s.Value(ctx, users)
-	if err != nil {
-		return res, err
-	}
-	b, a := before.Value().([][]float32), after.Value().([][]float32)
-	res.ColdRowsIntact = true
-	for r := o.Users - o.ColdUsers; r < o.Users; r++ {
-		for j := range b[r] {
-			res.ColdRowsIntact = res.ColdRowsIntact && a[r][j] == b[r][j]
+	res.ExamplesPerSec = float64(t.o.Steps*t.o.Batch) / time.Since(start).Seconds()
+	res.Accuracy, res.FinalLoss, err = t.evaluate(ctx)
+	return err
+}
+
+// evaluate returns the accuracy and the mean logistic loss on the
+// held-out pairs, scored on the workers.
+func (t *trainer) evaluate(ctx context.Context) (acc, loss float64, err error) {
+	var rvs []*paramserver.RemoteValue
+	for _, e := range t.heldOut {
+		rv, err := t.c.Schedule(t.evalFn, paramserver.Feed(e))
+		if err != nil {
+			return 0, 0, err
 		}
+		rvs = append(rvs, rv)
 	}
-	return res, nil
+	for _, rv := range rvs {
+		out, err := rv.Get(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		acc += float64(out["correct"].Value().(float32))
+		loss += float64(out["loss"].Value().(float32))
+	}
+	n := float64(len(t.heldOut) * t.o.Batch)
+	return acc / n, loss / n, nil
 }
 
 func mustTensor(v any) *tf.Tensor {

@@ -1,9 +1,11 @@
 // Package classifier is the digits classifier behind examples/classifier,
-// `make demo` and `tfdist demo`: an MLP trained on the UCI handwritten digits
-// under any strategy — default, mirrored, multiworker or ps — with the same
-// flags everywhere. With the same seed, data order and global batch, every
-// synchronous strategy ends with the default strategy's model, up to float
-// summation order: compare FinalLoss and ParamL2.
+// examples/lenet, `make demo` and `tfdist demo`: a model of package models
+// (the MLP, or the LeNet CNN) trained on the UCI handwritten digits under
+// any strategy — default, mirrored, multiworker or ps — with the same flags
+// everywhere, by the one training loop of package trainloop. With the same
+// seed, data order and global batch, every synchronous strategy ends with
+// the default strategy's model, up to float summation order: compare
+// FinalLoss and ParamL2.
 package classifier
 
 import (
@@ -11,20 +13,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"slices"
-	"syscall"
 	"time"
 
-	"github.com/tfdist/tfdist/checkpoint"
-	"github.com/tfdist/tfdist/dataset"
+	tf "github.com/wamuir/graft/tensorflow"
+
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/models"
-	"github.com/tfdist/tfdist/mirrored"
-	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/internal/trainloop"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
-	"github.com/tfdist/tfdist/progress"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/summary"
 )
@@ -50,8 +48,6 @@ type Options struct {
 	CollectiveTimeout time.Duration
 	Communication     string
 	StatsEvery        time.Duration
-	CrashAtStep       int
-	CrashTask         string
 }
 
 // Result is what a run reports (the -json line of the command).
@@ -93,8 +89,6 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.DurationVar(&o.CollectiveTimeout, "collective-timeout", 60*time.Second, "multiworker: how long a step waits for its peers before failing and naming a dead or silent one (0: forever)")
 	fs.StringVar(&o.Communication, "communication", "tfdist", "multiworker: who moves tensors between workers: tfdist (its own collective engine) or tensorflow (TensorFlow's ring collectives)")
 	fs.DurationVar(&o.StatsEvery, "stats-every", 0, "print a line 'stats goroutines=N heap=BYTES' every `D` (0: never), for soak runs that watch the process")
-	fs.IntVar(&o.CrashAtStep, "crash-at-step", 0, "fault-tolerance testing: kill this process (SIGKILL) after this step, on the first attempt only")
-	fs.StringVar(&o.CrashTask, "crash-task", "", "with -crash-at-step: only the task named type:index (e.g. worker:1) crashes")
 }
 
 // Check reports the first flag whose value cannot work.
@@ -138,41 +132,6 @@ func parseFlags(prog, model string, args []string, stderr io.Writer) (Options, e
 	return o, o.Check()
 }
 
-// engine is what the classifier needs of a strategy: the Strategy contract
-// and what checkpoints take.
-type engine interface {
-	strategy.Strategy
-	checkpoint.Source
-}
-
-// newStrategy builds the strategy the flags ask for.
-func newStrategy(ctx context.Context, o Options) (engine, func() bool, int, error) {
-	chief := func() bool { return true }
-	switch o.Strategy {
-	case "default":
-		if o.Devices != 1 {
-			return nil, nil, 0, fmt.Errorf("-strategy default runs one replica; -devices %d asks for more (use -strategy mirrored)", o.Devices)
-		}
-		s, err := strategy.Default()
-		return s, chief, 1, err
-	case "mirrored":
-		s, err := mirrored.New(mirrored.WithLogicalCPUs(o.Devices))
-		return s, chief, 1, err
-	case "multiworker":
-		comm := multiworker.Engine
-		if o.Communication == "tensorflow" {
-			comm = multiworker.Ring
-		}
-		s, err := multiworker.New(ctx, multiworker.WithLogicalCPUs(o.Devices), multiworker.WithCollectiveTimeout(o.CollectiveTimeout),
-			multiworker.WithCommunication(comm))
-		if err != nil {
-			return nil, nil, 0, err
-		}
-		return s, s.IsChief, s.NumWorkers(), nil
-	}
-	return nil, nil, 0, fmt.Errorf("-strategy %q: expected default, mirrored, multiworker or ps", o.Strategy)
-}
-
 func newOptimizer(o Options) (strategy.Optimizer, error) {
 	switch o.Optimizer {
 	case "sgd":
@@ -192,190 +151,119 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	if o.StatsEvery > 0 {
 		defer reportStats(log, o.StatsEvery)()
 	}
-	if o.Strategy == "ps" {
-		return runPS(ctx, o, log) // scheduled steps, not a strategy.Strategy: see ps.go
-	}
 	res := Result{Strategy: o.Strategy, GlobalBatch: o.GlobalBatch, Steps: o.Steps}
-	opt, err := newOptimizer(o)
+	crash, err := crashPlanFromEnv()
 	if err != nil {
 		return res, err
 	}
-	s, isChief, workers, err := newStrategy(ctx, o)
-	if err != nil {
-		return res, err
-	}
-	defer s.Close()
-	res.Replicas, res.Workers, res.Chief = s.NumReplicasInSync(), workers, isChief()
-	if o.GlobalBatch%s.NumReplicasInSync() != 0 {
-		return res, fmt.Errorf("-global-batch %d does not divide by the %d replicas in sync", o.GlobalBatch, s.NumReplicasInSync())
-	}
-
 	data, err := digits.Load()
 	if err != nil {
 		return res, err
 	}
 	train, test := data.Split(o.TestSize, o.Seed)
-	trainDS, err := dataset.FromSlices(map[string]any{"x": train.X, "y": train.Y})
+	var sess session
+	if o.Strategy == "ps" {
+		sess, err = newPSSession(ctx, o, crash, train, &res)
+	} else {
+		sess, err = newInGraphSession(ctx, o, train, &res)
+	}
 	if err != nil {
 		return res, err
 	}
-	trainDS = dataset.Batched(dataset.Repeat(dataset.Shuffle(trainDS, train.Len(), o.Seed), -1), o.GlobalBatch, true)
-
-	var model *nn.Sequential
-	if err := s.Scope(func(sc strategy.Scope) error {
-		model, err = models.New(sc, o.Model, o.Hidden, int64(o.Seed))
-		return err
-	}); err != nil {
-		return res, err
-	}
-	trainStep, err := s.Build(models.Spec, models.TrainStep(model, opt))
-	if err != nil {
-		return res, err
-	}
-	evalStep, err := s.Build(models.Spec, models.EvalStep(model))
-	if err != nil {
-		return res, err
-	}
-
-	// Resume from the latest checkpoint: its step is also the input
-	// position, since the input order is a function of the seed.
-	var backup *checkpoint.BackupAndRestore
-	step := 0
-	if o.CheckpointDir != "" {
-		backup, err = checkpoint.NewBackupAndRestore(s, o.CheckpointDir, int64(o.CheckpointEvery), checkpoint.WithChief(isChief()))
-		if err != nil {
-			return res, err
-		}
-		done, err := backup.Restore(ctx)
-		if err != nil {
-			return res, err
-		}
-		if done > 0 {
-			fmt.Fprintf(log, "resuming after step %d from %s\n", done, o.CheckpointDir)
-		}
-		step = int(min(done, int64(o.Steps)))
-	}
-	dist, err := s.DistributeDataset(dataset.Take(dataset.Skip(trainDS, step), o.Steps-step),
-		dataset.WithShardPolicy(dataset.ShardData), dataset.WithPrefetch(2))
-	if err != nil {
-		return res, err
-	}
-	crash := o.CrashAtStep > 0 && firstAttempt() && (o.CrashTask == "" || o.CrashTask == taskName())
-
-	// Metrics: TensorBoard event files from the chief, progress on log.
+	defer sess.close()
 	var tb *summary.Writer
-	if o.LogDir != "" && isChief() {
+	if o.LogDir != "" && res.Chief {
 		if tb, err = summary.NewWriter(o.LogDir); err != nil {
 			return res, err
 		}
 		defer tb.Close()
 	}
-	var report *progress.Reporter
-	if o.LogEvery > 0 {
-		report = progress.New(log, o.Steps, o.GlobalBatch, progress.WithEvery(o.LogEvery), progress.WithInitialStep(step))
-	}
-
-	start, first := time.Now(), step
-	for batch, err := range dist.All(ctx) {
-		if err != nil {
-			return res, err
-		}
-		out, err := s.Run(ctx, trainStep, batch)
-		if err != nil {
-			return res, fmt.Errorf("step %d: %w", step, err)
-		}
-		step++
-		// The loss is summed across replicas (across workers, a collective
-		// of its own) only when it is shown: at progress lines and the end.
-		lossDue := step == o.Steps || o.LogEvery > 0 && step%o.LogEvery == 0
-		if lossDue {
-			loss, err := s.Reduce(ctx, strategy.Sum, out["loss"])
-			if err != nil {
-				return res, err
-			}
-			res.FinalLoss = float64(loss.Value().(float32))
-			if err := tb.Scalar(int64(step), "loss", res.FinalLoss); err != nil {
-				return res, err
-			}
-		}
-		if backup != nil {
-			if err := backup.AfterStep(ctx, int64(step)); err != nil {
-				return res, err
-			}
-		}
-		if crash && step == o.CrashAtStep {
-			fmt.Fprintf(log, "crashing on purpose after step %d\n", step)
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		}
-		if report != nil {
-			report.Update(step, res.FinalLoss)
-		}
-	}
-	if report != nil {
-		if err := report.Close(); err != nil {
-			return res, err
-		}
-	}
-	if step != o.Steps {
-		return res, fmt.Errorf("trained %d steps, expected %d", step, o.Steps)
-	}
-	if el := time.Since(start).Seconds(); el > 0 {
-		res.ExamplesPerSec = float64((step-first)*o.GlobalBatch) / el
-	}
-
-	res.Accuracy, err = evaluate(ctx, s, evalStep, test, o.GlobalBatch)
-	if err != nil {
+	if err := trainModel(ctx, o, sess, crash, tb, &res, log); err != nil {
 		return res, err
 	}
-	if err := tb.Scalars(int64(step), map[string]float64{"accuracy": res.Accuracy, "examples_per_sec": res.ExamplesPerSec}); err != nil {
+	if res.Accuracy, err = sess.evaluate(ctx, test); err != nil {
 		return res, err
 	}
-	res.ParamL2, err = paramL2(ctx, model.Vars(), s.Value)
+	if err := tb.Scalars(int64(o.Steps), map[string]float64{"accuracy": res.Accuracy, "examples_per_sec": res.ExamplesPerSec}); err != nil {
+		return res, err
+	}
+	res.ParamL2, err = paramL2(ctx, sess.model().Vars(), sess.value)
 	return res, err
 }
 
-// evaluate returns the accuracy on test, each worker scoring its shard and
-// the counts summed across all replicas.
-func evaluate(ctx context.Context, s strategy.Strategy, step *strategy.Step, test digits.Data, batch int) (float64, error) {
-	ds, err := dataset.FromSlices(map[string]any{"x": test.X, "y": test.Y})
-	if err != nil {
-		return 0, err
-	}
-	dist, err := s.DistributeDataset(dataset.Batched(ds, batch, false), dataset.WithShardPolicy(dataset.ShardData))
-	if err != nil {
-		return 0, err
-	}
-	var correct float64
-	for b, err := range dist.All(ctx) {
-		if err != nil {
-			return 0, err
-		}
-		out, err := s.Run(ctx, step, b)
-		if err != nil {
-			return 0, err
-		}
-		sum, err := s.Reduce(ctx, strategy.Sum, out["correct"])
-		if err != nil {
-			return 0, err
-		}
-		correct += float64(sum.Value().(float32))
-	}
-	return correct / float64(test.Len()), nil
+// session is one strategy's part of a run: its model, steps, checkpoints
+// and evaluation. Run and trainModel do the rest, the same for every
+// strategy.
+type session interface {
+	// model returns the model being trained.
+	model() *nn.Sequential
+	// restore restores the latest checkpoint, when the run checkpoints,
+	// and returns the number of steps it had done (0 without one).
+	restore(ctx context.Context) (int, error)
+	// trainer returns the Trainer of the steps after start, and the most
+	// steps one chunk may run (0: any number).
+	trainer(ctx context.Context, start int) (trainloop.Trainer, int, error)
+	// checkpoint saves a checkpoint after step, when the run checkpoints.
+	checkpoint(ctx context.Context, step int) error
+	// finish adds to res what the strategy knows at the end of training.
+	finish(ctx context.Context, res *Result, log io.Writer) error
+	// evaluate returns the model's accuracy on test.
+	evaluate(ctx context.Context, test digits.Data) (float64, error)
+	// value reads a variable.
+	value(ctx context.Context, v strategy.Variable) (*tf.Tensor, error)
+	// close releases the session.
+	close() error
 }
 
-// firstAttempt reports whether this is the first run of the job, not a run
-// tfdist launch restarted after a failure.
-func firstAttempt() bool {
-	r := os.Getenv("TFDIST_RESTART")
-	return r == "" || r == "0"
+// trainModel resumes from the latest checkpoint, when the run
+// checkpoints, and trains with the shared loop up to -steps.
+func trainModel(ctx context.Context, o Options, sess session, crash crashPlan, tb *summary.Writer, res *Result, log io.Writer) error {
+	start, err := sess.restore(ctx)
+	if err != nil {
+		return err
+	}
+	if start > 0 {
+		fmt.Fprintf(log, "resuming after step %d from %s\n", start, o.CheckpointDir)
+	}
+	start = min(start, o.Steps)
+	trainer, maxChunk, err := sess.trainer(ctx, start)
+	if err != nil {
+		return err
+	}
+	c := trainloop.Config{Steps: o.Steps, Start: start, MaxChunk: maxChunk, GlobalBatch: o.GlobalBatch,
+		LogEvery: o.LogEvery, Log: log, CheckpointEvery: o.CheckpointEvery,
+		OnLoss: func(step int, loss float64) error { return tb.Scalar(int64(step), "loss", loss) }}
+	if o.CheckpointDir != "" {
+		c.Checkpoint = sess.checkpoint
+	}
+	if crash.armed() {
+		c.AfterChunk = func(step int) { crash.crashIfDue(log, step) }
+	}
+	out, err := trainloop.Run(ctx, trainer, c)
+	if err != nil {
+		return err
+	}
+	res.FinalLoss, res.ExamplesPerSec = out.Loss, out.ExamplesPerSec
+	return sess.finish(ctx, res, log)
 }
 
-// taskName returns this process's task as type:index, from the variables
-// tfdist launch sets, or "" outside a launched cluster.
-func taskName() string {
-	t, i := os.Getenv("TFDIST_TASK_TYPE"), os.Getenv("TFDIST_TASK_INDEX")
-	if t == "" {
-		return ""
+// buildModel creates the model of the flags in a strategy's scope and
+// builds its train and eval steps with the strategy's build.
+func buildModel[F any](o Options, scope func(func(strategy.Scope) error) error,
+	build func(strategy.InputSpec, strategy.ReplicaFn) (F, error)) (m *nn.Sequential, train, eval F, err error) {
+	opt, err := newOptimizer(o)
+	if err != nil {
+		return nil, train, eval, err
 	}
-	return t + ":" + i
+	if err = scope(func(sc strategy.Scope) error {
+		m, err = models.New(sc, o.Model, o.Hidden, int64(o.Seed))
+		return err
+	}); err != nil {
+		return nil, train, eval, err
+	}
+	if train, err = build(models.Spec, models.TrainStep(m, opt)); err != nil {
+		return nil, train, eval, err
+	}
+	eval, err = build(models.Spec, models.EvalStep(m))
+	return m, train, eval, err
 }

@@ -4,182 +4,179 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"syscall"
-	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
 
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
-	"github.com/tfdist/tfdist/internal/models"
+	"github.com/tfdist/tfdist/internal/trainloop"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// runPS trains with the parameter-server strategy. On the ps and worker
-// tasks it serves until the job ends and returns paramserver.ErrNotChief;
-// on the chief it schedules -steps steps of -global-batch examples each,
-// every step one worker's, asynchronously, and evaluates on the workers.
-func runPS(ctx context.Context, o Options, log io.Writer) (Result, error) {
-	res := Result{Strategy: o.Strategy, GlobalBatch: o.GlobalBatch, Steps: o.Steps}
+// psChunk is the most steps the chief schedules before it joins them: a
+// chunk also ends at every progress line and checkpoint, which need a
+// consistent point.
+const psChunk = 100
+
+// ps is a session of the parameter-server strategy. On the ps and worker
+// tasks newPSSession serves until the job ends and returns
+// paramserver.ErrNotChief; on the chief the steps, of -global-batch
+// examples each, run on whichever worker is free, asynchronously, and the
+// model is evaluated on the workers.
+type ps struct {
+	o           Options
+	s           *paramserver.Strategy
+	c           *paramserver.Coordinator
+	m           *nn.Sequential
+	train, eval *paramserver.Function
+	data        digits.Data
+	mgr         *checkpoint.Manager
+}
+
+// newPSSession joins the cluster of TF_CONFIG, builds the model and its
+// steps, and fills in res's replicas, workers and chief.
+func newPSSession(ctx context.Context, o Options, crash crashPlan, train digits.Data, res *Result) (*ps, error) {
 	if o.Devices != 1 {
-		return res, fmt.Errorf("-strategy ps: -devices %d: each worker runs its steps on one device", o.Devices)
+		return nil, fmt.Errorf("-strategy ps: -devices %d: each worker runs its steps on one device", o.Devices)
 	}
-	if o.CrashAtStep > 0 && o.CrashTask != "" && o.CrashTask != "chief:0" {
-		return res, fmt.Errorf("-strategy ps: -crash-task %s: only the chief runs the training loop; use chief:0 (kill ps and worker tasks from outside)", o.CrashTask)
-	}
-	opt, err := newOptimizer(o)
-	if err != nil {
-		return res, err
+	if crash.step > 0 && crash.task != "" && crash.task != "chief:0" {
+		return nil, fmt.Errorf("-strategy ps: %s=%s: only the chief runs the training loop; use chief:0 (kill ps and worker tasks from outside)", EnvCrashTask, crash.task)
 	}
 	s, err := paramserver.New(ctx, nil)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	defer s.Close()
+	p := &ps{o: o, s: s, data: train}
 	res.Chief, res.Workers, res.Replicas = true, s.NumWorkers(), s.NumWorkers()
-
-	data, err := digits.Load()
-	if err != nil {
-		return res, err
+	if err := p.build(); err != nil {
+		p.close()
+		return nil, err
 	}
-	train, test := data.Split(o.TestSize, o.Seed)
-	var model *nn.Sequential
-	if err := s.Scope(func(sc strategy.Scope) error {
-		model, err = models.New(sc, o.Model, o.Hidden, int64(o.Seed))
+	return p, nil
+}
+
+func (p *ps) build() error {
+	var err error
+	if p.m, p.train, p.eval, err = buildModel(p.o, p.s.Scope, p.s.Build); err != nil {
 		return err
-	}); err != nil {
-		return res, err
 	}
-	trainFn, err := s.Build(models.Spec, models.TrainStep(model, opt))
-	if err != nil {
-		return res, err
+	if p.c, err = paramserver.NewCoordinator(p.s); err != nil {
+		return err
 	}
-	evalFn, err := s.Build(models.Spec, models.EvalStep(model))
-	if err != nil {
-		return res, err
+	if p.o.CheckpointDir != "" {
+		p.mgr, err = checkpoint.NewManager(p.s, p.o.CheckpointDir)
 	}
-	c, err := paramserver.NewCoordinator(s)
-	if err != nil {
-		return res, err
-	}
-	defer c.Done(context.Background())
+	return err
+}
 
-	step := 0
-	var mgr *checkpoint.Manager
-	if o.CheckpointDir != "" {
-		if mgr, err = checkpoint.NewManager(s, o.CheckpointDir); err != nil {
-			return res, err
-		}
-		done, _, err := mgr.RestoreLatest(ctx)
-		if err != nil {
-			return res, err
-		}
-		if done > 0 {
-			fmt.Fprintf(log, "resuming after step %d from %s\n", done, o.CheckpointDir)
-		}
-		step = int(min(done, int64(o.Steps)))
+func (p *ps) model() *nn.Sequential { return p.m }
+
+func (p *ps) restore(ctx context.Context) (int, error) {
+	if p.mgr == nil {
+		return 0, nil
 	}
-	// Each worker reads its shard of the training data, in its own order;
-	// after a resume the pipelines start afresh (the steps done are not
-	// replayed: asynchronous training has no global input order).
-	input, err := c.CreatePerWorkerDataset(func(ictx dataset.InputContext) (dataset.Dataset, error) {
-		ds, err := dataset.FromSlices(map[string]any{"x": train.X, "y": train.Y})
+	done, _, err := p.mgr.RestoreLatest(ctx)
+	return int(done), err
+}
+
+// trainer starts each worker's input, a shard of the training data in an
+// order of its own; after a resume the pipelines start afresh (the steps
+// done are not replayed: asynchronous training has no global input order).
+// A chunk of steps is scheduled and joined; its loss is the mean of its
+// steps'.
+func (p *ps) trainer(_ context.Context, start int) (trainloop.Trainer, int, error) {
+	input, err := p.c.CreatePerWorkerDataset(func(ictx dataset.InputContext) (dataset.Dataset, error) {
+		ds, err := dataset.FromSlices(map[string]any{"x": p.data.X, "y": p.data.Y})
 		if err != nil {
 			return nil, err
 		}
 		ds = dataset.Shard(ds, ictx.NumInputPipelines, ictx.InputPipelineID)
-		seed := o.Seed + uint64(ictx.InputPipelineID) + uint64(step)
-		return dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, train.Len(), seed), -1), o.GlobalBatch, true), nil
+		seed := p.o.Seed + uint64(ictx.InputPipelineID) + uint64(start)
+		return dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, p.data.Len(), seed), -1), p.o.GlobalBatch, true), nil
 	})
 	if err != nil {
-		return res, err
+		return nil, 0, err
 	}
-
-	crash := o.CrashAtStep > 0 && firstAttempt()
-	// Schedule in chunks: Join between chunks gives checkpoints and
-	// progress lines a consistent point.
-	chunk := 50
-	if mgr != nil {
-		chunk = o.CheckpointEvery
-	} else if o.LogEvery > 0 {
-		chunk = o.LogEvery
-	}
-	start, first := time.Now(), step
-	for step < o.Steps {
-		n := min(chunk, o.Steps-step)
+	return trainloop.TrainerFunc(func(ctx context.Context, n int, _ bool) (float64, error) {
 		rvs := make([]*paramserver.RemoteValue, n)
 		for i := range rvs {
-			if rvs[i], err = c.Schedule(trainFn, input); err != nil {
-				return res, fmt.Errorf("step %d: %w", step+i, err)
+			var err error
+			if rvs[i], err = p.c.Schedule(p.train, input); err != nil {
+				return 0, err
 			}
 		}
-		if err := c.Join(ctx); err != nil {
-			return res, fmt.Errorf("steps %d..%d: %w", step, step+n-1, err)
+		if err := p.c.Join(ctx); err != nil {
+			return 0, err
 		}
-		var sum float64
-		for _, rv := range rvs {
-			out, err := rv.Get(ctx)
-			if err != nil {
-				return res, err
-			}
-			sum += float64(out["loss"].Value().(float32))
-		}
-		res.FinalLoss = sum / float64(n)
-		step += n
-		if mgr != nil {
-			if _, err := mgr.Save(ctx, int64(step), nil); err != nil {
-				return res, err
-			}
-		}
-		if o.LogEvery > 0 {
-			rate := float64((step-first)*o.GlobalBatch) / time.Since(start).Seconds()
-			fmt.Fprintf(log, "step %4d/%d  loss %.4f  %.0f examples/s\n", step, o.Steps, res.FinalLoss, rate)
-		}
-		if crash && step >= o.CrashAtStep {
-			fmt.Fprintf(log, "crashing on purpose after step %d\n", step)
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		}
+		sum, err := sumOutputs(ctx, rvs, "loss")
+		return sum / float64(n), err
+	}), psChunk, nil
+}
+
+func (p *ps) checkpoint(ctx context.Context, step int) error {
+	_, err := p.mgr.Save(ctx, int64(step), nil)
+	return err
+}
+
+// finish reports the updates the ps tasks applied and what the coordinator
+// saw of the workers.
+func (p *ps) finish(ctx context.Context, res *Result, log io.Writer) error {
+	var err error
+	if res.AppliedSteps, err = p.s.AppliedSteps(ctx); err != nil {
+		return err
 	}
-	if el := time.Since(start).Seconds(); el > 0 && step > first {
-		res.ExamplesPerSec = float64((step-first)*o.GlobalBatch) / el
-	}
-	if res.AppliedSteps, err = s.AppliedSteps(ctx); err != nil {
-		return res, err
-	}
-	st := c.Stats()
+	st := p.c.Stats()
 	fmt.Fprintf(log, "ps: %d steps scheduled, %d updates applied; steps per worker %v, %d worker failure(s), %d worker(s) taken back\n",
 		st.Scheduled, res.AppliedSteps, st.PerWorker, st.WorkerFailures, st.Reconnects)
+	return nil
+}
 
+// evaluate scores test in batches scheduled on the workers.
+func (p *ps) evaluate(ctx context.Context, test digits.Data) (float64, error) {
 	var rvs []*paramserver.RemoteValue
-	for lo := 0; lo < test.Len(); lo += o.GlobalBatch {
-		hi := min(lo+o.GlobalBatch, test.Len())
+	for lo := 0; lo < test.Len(); lo += p.o.GlobalBatch {
+		hi := min(lo+p.o.GlobalBatch, test.Len())
 		x, err := tf.NewTensor(test.X[lo:hi])
 		if err != nil {
-			return res, err
+			return 0, err
 		}
 		y, err := tf.NewTensor(test.Y[lo:hi])
 		if err != nil {
-			return res, err
+			return 0, err
 		}
-		rv, err := c.Schedule(evalFn, paramserver.Feed(dataset.Element{"x": x, "y": y}))
+		rv, err := p.c.Schedule(p.eval, paramserver.Feed(dataset.Element{"x": x, "y": y}))
 		if err != nil {
-			return res, err
+			return 0, err
 		}
 		rvs = append(rvs, rv)
 	}
-	var correct float64
+	correct, err := sumOutputs(ctx, rvs, "correct")
+	return correct / float64(test.Len()), err
+}
+
+// sumOutputs waits for rvs and sums their float32 output name.
+func sumOutputs(ctx context.Context, rvs []*paramserver.RemoteValue, name string) (float64, error) {
+	var sum float64
 	for _, rv := range rvs {
 		out, err := rv.Get(ctx)
 		if err != nil {
-			return res, err
+			return 0, err
 		}
-		correct += float64(out["correct"].Value().(float32))
+		sum += float64(out[name].Value().(float32))
 	}
-	res.Accuracy = correct / float64(test.Len())
-	res.ParamL2, err = paramL2(ctx, model.Vars(), s.Value)
-	return res, err
+	return sum, nil
+}
+
+func (p *ps) value(ctx context.Context, v strategy.Variable) (*tf.Tensor, error) {
+	return p.s.Value(ctx, v)
+}
+
+func (p *ps) close() error {
+	if p.c != nil {
+		p.c.Done(context.Background())
+	}
+	return p.s.Close()
 }

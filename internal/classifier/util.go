@@ -23,9 +23,7 @@ func paramL2(ctx context.Context, vars []strategy.Variable, value func(context.C
 		if err != nil {
 			return 0, err
 		}
-		for _, f := range tensorutil.Float32s(t) {
-			l2 += float64(f) * float64(f)
-		}
+		l2 += tensorutil.SumSquares(tensorutil.Float32s(t))
 	}
 	return math.Sqrt(l2), nil
 }

@@ -4,12 +4,15 @@
 package models
 
 import (
+	"context"
 	"fmt"
 
 	tf "github.com/wamuir/graft/tensorflow"
 
+	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/internal/trainloop"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -74,4 +77,20 @@ func EvalStep(m *nn.Sequential) strategy.ReplicaFn {
 		s := r.Scope().SubScope("accuracy")
 		return strategy.Outputs{"correct": graphutil.SumAll(s.SubScope("sum"), nn.Correct(s, logits, in["y"]))}, nil
 	}
+}
+
+// Accuracy returns the share of test that eval, an EvalStep built by s,
+// classifies right, scoring batches of batch examples (the last one
+// smaller), each worker its shard, the counts summed over all replicas.
+func Accuracy(ctx context.Context, s strategy.Strategy, eval *strategy.Step, test digits.Data, batch int) (float64, error) {
+	ds, err := dataset.FromSlices(map[string]any{"x": test.X, "y": test.Y})
+	if err != nil {
+		return 0, err
+	}
+	dist, err := s.DistributeDataset(dataset.Batched(ds, batch, false), dataset.WithShardPolicy(dataset.ShardData))
+	if err != nil {
+		return 0, err
+	}
+	correct, err := trainloop.SumOutput(ctx, s, eval, dist, "correct")
+	return correct / float64(test.Len()), err
 }

@@ -18,10 +18,17 @@ func TestFloat32s(t *testing.T) {
 		{float32(2), []float32{2}},
 		{[]float32{1, 2}, []float32{1, 2}},
 		{[][]float32{{1, 2}, {3, 4}}, []float32{1, 2, 3, 4}},
+		{[][][][]float32{{{{1}, {2}}}, {{{3}, {4}}}}, []float32{1, 2, 3, 4}},
+		{[]float32{}, []float32{}},
 		{[]int32{1}, nil},
 	} {
 		x, err := tf.NewTensor(c.in)
 		require.NoError(t, err)
 		assert.Equal(t, c.want, tensorutil.Float32s(x))
 	}
+}
+
+func TestSumSquares(t *testing.T) {
+	assert.Equal(t, 25.0, tensorutil.SumSquares([]float32{3, -4}))
+	assert.Zero(t, tensorutil.SumSquares(nil))
 }

@@ -1,5 +1,6 @@
-// Package testmodel trains the digits MLP under any strategy engine with
-// explicit per-replica feeds, for the equivalence tests of the strategies.
+// Package testmodel trains the digits models under any strategy engine with
+// explicit per-replica feeds, by the training loop of package trainloop,
+// for the equivalence tests of the strategies.
 package testmodel
 
 import (
@@ -12,6 +13,7 @@ import (
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/internal/tensorutil"
+	"github.com/tfdist/tfdist/internal/trainloop"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -68,48 +70,59 @@ func TrainModel(ctx context.Context, e Engine, model string, opt strategy.Optimi
 	if gb%total != 0 {
 		return Outcome{}, fmt.Errorf("global batch %d does not divide by %d replicas", gb, total)
 	}
-	per := gb / total
-	var out Outcome
-	for k := range steps {
-		start := (k * gb) % (d.Len() - gb)
-		feeds := make([]map[string]*tf.Tensor, n)
-		for r := range n {
-			lo := start + (firstReplica+r)*per
-			x, err := tf.NewTensor(d.X[lo : lo+per])
-			if err != nil {
-				return out, err
-			}
-			y, err := tf.NewTensor(d.Y[lo : lo+per])
-			if err != nil {
-				return out, err
-			}
-			feeds[r] = map[string]*tf.Tensor{"x": x, "y": y}
-		}
-		res, err := e.RunReplicas(ctx, step, feeds, gb)
+	k := 0
+	next := func(ctx context.Context) (strategy.Result, error) {
+		feeds, err := replicaFeeds(d, k, gb, gb/total, firstReplica, n)
 		if err != nil {
-			return out, fmt.Errorf("step %d: %w", k, err)
+			return nil, err
 		}
-		l, err := e.Reduce(ctx, strategy.Sum, res["loss"])
-		if err != nil {
-			return out, err
-		}
-		out.FinalLoss = float64(l.Value().(float32))
+		k++
+		return e.RunReplicas(ctx, step, feeds, gb)
 	}
+	res, err := trainloop.Run(ctx, trainloop.Synchronous(next, e.Reduce), trainloop.Config{Steps: steps, GlobalBatch: gb})
+	out := Outcome{FinalLoss: res.Loss}
+	if err != nil {
+		return out, err
+	}
+	err = out.readParams(ctx, e, m.Vars())
+	return out, err
+}
+
+// readParams records the values of vars and their L2 norm.
+func (out *Outcome) readParams(ctx context.Context, e Engine, vars []strategy.Variable) error {
 	out.Params = map[string][]float32{}
 	var l2 float64
-	for _, v := range m.Vars() {
+	for _, v := range vars {
 		t, err := e.Value(ctx, v)
 		if err != nil {
-			return out, err
+			return err
 		}
-		flat := tensorutil.Float32s(t)
-		out.Params[v.Name()] = flat
-		for _, f := range flat {
-			l2 += float64(f) * float64(f)
-		}
+		out.Params[v.Name()] = tensorutil.Float32s(t)
+		l2 += tensorutil.SumSquares(out.Params[v.Name()])
 	}
 	out.ParamL2 = math.Sqrt(l2)
-	return out, nil
+	return nil
+}
+
+// replicaFeeds returns the feeds of step k for the n local replicas from
+// firstReplica on: replica g of all replicas in sync takes slice g, of per
+// examples, of the k-th global batch of gb examples in file order.
+func replicaFeeds(d digits.Data, k, gb, per, firstReplica, n int) ([]map[string]*tf.Tensor, error) {
+	start := (k * gb) % (d.Len() - gb)
+	feeds := make([]map[string]*tf.Tensor, n)
+	for r := range n {
+		lo := start + (firstReplica+r)*per
+		x, err := tf.NewTensor(d.X[lo : lo+per])
+		if err != nil {
+			return nil, err
+		}
+		y, err := tf.NewTensor(d.Y[lo : lo+per])
+		if err != nil {
+			return nil, err
+		}
+		feeds[r] = map[string]*tf.Tensor{"x": x, "y": y}
+	}
+	return feeds, nil
 }
 
 // RelDiff is |a-b| / max(|a|, |b|, tiny).

@@ -1,0 +1,154 @@
+package classifier
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	tf "github.com/wamuir/graft/tensorflow"
+
+	"github.com/tfdist/tfdist/checkpoint"
+	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/internal/models"
+	"github.com/tfdist/tfdist/internal/trainloop"
+	"github.com/tfdist/tfdist/mirrored"
+	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/strategy"
+)
+
+// engine is what the classifier needs of a strategy: the Strategy contract
+// and what checkpoints take.
+type engine interface {
+	strategy.Strategy
+	checkpoint.Source
+}
+
+// newStrategy builds the in-graph strategy the flags ask for, and returns
+// whether this process is the chief and the number of workers.
+func newStrategy(ctx context.Context, o Options) (engine, bool, int, error) {
+	switch o.Strategy {
+	case "default":
+		if o.Devices != 1 {
+			return nil, false, 0, fmt.Errorf("-strategy default runs one replica; -devices %d asks for more (use -strategy mirrored)", o.Devices)
+		}
+		s, err := strategy.Default()
+		return s, true, 1, err
+	case "mirrored":
+		s, err := mirrored.New(mirrored.WithLogicalCPUs(o.Devices))
+		return s, true, 1, err
+	case "multiworker":
+		comm := multiworker.Engine
+		if o.Communication == "tensorflow" {
+			comm = multiworker.Ring
+		}
+		s, err := multiworker.New(ctx, multiworker.WithLogicalCPUs(o.Devices), multiworker.WithCollectiveTimeout(o.CollectiveTimeout),
+			multiworker.WithCommunication(comm))
+		if err != nil {
+			return nil, false, 0, err
+		}
+		return s, s.IsChief(), s.NumWorkers(), nil
+	}
+	return nil, false, 0, fmt.Errorf("-strategy %q: expected default, mirrored, multiworker or ps", o.Strategy)
+}
+
+// inGraph is a session of a synchronous strategy (default, mirrored,
+// multiworker): every step runs one global batch on all replicas, in the
+// order the seed gives, so a resumed run equals an uninterrupted one.
+type inGraph struct {
+	o           Options
+	s           engine
+	m           *nn.Sequential
+	train, eval *strategy.Step
+	data        dataset.Dataset // the training batches, shuffled and repeated
+	backup      *checkpoint.BackupAndRestore
+	input       *dataset.DistIterator
+}
+
+// newInGraphSession builds the strategy, the model and its steps, and
+// fills in res's replicas, workers and chief.
+func newInGraphSession(ctx context.Context, o Options, train digits.Data, res *Result) (*inGraph, error) {
+	s, chief, workers, err := newStrategy(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	g := &inGraph{o: o, s: s}
+	res.Replicas, res.Workers, res.Chief = s.NumReplicasInSync(), workers, chief
+	if err := g.build(train, chief); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return g, nil
+}
+
+func (g *inGraph) build(train digits.Data, chief bool) error {
+	if g.o.GlobalBatch%g.s.NumReplicasInSync() != 0 {
+		return fmt.Errorf("-global-batch %d does not divide by the %d replicas in sync", g.o.GlobalBatch, g.s.NumReplicasInSync())
+	}
+	ds, err := dataset.FromSlices(map[string]any{"x": train.X, "y": train.Y})
+	if err != nil {
+		return err
+	}
+	g.data = dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, train.Len(), g.o.Seed), -1), g.o.GlobalBatch, true)
+	if g.m, g.train, g.eval, err = buildModel(g.o, g.s.Scope, g.s.Build); err != nil {
+		return err
+	}
+	if g.o.CheckpointDir != "" {
+		g.backup, err = checkpoint.NewBackupAndRestore(g.s, g.o.CheckpointDir, int64(g.o.CheckpointEvery), checkpoint.WithChief(chief))
+	}
+	return err
+}
+
+func (g *inGraph) model() *nn.Sequential { return g.m }
+
+func (g *inGraph) restore(ctx context.Context) (int, error) {
+	if g.backup == nil {
+		return 0, nil
+	}
+	done, err := g.backup.Restore(ctx)
+	return int(done), err
+}
+
+// trainer starts the input after start steps: the checkpoint's step is
+// also the input position, since the input order is a function of the
+// seed.
+func (g *inGraph) trainer(ctx context.Context, start int) (trainloop.Trainer, int, error) {
+	dist, err := g.s.DistributeDataset(dataset.Take(dataset.Skip(g.data, start), g.o.Steps-start),
+		dataset.WithShardPolicy(dataset.ShardData), dataset.WithPrefetch(2))
+	if err != nil {
+		return nil, 0, err
+	}
+	if g.input, err = dist.Iterator(ctx); err != nil {
+		return nil, 0, err
+	}
+	step := func(ctx context.Context) (strategy.Result, error) {
+		b, err := g.input.Next(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return g.s.Run(ctx, g.train, b)
+	}
+	return trainloop.Synchronous(step, g.s.Reduce), 1, nil
+}
+
+func (g *inGraph) checkpoint(ctx context.Context, step int) error {
+	return g.backup.AfterStep(ctx, int64(step))
+}
+
+func (g *inGraph) finish(context.Context, *Result, io.Writer) error { return nil }
+
+func (g *inGraph) evaluate(ctx context.Context, test digits.Data) (float64, error) {
+	return models.Accuracy(ctx, g.s, g.eval, test, g.o.GlobalBatch)
+}
+
+func (g *inGraph) value(ctx context.Context, v strategy.Variable) (*tf.Tensor, error) {
+	return g.s.Value(ctx, v)
+}
+
+func (g *inGraph) close() error {
+	if g.input != nil {
+		g.input.Close()
+	}
+	return g.s.Close()
+}
