@@ -536,13 +536,28 @@ func (s *Strategy) Close() error {
 	}
 	if s.server != nil {
 		if s.engine.Err() == nil {
-			if _, berr := s.round(context.Background(), "closing_barrier", 0, s.closeTimeout); berr != nil {
-				err = errors.Join(err, fmt.Errorf("multiworker: task %s: closing barrier: %w", s.task, berr))
-			}
+			err = errors.Join(err, s.closingRounds())
 		}
 		err = errors.Join(err, s.server.Close())
 	}
 	return err
+}
+
+// closingRounds holds TensorFlow's closing barrier: two rounds, since its
+// transfers are pulled by the receiver. A worker that finishes a round has
+// received every peer's value, but a peer may still be pulling its own; the
+// second round finishes only once every worker has finished the first, so
+// a worker that leaves after it strands no peer in the first. The first
+// round's success already proves that every worker reached Close, so a
+// second round that fails because a peer left first is not an error.
+func (s *Strategy) closingRounds() error {
+	if _, err := s.round(context.Background(), "closing_barrier", 0, s.closeTimeout); err != nil {
+		return fmt.Errorf("multiworker: task %s: closing barrier: %w", s.task, err)
+	}
+	if _, err := s.round(context.Background(), "closing_release", 0, s.closeTimeout); err != nil {
+		s.log.Debug("a peer left during the closing barrier's second round", zap.Error(err))
+	}
+	return nil
 }
 
 // engine names the embedded engine without exporting it as a field.
