@@ -2,10 +2,15 @@
 // reports and tests.
 package tensorutil
 
-import tf "github.com/wamuir/graft/tensorflow"
+import (
+	"bytes"
+	"encoding/binary"
 
-// Float32s returns a float32 tensor of rank 0, 1 or 2 as one row-major
-// slice, or nil for any other tensor.
+	tf "github.com/wamuir/graft/tensorflow"
+)
+
+// Float32s returns a float32 tensor of any rank as one row-major slice,
+// or nil for a tensor of another type.
 func Float32s(t *tf.Tensor) []float32 {
 	switch v := t.Value().(type) {
 	case float32:
@@ -19,5 +24,16 @@ func Float32s(t *tf.Tensor) []float32 {
 		}
 		return out
 	}
-	return nil
+	if t.DataType() != tf.Float {
+		return nil
+	}
+	var buf bytes.Buffer
+	if _, err := t.WriteContentsTo(&buf); err != nil {
+		return nil
+	}
+	out := make([]float32, buf.Len()/4)
+	if err := binary.Read(&buf, binary.NativeEndian, out); err != nil {
+		return nil
+	}
+	return out
 }

@@ -18,6 +18,7 @@ func TestFloat32s(t *testing.T) {
 		{float32(2), []float32{2}},
 		{[]float32{1, 2}, []float32{1, 2}},
 		{[][]float32{{1, 2}, {3, 4}}, []float32{1, 2, 3, 4}},
+		{[][][]float32{{{1, 2}}, {{3, 4}}}, []float32{1, 2, 3, 4}},
 		{[]int32{1}, nil},
 	} {
 		x, err := tf.NewTensor(c.in)
