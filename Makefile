@@ -45,6 +45,7 @@ bench:
 	@$(TFENV) dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && $(GO) build -o "$$dir/" ./cmd/tfdist && \
 	for backend in tfdist tensorflow; do "$$dir/tfdist" bench allreduce --workers 2 --backend $$backend && echo; done
 	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 200x ./mirrored ./dataset/...
+	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 30x ./nn
 
 ## soak: train 50,000 steps under every strategy and check that no process's threads, memory, files or goroutines grow (tens of minutes).
 SOAK_FLAGS ?=

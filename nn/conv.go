@@ -67,7 +67,8 @@ func (wn window) outShape(in []int64) ([]int64, error) {
 // Conv2D is a 2-D convolution over NHWC inputs [batch, height, width,
 // channels]: Filters kernels of Kernel×Kernel, moved by Strides (default
 // 1), then a bias and Activation. Its kernel is He-initialised for ReLU
-// and Glorot-initialised otherwise.
+// and Glorot-initialised otherwise. It computes in its input's type, its
+// float32 variables read cast to it (see Policy).
 type Conv2D struct {
 	Filters    int
 	Kernel     int
@@ -120,11 +121,11 @@ func (l *conv2D) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, erro
 	if err := checkInput(x, l.in); err != nil {
 		return tf.Output{}, err
 	}
-	wb, err := readAll(r, l.w, l.b)
+	b := NewBuilder(r.Scope(), "conv2d")
+	wb, err := readAs(r, x.DataType(), b, l.w, l.b)
 	if err != nil {
 		return tf.Output{}, err
 	}
-	b := NewBuilder(r.Scope(), "conv2d")
 	s := int64(l.c.Strides)
 	y := op.Conv2D(b.Op(), x, wb[0], []int64{1, s, s, 1}, l.c.Padding.String())
 	return l.c.Activation.apply(b, op.BiasAdd(b.Op(), y, wb[1])), b.Err()

@@ -57,8 +57,14 @@ func (d *dropout) Apply(r strategy.Replica, x tf.Output, training bool) (tf.Outp
 	}
 	b := NewBuilder(r.Scope(), "dropout")
 	key := op.Pack(b.Op(), []tf.Output{b.Const(d.seed<<16 ^ int64(r.ReplicaID())), step})
-	u := op.StatelessRandomUniform(b.Op(), op.Shape(b.Op(), x), key, op.StatelessRandomUniformDtype(x.DataType()))
-	keep := b.Cast(op.GreaterEqual(b.Op(), u, b.Scalar(d.rate, x.DataType())), x.DataType())
+	// Masks of 16-bit inputs are drawn in float32: bfloat16's 8-bit
+	// significand would round the rate.
+	udt := x.DataType()
+	if isHalf(udt) {
+		udt = tf.Float
+	}
+	u := op.StatelessRandomUniform(b.Op(), op.Shape(b.Op(), x), key, op.StatelessRandomUniformDtype(udt))
+	keep := b.Cast(op.GreaterEqual(b.Op(), u, b.Scalar(d.rate, udt)), x.DataType())
 	y := b.Mul(b.Mul(x, keep), b.Scalar(1/(1-d.rate), x.DataType()))
 	if err := r.Assign(d.step, b.Add(step, b.Const(int64(1)))); err != nil {
 		return tf.Output{}, err

@@ -32,13 +32,15 @@ type Spec interface {
 	Kind() string
 }
 
-// Sequential is a model: layers applied one after the other.
+// Sequential is a model: layers applied one after the other, computing as
+// its Policy says (float32 unless WithPolicy gives another).
 type Sequential struct {
 	name   string
 	in     []int64
 	out    []int64
 	names  []string
 	layers []Layer
+	policy Policy
 }
 
 // NewSequential builds a model named name for inputs of shape in (without
@@ -50,7 +52,7 @@ func NewSequential(sc strategy.Scope, name string, in []int64, seed int64, specs
 	if len(specs) == 0 {
 		return nil, fmt.Errorf("nn: model %q: no layers", name)
 	}
-	m := &Sequential{name: name, in: append([]int64(nil), in...)}
+	m := &Sequential{name: name, in: append([]int64(nil), in...), policy: Float32}
 	kinds := map[string]int{}
 	shape := m.in
 	for i, spec := range specs {
@@ -81,18 +83,47 @@ func (m *Sequential) Vars() []strategy.Variable {
 // dimension.
 func (m *Sequential) OutputShape() []int64 { return append([]int64(nil), m.out...) }
 
-// Apply builds the model for one replica on x ([batch, in...]).
+// WithPolicy returns the model computing under the mixed-precision policy
+// p: the same layers and variables (float32 under every policy), with
+// each layer's floating-point input cast to p's compute type and the
+// outputs cast back to float32. m is unchanged.
+func (m *Sequential) WithPolicy(p Policy) *Sequential {
+	c := *m
+	c.policy = p
+	return &c
+}
+
+// Policy returns the model's mixed-precision policy.
+func (m *Sequential) Policy() Policy { return m.policy }
+
+// Apply builds the model for one replica on x ([batch, in...]). Under a
+// mixed policy it casts each layer's floating-point input to the 16-bit
+// compute type and returns float32 outputs, so that losses and metrics
+// compute in float32.
 func (m *Sequential) Apply(r strategy.Replica, x tf.Output, training bool) (tf.Output, error) {
 	if err := checkInput(x, m.in); err != nil {
 		return tf.Output{}, fmt.Errorf("nn: model %s: %w", m.name, err)
 	}
+	var b *Builder
+	if m.policy.Mixed() {
+		b = NewBuilder(r.Scope(), "autocast")
+	}
 	var err error
 	for i, l := range m.layers {
+		if b != nil && isFloating(x.DataType()) {
+			x = b.Cast(x, m.policy.ComputeDType())
+		}
 		if x, err = l.Apply(r, x, training); err != nil {
 			return tf.Output{}, fmt.Errorf("nn: layer %s: %w", m.names[i], err)
 		}
 	}
-	return x, nil
+	if b == nil {
+		return x, nil
+	}
+	if isHalf(x.DataType()) {
+		x = b.Cast(x, tf.Float)
+	}
+	return x, b.Err()
 }
 
 // checkInput reports how x's static shape (batch first) does not fit want

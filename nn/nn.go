@@ -2,7 +2,9 @@
 // built from TensorFlow ops whose gradients TensorFlow's C++ registry knows,
 // on the model contract of package strategy, so that one model trains
 // under every strategy: Dense, Conv2D, MaxPool2D, AvgPool2D, Flatten,
-// Embedding, Dropout, LayerNorm and BatchNorm, composed by Sequential.
+// Embedding, Dropout, LayerNorm and BatchNorm, composed by Sequential,
+// which computes in float32 or, under a mixed-precision Policy, in
+// bfloat16 or float16 on float32 variables.
 // Initial values and dropout masks come from stateless generators with
 // explicit seeds, so every replica and every worker computes the same
 // ones, and runs repeat.
@@ -43,7 +45,8 @@ func (a Activation) apply(b *Builder, x tf.Output) tf.Output {
 }
 
 // Dense is a fully connected layer y = act(x·kernel + bias) on inputs
-// [batch, n]. Its kernel is Glorot-initialised, its bias zero.
+// [batch, n]. Its kernel is Glorot-initialised, its bias zero. It computes
+// in its input's type, its float32 variables read cast to it (see Policy).
 type Dense struct {
 	Units      int
 	Activation Activation
@@ -83,11 +86,11 @@ func (d *dense) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, error
 	if err := checkInput(x, d.in); err != nil {
 		return tf.Output{}, err
 	}
-	wb, err := readAll(r, d.w, d.b)
+	b := NewBuilder(r.Scope(), "dense")
+	wb, err := readAs(r, x.DataType(), b, d.w, d.b)
 	if err != nil {
 		return tf.Output{}, err
 	}
-	b := NewBuilder(r.Scope(), "dense")
 	return d.act.apply(b, b.Add(b.MatMul(x, wb[0]), wb[1])), b.Err()
 }
 

@@ -43,10 +43,12 @@ func (l *layerNorm) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, e
 		return tf.Output{}, err
 	}
 	b := NewBuilder(r.Scope(), "layer_norm")
-	last := int32(len(l.in))
-	mean := b.Mean(x, true, last)
-	variance := b.Mean(b.Square(b.Sub(x, mean)), true, last)
-	return normalize(r, b, x, mean, variance, l.eps, l.gamma, l.beta)
+	return inFloat32(b, x, func(x tf.Output) (tf.Output, error) {
+		last := int32(len(l.in))
+		mean := b.Mean(x, true, last)
+		variance := b.Mean(b.Square(b.Sub(x, mean)), true, last)
+		return normalize(r, b, x, mean, variance, l.eps, l.gamma, l.beta)
+	})
 }
 
 // BatchNorm normalises each feature (the last axis) over the batch and
@@ -112,6 +114,10 @@ func (l *batchNorm) Apply(r strategy.Replica, x tf.Output, training bool) (tf.Ou
 		return tf.Output{}, err
 	}
 	b := NewBuilder(r.Scope(), "batch_norm")
+	return inFloat32(b, x, func(x tf.Output) (tf.Output, error) { return l.apply(r, b, x, training) })
+}
+
+func (l *batchNorm) apply(r strategy.Replica, b *Builder, x tf.Output, training bool) (tf.Output, error) {
 	if !training {
 		moving, err := readAll(r, l.mean, l.variance)
 		if err != nil {
@@ -167,6 +173,20 @@ func (l *batchNorm) batchStats(r strategy.Replica, b *Builder, x tf.Output) (mea
 	mean = op.DivNoNan(b.Op(), sum, n)
 	variance = b.Sub(op.DivNoNan(b.Op(), sumsq, n), b.Square(mean))
 	return mean, variance, b.Err()
+}
+
+// inFloat32 returns fn(x), computed in float32 when x is a 16-bit type
+// and cast back to it: under mixed precision, normalisation layers compute
+// their statistics and variables in float32, as Keras' do.
+func inFloat32(b *Builder, x tf.Output, fn func(x tf.Output) (tf.Output, error)) (tf.Output, error) {
+	if !isHalf(x.DataType()) {
+		return fn(x)
+	}
+	y, err := fn(b.Cast(x, tf.Float))
+	if err != nil {
+		return tf.Output{}, err
+	}
+	return b.Cast(y, x.DataType()), b.Err()
 }
 
 // normalize returns (x - mean)/sqrt(variance + eps)·gamma + beta.

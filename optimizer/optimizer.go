@@ -5,6 +5,9 @@
 // Each optimizer keeps its slots (momentum accumulators, Adam's moments) and
 // its step count ("<name>/iterations") as variables of the strategy, mirrored
 // like the variables they serve and saved in checkpoints with them.
+//
+// LossScale wraps any of them in dynamic loss scaling for float16 mixed
+// precision, as Keras' LossScaleOptimizer.
 package optimizer
 
 import (

@@ -249,6 +249,9 @@ func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []
 	if len(dense) > 0 && opt == nil {
 		return errors.New("Minimize: nil optimizer")
 	}
+	if _, ok := opt.(strategy.LossScaler); ok {
+		return fmt.Errorf("Minimize: optimizer %T scales the loss, which the parameter-server strategy does not support: its workers update asynchronously, so no scale holds for a whole step (as in tf.distribute); train mixed precision with bfloat16, which needs no loss scaling", opt)
+	}
 	// The dense shards' gradients first, then the looked-up rows'.
 	xs := denseReads
 	for _, l := range sparse {

@@ -122,6 +122,19 @@ type Optimizer interface {
 	Apply(ac ApplyContext, grads []tf.Output, vars []Variable) (*tf.Operation, error)
 }
 
+// LossScaler is an Optimizer that scales the loss (optimizer.LossScale):
+// Minimize multiplies the loss by the factor LossScale returns before it
+// differentiates it, so that small gradients of 16-bit computations do not
+// underflow, and the optimizer's Apply divides the gradients by the same
+// factor. The parameter-server strategy, whose workers apply their
+// updates asynchronously, refuses one, as tf.distribute does.
+type LossScaler interface {
+	Optimizer
+	// LossScale builds, on ac's scope, the float32 scalar factor of the
+	// loss for the replica whose copies ac addresses.
+	LossScale(ac ApplyContext) (tf.Output, error)
+}
+
 // SparseOptimizer updates only the rows of a variable that a step looked up
 // (Replica.Lookup), where the strategy moves rows rather than whole
 // variables: the parameter-server strategy.

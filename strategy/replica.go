@@ -218,12 +218,32 @@ func (rc *ReplicaContext) scopeName() string {
 // synchronous data-parallel update. loss must already be scaled for the
 // global batch (see AverageLoss). It is a merge point. Lookups are
 // differentiated like reads, so opts (a sparse optimizer) do not apply.
+// An opt that is a LossScaler has the loss it differentiates scaled.
 func (rc *ReplicaContext) Minimize(opt Optimizer, loss tf.Output, vars []Variable, _ ...MinimizeOption) error {
+	if ls, ok := opt.(LossScaler); ok {
+		var err error
+		if loss, err = rc.scaleLoss(ls, loss); err != nil {
+			return err
+		}
+	}
 	grads, err := rc.Gradients(loss, vars)
 	if err != nil {
 		return err
 	}
 	return rc.ApplyGradients(opt, grads, vars)
+}
+
+// scaleLoss returns loss multiplied by ls's factor for this replica.
+func (rc *ReplicaContext) scaleLoss(ls LossScaler, loss tf.Output) (tf.Output, error) {
+	s := rc.scope.SubScope("loss_scale")
+	f, err := ls.LossScale(&applyContext{e: rc.e, scope: s, replica: rc.local})
+	if err != nil {
+		return tf.Output{}, fmt.Errorf("loss scale: %w", err)
+	}
+	if loss.DataType() != f.DataType() {
+		f = op.Cast(s.SubScope("cast"), f, loss.DataType())
+	}
+	return op.Mul(s.SubScope("scaled"), loss, f), s.Err()
 }
 
 type applyArgs struct {

@@ -14,6 +14,7 @@ import (
 	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/internal/trainloop"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -24,7 +25,8 @@ var Names = []string{"mlp", "lenet"}
 // hidden units, or "lenet", a LeNet-style CNN on the 8x8x1 images (two
 // 3x3 convolutions of 6 and 16 filters, each followed by 2x2 max pooling,
 // then dense layers of hidden units and 10 logits). seed seeds the
-// initial weights.
+// initial weights. The model computes in float32; its WithPolicy gives
+// it a mixed-precision policy.
 func New(sc strategy.Scope, name string, hidden int, seed int64) (*nn.Sequential, error) {
 	switch name {
 	case "mlp":
@@ -52,11 +54,26 @@ func New(sc strategy.Scope, name string, hidden int, seed int64) (*nn.Sequential
 // features and y [batch] int32 labels.
 var Spec = strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}}, "y": {DType: tf.Int32, Shape: []int64{-1}}}
 
+// OptimizerFor returns opt as it must be to train a model under policy p:
+// wrapped in dynamic loss scaling (optimizer.NewLossScale, Keras'
+// defaults) under mixed_float16, unchanged otherwise.
+func OptimizerFor(p nn.Policy, opt strategy.Optimizer) (strategy.Optimizer, error) {
+	if p.CheckOptimizer(opt) == nil {
+		return opt, nil
+	}
+	return optimizer.NewLossScale(opt)
+}
+
 // TrainStep returns the step that trains m with opt: the softmax
 // cross-entropy of its logits, averaged as the strategy averages losses,
-// minimised. The step outputs that average loss as "loss".
+// minimised. The step outputs that average loss as "loss". An optimizer
+// that cannot train under m's policy (one without loss scaling under
+// mixed_float16: see OptimizerFor) fails the step's Build.
 func TrainStep(m *nn.Sequential, opt strategy.Optimizer) strategy.ReplicaFn {
 	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		if err := m.Policy().CheckOptimizer(opt); err != nil {
+			return nil, err
+		}
 		logits, err := m.Apply(r, in["x"], true)
 		if err != nil {
 			return nil, err
