@@ -51,15 +51,16 @@ var Spec = strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, digits.F
 
 // TrainStep returns the step that trains m with opt: the softmax
 // cross-entropy of its logits, averaged as the strategy averages losses,
-// minimised. The step outputs that average loss as "loss".
-func TrainStep(m *nn.Sequential, opt strategy.Optimizer) strategy.ReplicaFn {
+// minimised with opts (strategy.WithAccumulation, say). The step outputs
+// that average loss as "loss".
+func TrainStep(m *nn.Sequential, opt strategy.Optimizer, opts ...strategy.MinimizeOption) strategy.ReplicaFn {
 	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		logits, err := m.Apply(r, in["x"], true)
 		if err != nil {
 			return nil, err
 		}
 		loss := r.AverageLoss(nn.SparseSoftmaxCrossEntropy(r.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
-		return strategy.Outputs{"loss": loss}, r.Minimize(opt, loss, m.Vars())
+		return strategy.Outputs{"loss": loss}, r.Minimize(opt, loss, m.Vars(), opts...)
 	}
 }
 
