@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 )
@@ -39,6 +40,26 @@ type Group struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	started [opBarrier + 1]atomic.Int64 // operations started, by kind
+}
+
+// Stats counts the operations a member has started, by kind: those that
+// go to the network, so none in a group of one member, whose operations
+// complete locally. Close's barrier counts among the barriers.
+type Stats struct {
+	AllReduces, AllGathers, Broadcasts, Barriers int64
+}
+
+// Stats returns the operations this member has started since the group
+// was formed.
+func (g *Group) Stats() Stats {
+	return Stats{
+		AllReduces: g.started[opAllReduce].Load(),
+		AllGathers: g.started[opAllGather].Load(),
+		Broadcasts: g.started[opBroadcast].Load(),
+		Barriers:   g.started[opBarrier].Load(),
+	}
 }
 
 func newGroup(cfg config, members []Member, rank int) *Group {

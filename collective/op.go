@@ -53,6 +53,7 @@ func (g *Group) start(ctx context.Context, name string, self header) (*op, error
 	ns.next++
 	o.box = g.box(o.self.name, o.self.seq)
 	o.box.active = true
+	g.started[self.op].Add(1)
 	return o, nil
 }
 

@@ -174,6 +174,31 @@ func TestSingleMemberOpsAreLocal(t *testing.T) {
 	require.NoError(t, g.Barrier(ctx, "barrier"))
 	assert.Equal(t, 0, g.Rank())
 	assert.Equal(t, 1, g.Size())
+	assert.Equal(t, Stats{}, g.Stats(), "a member alone sends nothing")
+}
+
+// Stats counts every operation a member started, by kind.
+func TestStatsCountOperations(t *testing.T) {
+	gs := newGroups(t, 2)
+	ctx := context.Background()
+	requireAllOK(t, onAll(gs, func(i int, g *Group) error {
+		data := []byte{1, 0, 0, 0}
+		for k := range 3 {
+			if err := g.AllReduce(ctx, fmt.Sprintf("r%d", k), Sum, Int32, data); err != nil {
+				return err
+			}
+		}
+		if _, err := g.AllGather(ctx, "g", Int32, data); err != nil {
+			return err
+		}
+		if err := g.Broadcast(ctx, "b", 0, Int32, data); err != nil {
+			return err
+		}
+		return g.Barrier(ctx, "barrier")
+	}))
+	for i, g := range gs {
+		assert.Equal(t, Stats{AllReduces: 3, AllGathers: 1, Broadcasts: 1, Barriers: 1}, g.Stats(), "member %d", i)
+	}
 }
 
 func TestConcurrentOpsInDifferentOrders(t *testing.T) {

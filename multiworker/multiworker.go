@@ -515,6 +515,18 @@ func (s *Strategy) IsChief() bool {
 	return cluster.IsChief(s.resolver)
 }
 
+// CollectiveStats returns the collective operations this worker has
+// started on tfdist's engine (every all-reduce, all-gather and broadcast
+// that the steps, Reduce and Gather ran, and the variables' initial
+// broadcasts): for monitoring, and to check that a step communicates as
+// much as expected. With WithCommunication(Ring) it returns zeros.
+func (s *Strategy) CollectiveStats() collective.Stats {
+	if s.group == nil {
+		return collective.Stats{}
+	}
+	return s.group.Stats()
+}
+
 // Close releases the session, then waits at a barrier (bounded by the
 // start-up timeout) until every worker has reached its own Close, so that no
 // worker leaves while a peer still needs it, and releases the group's

@@ -95,7 +95,8 @@ func TestSparseStepChangesOnlyLookedUpRows(t *testing.T) {
 }
 
 // Minimize rejects, at Build, a looked-up variable without a sparse
-// optimizer and a variable both read and looked up.
+// optimizer, a variable both read and looked up, and gradient
+// accumulation.
 func TestMinimizeMisuse(t *testing.T) {
 	s := newInProcess(t, 1, 1)
 	var emb strategy.Variable
@@ -131,4 +132,15 @@ func TestMinimizeMisuse(t *testing.T) {
 		return nil, err
 	})
 	assert.ErrorContains(t, err, "ids are float32, expected int32 or int64")
+	for k, want := range map[int]string{
+		4: "WithAccumulation(4): gradient accumulation is not supported under the parameter-server strategy",
+		0: "WithAccumulation(0): expected at least 1",
+	} {
+		_, err = s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+			loss := rc.AverageLoss(op.Sum(rc.Scope().SubScope("sum"), strategy.MustRead(rc, emb), op.Const(rc.Scope().SubScope("axis"), int32(0))))
+			return strategy.Outputs{"loss": loss}, rc.Minimize(opt, loss, []strategy.Variable{emb}, strategy.WithAccumulation(k))
+		})
+		require.ErrorAs(t, err, &be)
+		assert.ErrorContains(t, err, want)
+	}
 }

@@ -206,7 +206,13 @@ func (rc *replicaContext) Lookup(vv strategy.Variable, ids tf.Output) (tf.Output
 // The update is guarded: a step run again after its worker died applies it
 // only if the first run did not (see Function).
 func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []strategy.Variable, opts ...strategy.MinimizeOption) error {
-	mc := strategy.NewMinimizeConfig(opts...)
+	mc, err := strategy.NewMinimizeConfig(opts...)
+	if err != nil {
+		return fmt.Errorf("Minimize: %w", err)
+	}
+	if mc.Accumulation > 1 {
+		return fmt.Errorf("Minimize: WithAccumulation(%d): gradient accumulation is not supported under the parameter-server strategy, whose workers apply their steps asynchronously", mc.Accumulation)
+	}
 	if len(vs) == 0 {
 		return errors.New("Minimize: no variables")
 	}

@@ -26,6 +26,7 @@ type Step struct {
 	redNames    []string      // reduced outputs (ReduceOutput), sorted
 	targets     []*tf.Operation
 	fetches     []tf.Output // outputs flattened replica-major, then the reduced outputs
+	acc         *stepAccum  // set when the step accumulates gradients
 }
 
 // OutputNames returns the names of the step's outputs, sorted: the keys of
@@ -57,38 +58,17 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 	n := len(e.cfg.Devices)
 	root, ns := e.newScope("step")
 	st := &Step{e: e, spec: spec, names: sortedKeys(spec), inputs: make([][]tf.Output, n), outputs: make([][]tf.Output, n)}
-	// The divisor of average losses: fed as one scalar when this process
-	// runs every replica; summed across workers from per-replica counts
-	// otherwise, since no worker knows the others' share of a partial batch.
-	globals := make([]tf.Output, n)
-	if e.cfg.NumReplicasInSync == n {
-		st.globalCount = op.Placeholder(root.SubScope("global_batch_size").WithDevice(e.cfg.HostDevice), tf.Float,
-			op.PlaceholderShape(tf.ScalarShape()))
-		for r := range globals {
-			globals[r] = st.globalCount
-		}
-	} else {
-		counts := make([][]tf.Output, n)
-		for r := range n {
-			c := op.Placeholder(root.SubScope(fmt.Sprintf("count_%d", r)).WithDevice(e.cfg.Devices[r]), tf.Float,
-				op.PlaceholderShape(tf.ScalarShape()))
-			st.counts = append(st.counts, c)
-			counts[r] = []tf.Output{c}
-		}
-		sums, err := e.cfg.CrossDeviceOps.BatchReduce(root.SubScope("global_batch_size"), Sum, counts, e.cfg.Devices)
-		if err != nil {
-			return nil, &BuildError{Replica: -1, Err: fmt.Errorf("global batch size: %w", err)}
-		}
-		for r := range globals {
-			globals[r] = sums[r][0]
-		}
+	globals, weights, err := e.stepCounts(root, st)
+	if err != nil {
+		return nil, &BuildError{Replica: -1, Err: fmt.Errorf("global batch size: %w", err)}
 	}
+	ab := &accumBuild{divisors: globals, weights: weights}
 	m := newMerger(n, ns)
 	rcs := make([]*ReplicaContext, n)
 	outs := make([]Outputs, n)
 	for r := range n {
 		rs := root.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r])
-		rcs[r] = &ReplicaContext{e: e, local: r, scope: rs, reads: map[*variable]tf.Output{}, globalCount: globals[r], merges: m}
+		rcs[r] = &ReplicaContext{e: e, local: r, scope: rs, reads: map[*variable]tf.Output{}, globalCount: globals[r], merges: m, acc: ab}
 		for _, name := range st.names {
 			ts := spec[name]
 			st.inputs[r] = append(st.inputs[r], op.Placeholder(rs.SubScope("input_"+sanitize(name)), ts.DType,
@@ -98,7 +78,7 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 	if err := root.Err(); err != nil {
 		return nil, &BuildError{Replica: -1, Err: err}
 	}
-	err := m.run(func(r int) error {
+	err = m.run(func(r int) error {
 		in := Inputs{}
 		for i, name := range st.names {
 			in[name] = st.inputs[r][i]
@@ -142,11 +122,14 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 			st.fetches = append(st.fetches, o)
 		}
 		st.targets = append(st.targets, rcs[r].targets...)
-		if st.counts != nil {
+		if st.counts != nil && !ab.accumulates() {
 			st.targets = append(st.targets, globals[r].Op)
 		}
 	}
-	if err := e.buildReduced(root, st, rcs); err != nil {
+	if err := e.buildReduced(root, st, rcs, ab); err != nil {
+		return nil, err
+	}
+	if err := e.finishAccumulation(root, st, ab, globals); err != nil {
 		return nil, err
 	}
 	if err := e.initPending(context.Background()); err != nil {
@@ -155,6 +138,46 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 	e.log.Debug("step built", zap.Int("replicas", n), zap.Strings("inputs", st.names),
 		zap.Strings("outputs", st.outNames), zap.Strings("reduced_outputs", st.redNames), zap.Duration("took", time.Since(start)))
 	return st, nil
+}
+
+// stepCounts builds, for each local replica, the divisor of average losses
+// and the examples the replica adds to the count of an accumulated update.
+// When this process runs every replica, the divisor is one scalar, fed, and
+// replica 0 adds it to the count; otherwise each replica's count is fed and
+// counts, and the divisor is their sum across workers, in the graph, since
+// no worker knows the others' share of a partial batch — or, in a step that
+// accumulates, fed with the run's global count, since its micro-steps do
+// not communicate.
+func (e *InGraph) stepCounts(root *op.Scope, st *Step) (globals, weights []tf.Output, err error) {
+	n := len(e.cfg.Devices)
+	globals, weights = make([]tf.Output, n), make([]tf.Output, n)
+	if e.cfg.NumReplicasInSync == n {
+		st.globalCount = op.Placeholder(root.SubScope("global_batch_size").WithDevice(e.cfg.HostDevice), tf.Float,
+			op.PlaceholderShape(tf.ScalarShape()))
+		for r := range n {
+			globals[r], weights[r] = st.globalCount, st.globalCount
+			if r > 0 {
+				weights[r] = op.Const(root.SubScope(fmt.Sprintf("no_count_%d", r)).WithDevice(e.cfg.Devices[r]), float32(0))
+			}
+		}
+		return globals, weights, root.Err()
+	}
+	counts := make([][]tf.Output, n)
+	for r := range n {
+		c := op.Placeholder(root.SubScope(fmt.Sprintf("count_%d", r)).WithDevice(e.cfg.Devices[r]), tf.Float,
+			op.PlaceholderShape(tf.ScalarShape()))
+		st.counts = append(st.counts, c)
+		counts[r], weights[r] = []tf.Output{c}, c
+	}
+	sums, err := e.cfg.CrossDeviceOps.BatchReduce(root.SubScope("global_batch_size"), Sum, counts, e.cfg.Devices)
+	if err != nil {
+		return nil, nil, err
+	}
+	for r := range n {
+		globals[r] = op.PlaceholderWithDefault(root.SubScope(fmt.Sprintf("divisor_%d", r)).WithDevice(e.cfg.Devices[r]),
+			sums[r][0], tf.ScalarShape())
+	}
+	return globals, weights, root.Err()
 }
 
 func firstLine(err error) string {
@@ -171,8 +194,15 @@ func firstLine(err error) string {
 // maps each input name of the step to replica r's tensor; globalCount is the
 // number of examples in the global batch across all replicas. For an engine
 // whose replicas span workers, the count is instead summed across workers
-// from each replica's batch size (the leading dimension of its first input),
-// and globalCount only has to be positive.
+// from each replica's batch size (the leading dimension of its first input
+// by name), and globalCount only has to be positive — except in a step that
+// accumulates gradients (WithAccumulation), whose runs do not communicate:
+// there AverageLoss divides by globalCount, and the update, which weighs
+// each run by its replicas' batch sizes, does not depend on it.
+//
+// In a step that accumulates, a run that does not apply the update returns
+// no reduced outputs; the run that applies returns them averaged over the
+// examples of every run of the update (see ReplicaContext.ReduceOutput).
 func (e *InGraph) RunReplicas(ctx context.Context, st *Step, feeds []map[string]*tf.Tensor, globalCount int) (Result, error) {
 	if st == nil || st.e != e {
 		return nil, fmt.Errorf("strategy: Run: the step was built by another strategy")
@@ -183,44 +213,23 @@ func (e *InGraph) RunReplicas(ctx context.Context, st *Step, feeds []map[string]
 	if globalCount <= 0 || globalCount > math.MaxInt32 {
 		return nil, fmt.Errorf("strategy: Run: global batch count %d, expected a positive number", globalCount)
 	}
-	fm := make(map[tf.Output]*tf.Tensor, len(feeds)*len(st.names)+1)
-	for r, feed := range feeds {
-		for i, name := range st.names {
-			t, ok := feed[name]
-			if !ok || t == nil {
-				return nil, fmt.Errorf("strategy: Run: replica %d: input %q missing (the step takes %v)", r, name, st.names)
-			}
-			if err := st.spec[name].Check(name, t); err != nil {
-				return nil, fmt.Errorf("strategy: Run: replica %d: %w", r, err)
-			}
-			fm[st.inputs[r][i]] = t
-		}
-	}
-	if st.counts == nil {
-		gc, err := tf.NewTensor(float32(globalCount))
-		if err != nil {
-			return nil, err
-		}
-		fm[st.globalCount] = gc
-	} else {
-		for r, feed := range feeds {
-			n := int64(0)
-			if sh := feed[st.names[0]].Shape(); len(sh) > 0 {
-				n = sh[0]
-			}
-			c, err := tf.NewTensor(float32(n))
-			if err != nil {
-				return nil, err
-			}
-			fm[st.counts[r]] = c
-		}
+	fm, err := st.feedMap(feeds, globalCount)
+	if err != nil {
+		return nil, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err := e.initPending(ctx); err != nil {
 		return nil, err
 	}
-	out, err := e.runLocked(ctx, fm, st.fetches, st.targets)
+	fetches, targets, applies, err := e.runPlan(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	out, err := e.runLocked(ctx, fm, fetches, targets)
+	if st.acc != nil {
+		e.accum.ran(applies, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +243,52 @@ func (e *InGraph) RunReplicas(ctx context.Context, st *Step, feeds []map[string]
 		res[name] = pr
 	}
 	for j, name := range st.redNames {
-		res[name] = PerReplica{out[len(feeds)*k+j]}
+		if applies {
+			res[name] = PerReplica{out[len(feeds)*k+j]}
+		}
 	}
 	return res, nil
+}
+
+// feedMap checks feeds against the step's inputs and returns the run's
+// feeds: every replica's inputs, and the global count — one scalar, or
+// each replica's batch size when the engine spans workers, with the
+// scalar too in a step that accumulates.
+func (st *Step) feedMap(feeds []map[string]*tf.Tensor, globalCount int) (map[tf.Output]*tf.Tensor, error) {
+	fm := make(map[tf.Output]*tf.Tensor, len(feeds)*(len(st.names)+2)+1)
+	for r, feed := range feeds {
+		for i, name := range st.names {
+			t, ok := feed[name]
+			if !ok || t == nil {
+				return nil, fmt.Errorf("strategy: Run: replica %d: input %q missing (the step takes %v)", r, name, st.names)
+			}
+			if err := st.spec[name].Check(name, t); err != nil {
+				return nil, fmt.Errorf("strategy: Run: replica %d: %w", r, err)
+			}
+			fm[st.inputs[r][i]] = t
+		}
+	}
+	gc, err := tf.NewTensor(float32(globalCount))
+	if err != nil {
+		return nil, err
+	}
+	if st.counts == nil {
+		fm[st.globalCount] = gc
+		return fm, nil
+	}
+	for r, feed := range feeds {
+		n := int64(0)
+		if sh := feed[st.names[0]].Shape(); len(sh) > 0 {
+			n = sh[0]
+		}
+		c, err := tf.NewTensor(float32(n))
+		if err != nil {
+			return nil, err
+		}
+		fm[st.counts[r]] = c
+		if st.acc != nil {
+			fm[st.acc.globals[r]] = gc
+		}
+	}
+	return fm, nil
 }

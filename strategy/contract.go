@@ -1,6 +1,8 @@
 package strategy
 
 import (
+	"fmt"
+
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 )
@@ -68,7 +70,8 @@ type Replica interface {
 	// strategy.
 	AverageLoss(perExample tf.Output) tf.Output
 	// Minimize computes the gradients of loss with respect to vars and
-	// applies them with opt.
+	// applies them with opt, as opts (WithSparseOptimizer,
+	// WithAccumulation) say.
 	Minimize(opt Optimizer, loss tf.Output, vars []Variable, opts ...MinimizeOption) error
 	// AllReduce combines value across all replicas in sync. A strategy
 	// whose replicas do not run in sync returns an error.
@@ -156,6 +159,9 @@ type MinimizeConfig struct {
 	// updates rows (the parameter-server strategy). Synchronous strategies
 	// differentiate lookups densely and apply the Optimizer.
 	Sparse SparseOptimizer
+	// Accumulation is the number of micro-steps whose gradients one update
+	// applies (WithAccumulation); 1 applies every step's.
+	Accumulation int
 }
 
 // WithSparseOptimizer sets how a strategy that updates rows (the
@@ -165,13 +171,29 @@ func WithSparseOptimizer(o SparseOptimizer) MinimizeOption {
 	return func(c *MinimizeConfig) { c.Sparse = o }
 }
 
-// NewMinimizeConfig applies opts.
-func NewMinimizeConfig(opts ...MinimizeOption) MinimizeConfig {
-	var c MinimizeConfig
+// WithAccumulation makes the step accumulate gradients over k runs
+// (micro-steps) and apply them once: runs 1 to k-1 add each replica's
+// gradients to accumulators on its device without communicating, and run k
+// adds its own, all-reduces the sums once and applies them. The update
+// equals one step on the k micro-batches together, the last one partial or
+// not. Every Minimize of the step must give the same k. Only the in-graph
+// engine (the default strategy, Mirrored, MultiWorkerMirrored)
+// accumulates; the parameter-server strategy refuses the option when k > 1.
+func WithAccumulation(k int) MinimizeOption {
+	return func(c *MinimizeConfig) { c.Accumulation = k }
+}
+
+// NewMinimizeConfig applies opts, and returns an error naming the value
+// that an option was given out of its range.
+func NewMinimizeConfig(opts ...MinimizeOption) (MinimizeConfig, error) {
+	c := MinimizeConfig{Accumulation: 1}
 	for _, o := range opts {
 		o(&c)
 	}
-	return c
+	if c.Accumulation < 1 {
+		return c, fmt.Errorf("WithAccumulation(%d): expected at least 1 micro-step per update", c.Accumulation)
+	}
+	return c, nil
 }
 
 // Partitioner decides how many shards a variable is split into along its

@@ -29,6 +29,11 @@
 // Outputs a step function returns come back per replica (PerReplica), for
 // Strategy.Reduce or Gather to combine in a run of their own.
 //
+// Minimize with WithAccumulation(k) makes every run a micro-step: the
+// in-graph engine adds each replica's gradients to accumulators without
+// communicating for k-1 runs and all-reduces and applies them in the k-th,
+// which alone returns the reduced outputs, averaged over all k runs.
+//
 // InGraph is the in-graph replication engine behind the default strategy
 // (Default), mirrored.Strategy and, with collective ops as its
 // CrossDeviceOps, the multi-worker strategy. All compute runs in TensorFlow's

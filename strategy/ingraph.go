@@ -67,6 +67,7 @@ type InGraph struct {
 	scopes   map[string]int // namespace counters
 	slots    map[slotKey]*variable
 	reducers map[string]*hostReducer
+	accum    *accumState // gradient accumulation, once a step accumulates
 	closed   bool
 	failed   error // a run error that wraps ErrCannotContinue
 }
@@ -490,5 +491,6 @@ func (e *InGraph) Assign(ctx context.Context, vv Variable, value *tf.Tensor) err
 		e.reducers[key] = h
 	}
 	_, err = e.runLocked(ctx, map[tf.Output]*tf.Tensor{h.in[0]: value}, nil, h.all)
+	e.forgetMicroSteps()
 	return err
 }

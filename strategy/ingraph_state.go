@@ -36,7 +36,7 @@ func (s engineState) Saveables() []Saveable {
 				Device:   e.cfg.HostDevice,
 				Read:     func(sc *op.Scope) (tf.Output, error) { return e.saveValue(sc, v) },
 				Write:    func(sc *op.Scope, val tf.Output) ([]*tf.Operation, error) { return e.writeCopies(sc, v, val), nil },
-				Restored: func() { v.inited = true },
+				Restored: func() { v.inited = true; e.forgetMicroSteps() },
 			}}}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

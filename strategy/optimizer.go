@@ -43,13 +43,24 @@ func (ac *applyContext) NonSlot(owner, name string, dtype tf.DataType, shape []i
 }
 
 func (ac *applyContext) slot(key slotKey, name string, dtype tf.DataType, shape []int64, init Initializer) (Variable, error) {
-	if s, ok := ac.e.slots[key]; ok {
-		return s, nil
-	}
-	s, err := ac.e.newVariable(name, dtype, shape, init, Trainable(false))
+	v, err := ac.e.slotVariable(key, name, dtype, shape, init)
 	if err != nil {
 		return nil, err
 	}
-	ac.e.slots[key] = s
+	return v, nil
+}
+
+// slotVariable returns the variable key names, which the engine creates
+// on first use, not trainable, with init and opts: an optimizer's slot,
+// or an accumulator. e.mu is held.
+func (e *InGraph) slotVariable(key slotKey, name string, dtype tf.DataType, shape []int64, init Initializer, opts ...VariableOption) (*variable, error) {
+	if s, ok := e.slots[key]; ok {
+		return s, nil
+	}
+	s, err := e.newVariable(name, dtype, shape, init, append([]VariableOption{Trainable(false)}, opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	e.slots[key] = s
 	return s, nil
 }

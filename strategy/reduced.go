@@ -3,6 +3,7 @@ package strategy
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -84,6 +85,13 @@ func (r Result) Reduced(name string) *tf.Tensor {
 // step's reduced outputs together with the strategy's CrossDeviceOps, once
 // every replica has been traced, so every replica must declare the same
 // ones.
+//
+// In a step that accumulates gradients (WithAccumulation), only the run
+// that applies the update returns them: each is then the average of its
+// values over the update's micro-steps, weighted by their examples as the
+// gradients are — for a mean over the examples (a loss from AverageLoss),
+// the mean over every example of the update. Such a value must be
+// floating-point and of a fully known shape.
 func (rc *ReplicaContext) ReduceOutput(name string, red ReduceOp, value tf.Output) error {
 	return rc.reduced.Declare(name, red, value)
 }
@@ -98,7 +106,7 @@ func (st *Step) ReducedOutputNames() []string { return append([]string(nil), st.
 // results are fetched after the per-replica outputs; the other replicas'
 // run as targets, since a collective completes only when every member
 // joins.
-func (e *InGraph) buildReduced(root *op.Scope, st *Step, rcs []*ReplicaContext) error {
+func (e *InGraph) buildReduced(root *op.Scope, st *Step, rcs []*ReplicaContext, ab *accumBuild) error {
 	first := rcs[0].reduced.List()
 	if len(first) == 0 {
 		for r := range rcs {
@@ -119,7 +127,7 @@ func (e *InGraph) buildReduced(root *op.Scope, st *Step, rcs []*ReplicaContext) 
 		}
 	}
 	s := root.SubScope("reduced_outputs")
-	sums, err := e.cfg.CrossDeviceOps.BatchReduce(s.SubScope("sum"), Sum, vals, e.cfg.Devices)
+	sums, err := e.reduceOutputs(s.SubScope("sum"), ab, first, vals)
 	if err != nil {
 		return &BuildError{Replica: -1, Err: fmt.Errorf("reduced outputs %v: %w", names(first), err)}
 	}
@@ -132,14 +140,48 @@ func (e *InGraph) buildReduced(root *op.Scope, st *Step, rcs []*ReplicaContext) 
 		}
 		st.redNames = append(st.redNames, o.Name)
 		st.fetches = append(st.fetches, v)
+		// In a step that accumulates, only the applying micro-step runs
+		// them, and resets the accumulators after them.
+		targets := &st.targets
+		if ab.accumulates() {
+			targets = &ab.apply
+			ab.apply = append(ab.apply, v.Op)
+		}
 		for r := 1; r < len(sums); r++ {
-			st.targets = append(st.targets, sums[r][k].Op)
+			*targets = append(*targets, sums[r][k].Op)
 		}
 	}
 	if err := s.Err(); err != nil {
 		return &BuildError{Replica: -1, Err: fmt.Errorf("reduced outputs %v: %w", names(first), err)}
 	}
 	return nil
+}
+
+// reduceOutputs sums the replicas' reduced outputs, vals[r][k] the value
+// of replica r's declaration k: with the CrossDeviceOps, or, in a step that
+// accumulates, averaged over the examples of every micro-step of the
+// update, weighted as the gradients are (reduceAccumulated), from
+// accumulators named "accumulation/outputs/<name>".
+func (e *InGraph) reduceOutputs(s *op.Scope, ab *accumBuild, decl []ReducedOutput, vals [][]tf.Output) ([][]tf.Output, error) {
+	if !ab.accumulates() {
+		return e.cfg.CrossDeviceOps.BatchReduce(s, Sum, vals, e.cfg.Devices)
+	}
+	accs := make([]*variable, len(decl))
+	for k, o := range decl {
+		shape, err := o.Value.Shape().ToSlice()
+		if err != nil || slices.Contains(shape, -1) {
+			return nil, fmt.Errorf("reduced output %q: shape %v is not fully known; a step with WithAccumulation keeps its reduced outputs in variables", o.Name, o.Value.Shape())
+		}
+		if dt := o.Value.DataType(); dt != tf.Float && dt != tf.Double && dt != tf.Half && dt != tf.Bfloat16 {
+			return nil, fmt.Errorf("reduced output %q: is %s; a step with WithAccumulation averages its reduced outputs over its micro-steps, which takes floating-point values", o.Name, DTypeName(dt))
+		}
+		a, err := e.accumulator(ab, slotKey{owner: accumOwner, slot: accumOutputsSlot + o.Name}, accumOwner+"/"+accumOutputsSlot+o.Name, o.Value.DataType(), shape)
+		if err != nil {
+			return nil, err
+		}
+		accs[k] = a
+	}
+	return e.reduceAccumulated(s, ab, accs, vals)
 }
 
 // sameReduced returns an error naming the first reduced output in which

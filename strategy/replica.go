@@ -38,6 +38,7 @@ type ReplicaContext struct {
 	merges      *merger
 	nGrad       int
 	reduced     ReducedOutputs
+	acc         *accumBuild
 }
 
 // ReplicaID returns the replica's id among all replicas in sync.
@@ -135,6 +136,7 @@ func (rc *ReplicaContext) AllReduce(red ReduceOp, value tf.Output) (tf.Output, e
 	// Run it every step even if this replica does not use it: a collective
 	// completes only when every replica joins.
 	rc.targets = append(rc.targets, res.(tf.Output).Op)
+	rc.acc.communicates = append(rc.acc.communicates, "AllReduce")
 	return res.(tf.Output), nil
 }
 
@@ -156,6 +158,7 @@ func (rc *ReplicaContext) AllGather(value tf.Output) (tf.Output, error) {
 		return tf.Output{}, err
 	}
 	rc.targets = append(rc.targets, res.(tf.Output).Op)
+	rc.acc.communicates = append(rc.acc.communicates, "AllGather")
 	return res.(tf.Output), nil
 }
 
@@ -217,11 +220,15 @@ func (rc *ReplicaContext) scopeName() string {
 // across all replicas and applies them with opt to every copy: the
 // synchronous data-parallel update. loss must already be scaled for the
 // global batch (see AverageLoss). It is a merge point. Lookups are
-// differentiated like reads, so opts (a sparse optimizer) do not apply.
-// An opt that is a LossScaler has the loss it differentiates scaled.
-func (rc *ReplicaContext) Minimize(opt Optimizer, loss tf.Output, vars []Variable, _ ...MinimizeOption) error {
+// differentiated like reads, so a sparse optimizer does not apply;
+// WithAccumulation does. An opt that is a LossScaler has the loss it
+// differentiates scaled.
+func (rc *ReplicaContext) Minimize(opt Optimizer, loss tf.Output, vars []Variable, opts ...MinimizeOption) error {
+	cfg, err := NewMinimizeConfig(opts...)
+	if err != nil {
+		return fmt.Errorf("Minimize: %w", err)
+	}
 	if ls, ok := opt.(LossScaler); ok {
-		var err error
 		if loss, err = rc.scaleLoss(ls, loss); err != nil {
 			return err
 		}
@@ -230,7 +237,7 @@ func (rc *ReplicaContext) Minimize(opt Optimizer, loss tf.Output, vars []Variabl
 	if err != nil {
 		return err
 	}
-	return rc.ApplyGradients(opt, grads, vars)
+	return rc.applyGradients(opt, grads, vars, cfg)
 }
 
 // scaleLoss returns loss multiplied by ls's factor for this replica.
@@ -253,8 +260,17 @@ type applyArgs struct {
 }
 
 // ApplyGradients sums grads across all replicas and applies the sums to vars
-// with opt on every replica. It is a merge point.
-func (rc *ReplicaContext) ApplyGradients(opt Optimizer, grads []tf.Output, vars []Variable) error {
+// with opt on every replica. It is a merge point. Of opts, only
+// WithAccumulation applies: see Minimize.
+func (rc *ReplicaContext) ApplyGradients(opt Optimizer, grads []tf.Output, vars []Variable, opts ...MinimizeOption) error {
+	cfg, err := NewMinimizeConfig(opts...)
+	if err != nil {
+		return fmt.Errorf("ApplyGradients: %w", err)
+	}
+	return rc.applyGradients(opt, grads, vars, cfg)
+}
+
+func (rc *ReplicaContext) applyGradients(opt Optimizer, grads []tf.Output, vars []Variable, cfg MinimizeConfig) error {
 	if opt == nil {
 		return errors.New("ApplyGradients: nil optimizer")
 	}
@@ -272,18 +288,25 @@ func (rc *ReplicaContext) ApplyGradients(opt Optimizer, grads []tf.Output, vars 
 		}
 		own[i] = v
 	}
+	if err := rc.acc.use(cfg.Accumulation); err != nil {
+		return fmt.Errorf("ApplyGradients: %w", err)
+	}
 	args := applyArgs{grads: grads, vars: own, reads: append([]*tf.Operation(nil), rc.readOps...)}
 	res, err := rc.merges.call(rc.local, "ApplyGradients", args, func(all []any) ([]any, error) {
-		return rc.e.mergeApply(opt, all)
+		return rc.e.mergeApply(opt, all, rc.acc)
 	})
 	if err != nil {
 		return err
 	}
-	rc.targets = append(rc.targets, res.(*tf.Operation))
+	if rc.acc.accumulates() {
+		rc.acc.apply = append(rc.acc.apply, res.(*tf.Operation))
+	} else {
+		rc.targets = append(rc.targets, res.(*tf.Operation))
+	}
 	return nil
 }
 
-func (e *InGraph) mergeApply(opt Optimizer, all []any) ([]any, error) {
+func (e *InGraph) mergeApply(opt Optimizer, all []any, ab *accumBuild) ([]any, error) {
 	first := all[0].(applyArgs)
 	vals := make([][]tf.Output, len(all))
 	for r, a := range all {
@@ -299,7 +322,7 @@ func (e *InGraph) mergeApply(opt Optimizer, all []any) ([]any, error) {
 		vals[r] = args.grads
 	}
 	s := e.namespace("apply_gradients")
-	reduced, err := e.cfg.CrossDeviceOps.BatchReduce(s.SubScope("all_reduce"), Sum, vals, e.cfg.Devices)
+	reduced, err := e.reduceGradients(s.SubScope("all_reduce"), ab, first.vars, vals)
 	if err != nil {
 		return nil, err
 	}
@@ -417,6 +440,7 @@ func (rc *ReplicaContext) write(kind string, vv Variable, value tf.Output, add b
 		return err
 	}
 	rc.targets = append(rc.targets, res.(*tf.Operation))
+	rc.acc.communicates = append(rc.acc.communicates, fmt.Sprintf("%s of OnWrite variable %q", kind, v.name))
 	return nil
 }
 

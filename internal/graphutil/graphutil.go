@@ -10,20 +10,28 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 )
 
-// SumAll returns the sum of every element of x, a scalar.
+// SumAll returns the sum of every element of x, a scalar, whose shape the
+// graph knows to be a scalar.
 func SumAll(s *op.Scope, x tf.Output) tf.Output {
-	return op.Sum(s, x, op.Range(s.SubScope("axes"), op.Const(s.SubScope("zero"), int32(0)),
+	sum := op.Sum(s, x, op.Range(s.SubScope("axes"), op.Const(s.SubScope("zero"), int32(0)),
 		op.Rank(s.SubScope("rank"), x), op.Const(s.SubScope("one"), int32(1))))
+	return op.Reshape(s.SubScope("scalar"), sum, op.Const(s.SubScope("scalar_shape"), []int32{}))
 }
 
 // AverageLoss returns sum(perExample) / n, 0 when n is 0; n is a float32
 // scalar, cast to perExample's type.
 func AverageLoss(s *op.Scope, perExample, n tf.Output) tf.Output {
 	total := SumAll(s.SubScope("sum"), perExample)
-	if perExample.DataType() != n.DataType() {
-		n = op.Cast(s.SubScope("cast"), n, perExample.DataType())
+	return op.DivNoNan(s, total, CastTo(s, n, perExample.DataType()))
+}
+
+// CastTo returns x cast to dtype on s.SubScope("cast"), or x itself when
+// it has that type already.
+func CastTo(s *op.Scope, x tf.Output, dtype tf.DataType) tf.Output {
+	if x.DataType() == dtype {
+		return x
 	}
-	return op.DivNoNan(s, total, n)
+	return op.Cast(s.SubScope("cast"), x, dtype)
 }
 
 // CheckedIDs returns ids (int32 or int64, any shape) flattened to int64,

@@ -66,10 +66,11 @@ func OptimizerFor(p nn.Policy, opt strategy.Optimizer) (strategy.Optimizer, erro
 
 // TrainStep returns the step that trains m with opt: the softmax
 // cross-entropy of its logits, averaged as the strategy averages losses,
-// minimised. The step outputs that average loss as "loss". An optimizer
-// that cannot train under m's policy (one without loss scaling under
-// mixed_float16: see OptimizerFor) fails the step's Build.
-func TrainStep(m *nn.Sequential, opt strategy.Optimizer) strategy.ReplicaFn {
+// minimised with opts (strategy.WithAccumulation, say). The step outputs
+// that average loss as "loss". An optimizer that cannot train under m's
+// policy (one without loss scaling under mixed_float16: see OptimizerFor)
+// fails the step's Build.
+func TrainStep(m *nn.Sequential, opt strategy.Optimizer, opts ...strategy.MinimizeOption) strategy.ReplicaFn {
 	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		if err := m.Policy().CheckOptimizer(opt); err != nil {
 			return nil, err
@@ -79,7 +80,7 @@ func TrainStep(m *nn.Sequential, opt strategy.Optimizer) strategy.ReplicaFn {
 			return nil, err
 		}
 		loss := r.AverageLoss(nn.SparseSoftmaxCrossEntropy(r.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
-		return strategy.Outputs{"loss": loss}, r.Minimize(opt, loss, m.Vars())
+		return strategy.Outputs{"loss": loss}, r.Minimize(opt, loss, m.Vars(), opts...)
 	}
 }
 

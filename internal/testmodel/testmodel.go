@@ -51,41 +51,109 @@ func Train(ctx context.Context, e Engine, opt strategy.Optimizer, steps, gb, fir
 // TrainModel is Train for any model of package models, with 32 hidden
 // units.
 func TrainModel(ctx context.Context, e Engine, model string, opt strategy.Optimizer, steps, gb, firstReplica int) (Outcome, error) {
+	return TrainPlan(ctx, e, opt, Plan{Model: model, Steps: steps, MicroBatches: []int{gb}, FirstReplica: firstReplica})
+}
+
+// Plan says how TrainPlan trains.
+type Plan struct {
+	// Model names a model of package models ("mlp", "lenet").
+	Model string
+	// Steps is the number of updates.
+	Steps int
+	// MicroBatches are the global sizes of the runs of one update, each
+	// split evenly among the replicas in sync; several make a step built
+	// with strategy.WithAccumulation(len(MicroBatches)). An update takes
+	// its examples in file order, so that {64, 64, 64, 64} feeds the
+	// examples that {256} does.
+	MicroBatches []int
+	// FirstReplica is the global id of the engine's first local replica:
+	// replica g of all replicas in sync takes slice g of each micro-batch.
+	FirstReplica int
+	// AfterRuns, when set, is called after Build and after every run with
+	// the number of runs done.
+	AfterRuns func(done int) error
+}
+
+// TrainPlan trains a model of package models, with 32 hidden units, with
+// opt on the digits data as p says. FinalLoss is the loss of the last run.
+func TrainPlan(ctx context.Context, e Engine, opt strategy.Optimizer, p Plan) (Outcome, error) {
 	d, err := digits.Load()
 	if err != nil {
 		return Outcome{}, err
 	}
 	var m *nn.Sequential
 	if err := e.Scope(func(sc strategy.Scope) error {
-		m, err = models.New(sc, model, 32, 1)
+		m, err = models.New(sc, p.Model, 32, 1)
 		return err
 	}); err != nil {
 		return Outcome{}, err
 	}
-	step, err := e.Build(Spec, models.TrainStep(m, opt))
+	var opts []strategy.MinimizeOption
+	if len(p.MicroBatches) > 1 {
+		opts = append(opts, strategy.WithAccumulation(len(p.MicroBatches)))
+	}
+	step, err := e.Build(Spec, models.TrainStep(m, opt, opts...))
 	if err != nil {
 		return Outcome{}, err
 	}
-	n, total := e.NumLocalReplicas(), e.NumReplicasInSync()
-	if gb%total != 0 {
-		return Outcome{}, fmt.Errorf("global batch %d does not divide by %d replicas", gb, total)
+	total := 0
+	for _, mb := range p.MicroBatches {
+		if mb%e.NumReplicasInSync() != 0 {
+			return Outcome{}, fmt.Errorf("micro-batch %d does not divide by %d replicas", mb, e.NumReplicasInSync())
+		}
+		total += mb
+	}
+	after := func(done int) error {
+		if p.AfterRuns == nil {
+			return nil
+		}
+		return p.AfterRuns(done)
+	}
+	if err := after(0); err != nil {
+		return Outcome{}, err
 	}
 	k := 0
-	next := func(ctx context.Context) (strategy.Result, error) {
-		feeds, err := replicaFeeds(d, k, gb, gb/total, firstReplica, n)
-		if err != nil {
-			return nil, err
+	update := func(ctx context.Context) (res strategy.Result, err error) {
+		start := (k * total) % (d.Len() - total)
+		for j, mb := range p.MicroBatches {
+			if res, err = runMicroBatch(ctx, e, step, d, start, mb, p.FirstReplica); err != nil {
+				return nil, fmt.Errorf("run %d: %w", j, err)
+			}
+			if err := after(k*len(p.MicroBatches) + j + 1); err != nil {
+				return nil, err
+			}
+			start += mb
 		}
 		k++
-		return e.RunReplicas(ctx, step, feeds, gb)
+		return res, nil
 	}
-	res, err := trainloop.Run(ctx, trainloop.Synchronous(next, e.Reduce), trainloop.Config{Steps: steps, GlobalBatch: gb})
+	res, err := trainloop.Run(ctx, trainloop.Synchronous(update, e.Reduce), trainloop.Config{Steps: p.Steps, GlobalBatch: total})
 	out := Outcome{FinalLoss: res.Loss}
 	if err != nil {
 		return out, err
 	}
 	err = out.readParams(ctx, e, m.Vars())
 	return out, err
+}
+
+// runMicroBatch runs step on the mb examples from start, split evenly
+// among the replicas in sync.
+func runMicroBatch(ctx context.Context, e Engine, step *strategy.Step, d digits.Data, start, mb, firstReplica int) (strategy.Result, error) {
+	per := mb / e.NumReplicasInSync()
+	feeds := make([]map[string]*tf.Tensor, e.NumLocalReplicas())
+	for r := range feeds {
+		lo := start + (firstReplica+r)*per
+		x, err := tf.NewTensor(d.X[lo : lo+per])
+		if err != nil {
+			return nil, err
+		}
+		y, err := tf.NewTensor(d.Y[lo : lo+per])
+		if err != nil {
+			return nil, err
+		}
+		feeds[r] = map[string]*tf.Tensor{"x": x, "y": y}
+	}
+	return e.RunReplicas(ctx, step, feeds, mb)
 }
 
 // readParams records the values of vars and their L2 norm.
@@ -104,25 +172,27 @@ func (out *Outcome) readParams(ctx context.Context, e Engine, vars []strategy.Va
 	return nil
 }
 
-// replicaFeeds returns the feeds of step k for the n local replicas from
-// firstReplica on: replica g of all replicas in sync takes slice g, of per
-// examples, of the k-th global batch of gb examples in file order.
-func replicaFeeds(d digits.Data, k, gb, per, firstReplica, n int) ([]map[string]*tf.Tensor, error) {
-	start := (k * gb) % (d.Len() - gb)
-	feeds := make([]map[string]*tf.Tensor, n)
-	for r := range n {
-		lo := start + (firstReplica+r)*per
-		x, err := tf.NewTensor(d.X[lo : lo+per])
-		if err != nil {
-			return nil, err
+// MaxParamDiff returns the largest absolute difference between an element
+// of a variable of a and the same element in b, and the variable's name;
+// +Inf when they hold different variables or shapes.
+func MaxParamDiff(a, b Outcome) (float64, string) {
+	var worst float64
+	var at string
+	for name, x := range a.Params {
+		y, ok := b.Params[name]
+		if !ok || len(x) != len(y) {
+			return math.Inf(1), name
 		}
-		y, err := tf.NewTensor(d.Y[lo : lo+per])
-		if err != nil {
-			return nil, err
+		for i := range x {
+			if d := math.Abs(float64(x[i]) - float64(y[i])); d > worst || math.IsNaN(d) {
+				worst, at = d, name
+			}
 		}
-		feeds[r] = map[string]*tf.Tensor{"x": x, "y": y}
 	}
-	return feeds, nil
+	if len(a.Params) != len(b.Params) {
+		return math.Inf(1), ""
+	}
+	return worst, at
 }
 
 // RelDiff is |a-b| / max(|a|, |b|, tiny).
@@ -130,4 +200,28 @@ func RelDiff(a, b float64) float64 {
 	d := math.Abs(a - b)
 	m := math.Max(math.Max(math.Abs(a), math.Abs(b)), 1e-12)
 	return d / m
+}
+
+// AccumulationCases are the micro-batches of the accumulation tests: 4 of
+// 64 examples, and 64+64+40, the last one partial.
+var AccumulationCases = [][]int{{64, 64, 64, 64}, {64, 64, 40}}
+
+// OneStep returns p with each update's micro-batches as one global batch.
+func OneStep(p Plan) Plan {
+	total := 0
+	for _, mb := range p.MicroBatches {
+		total += mb
+	}
+	p.MicroBatches, p.AfterRuns = []int{total}, nil
+	return p
+}
+
+// TrainDefault is TrainPlan on a default strategy of its own.
+func TrainDefault(ctx context.Context, opt strategy.Optimizer, p Plan) (Outcome, error) {
+	def, err := strategy.Default()
+	if err != nil {
+		return Outcome{}, err
+	}
+	defer def.Close()
+	return TrainPlan(ctx, def, opt, p)
 }
