@@ -58,6 +58,17 @@ func helper(mode string) int {
 		}
 	}
 	forever := func() int { time.Sleep(time.Minute); return 93 }
+	// othersRecorded waits (30 s at most) until every other task has
+	// recorded its pids, so that a task that ends the run does so only
+	// once the test can see them all.
+	othersRecorded := func() {
+		n := cfg.Cluster.NumTasks(cluster.Chief) + cfg.Cluster.NumTasks(cluster.Worker) + cfg.Cluster.NumTasks(cluster.PS) - 1
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if files, _ := filepath.Glob(filepath.Join(os.Getenv("LAUNCH_TEST_DIR"), "*.pids")); len(files) >= n {
+				return
+			}
+		}
+	}
 	switch mode {
 	case "print":
 		addr, _ := cfg.Cluster.TaskAddress(cfg.Task.Type, cfg.Task.Index)
@@ -71,7 +82,7 @@ func helper(mode string) int {
 		return 0
 	case "fail":
 		if me == os.Getenv("LAUNCH_TEST_FAIL") {
-			time.Sleep(200 * time.Millisecond)
+			othersRecorded()
 			fmt.Println("failing on purpose")
 			return 3
 		}
@@ -92,7 +103,7 @@ func helper(mode string) int {
 		return forever()
 	case "ps":
 		if cfg.Task.Type == cluster.Chief {
-			time.Sleep(300 * time.Millisecond)
+			othersRecorded()
 			code, _ := strconv.Atoi(os.Getenv("LAUNCH_TEST_CHIEF_CODE"))
 			fmt.Println("coordinator done")
 			return code
@@ -311,7 +322,9 @@ func TestTaskIgnoringSIGTERMIsKilledAfterTheGracePeriod(t *testing.T) {
 
 func TestTimeoutBoundsATaskThatNeverExits(t *testing.T) {
 	var r run
-	l := newLauncher(t, "sleep", &r, nil, launch.WithWorkers(2), launch.WithTimeout(time.Second))
+	// The timeout leaves the tasks time to start and record their pids
+	// however loaded the machine.
+	l := newLauncher(t, "sleep", &r, nil, launch.WithWorkers(2), launch.WithTimeout(5*time.Second))
 	done := make(chan struct{})
 	go func() { r.run(l); close(done) }()
 	pids := waitPIDs(t, r.dir, 2)
