@@ -9,79 +9,12 @@ package optimizer
 
 import (
 	"fmt"
-	"math"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/strategy"
 )
-
-// Schedule is a learning rate as a function of the optimizer's step count
-// (0 for the first update), built into the graph.
-type Schedule interface {
-	// Build returns the float32 learning rate for step (an int64 scalar).
-	Build(s *op.Scope, step tf.Output) tf.Output
-}
-
-// Constant is a fixed learning rate.
-type Constant float32
-
-// Build implements Schedule.
-func (c Constant) Build(s *op.Scope, _ tf.Output) tf.Output { return op.Const(s, float32(c)) }
-
-// ExponentialDecay is Initial * Rate^(step/DecaySteps), with the exponent
-// rounded down when Staircase is set (Keras' ExponentialDecay).
-type ExponentialDecay struct {
-	Initial    float32
-	DecaySteps int64
-	Rate       float32
-	Staircase  bool
-}
-
-// Build implements Schedule.
-func (d ExponentialDecay) Build(s *op.Scope, step tf.Output) tf.Output {
-	p := op.Div(s.SubScope("p"), op.Cast(s.SubScope("step"), step, tf.Float), op.Const(s.SubScope("decay_steps"), float32(max(d.DecaySteps, 1))))
-	if d.Staircase {
-		p = op.Floor(s.SubScope("floor"), p)
-	}
-	return op.Mul(s.SubScope("lr"), op.Const(s.SubScope("initial"), d.Initial), op.Pow(s.SubScope("pow"), op.Const(s.SubScope("rate"), d.Rate), p))
-}
-
-// PiecewiseConstant is Values[i] while step < Boundaries[i], and the last
-// value afterwards (Keras' PiecewiseConstantDecay). len(Values) must be
-// len(Boundaries)+1.
-type PiecewiseConstant struct {
-	Boundaries []int64
-	Values     []float32
-}
-
-// Build implements Schedule.
-func (p PiecewiseConstant) Build(s *op.Scope, step tf.Output) tf.Output {
-	// index = number of boundaries passed; lr = Values[index].
-	b := op.Const(s.SubScope("boundaries"), append(p.Boundaries, math.MaxInt64))
-	passed := op.Cast(s.SubScope("passed"), op.GreaterEqual(s.SubScope("ge"), op.Reshape(s.SubScope("step"), step, op.Const(s.SubScope("one"), []int32{1})), b), tf.Int32)
-	idx := op.Sum(s.SubScope("idx"), passed, op.Const(s.SubScope("axis"), int32(0)))
-	return op.GatherV2(s.SubScope("lr"), op.Const(s.SubScope("values"), p.Values), idx, op.Const(s.SubScope("gaxis"), int32(0)))
-}
-
-// CosineDecay goes from Initial to Initial*Alpha over DecaySteps along a
-// half cosine, then stays (Keras' CosineDecay without warm-up).
-type CosineDecay struct {
-	Initial    float32
-	DecaySteps int64
-	Alpha      float32
-}
-
-// Build implements Schedule.
-func (c CosineDecay) Build(s *op.Scope, step tf.Output) tf.Output {
-	f := op.Minimum(s.SubScope("frac"), op.Div(s.SubScope("div"), op.Cast(s.SubScope("step"), step, tf.Float),
-		op.Const(s.SubScope("decay_steps"), float32(max(c.DecaySteps, 1)))), op.Const(s.SubScope("one"), float32(1)))
-	cos := op.Mul(s.SubScope("half"), op.Const(s.SubScope("c05"), float32(0.5)),
-		op.Add(s.SubScope("plus1"), op.Const(s.SubScope("c1"), float32(1)), op.Cos(s.SubScope("cos"), op.Mul(s.SubScope("pi"), op.Const(s.SubScope("cpi"), float32(math.Pi)), f))))
-	decayed := op.Add(s.SubScope("decayed"), op.Mul(s.SubScope("scale"), op.Const(s.SubScope("one_minus_alpha"), 1-c.Alpha), cos), op.Const(s.SubScope("alpha"), c.Alpha))
-	return op.Mul(s.SubScope("lr"), op.Const(s.SubScope("initial"), c.Initial), decayed)
-}
 
 // base is what every optimizer shares: a name, a schedule, and the step
 // count variable it increments after each update.

@@ -2,7 +2,6 @@ package optimizer_test
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"testing"
 
@@ -108,47 +107,4 @@ func TestAdam(t *testing.T) {
 		}
 	}
 	assert.Equal(t, int64(3), iters)
-}
-
-// Schedules evaluated in the graph agree with their formulas.
-func TestSchedules(t *testing.T) {
-	cases := []struct {
-		sched optimizer.Schedule
-		want  func(step int64) float64
-	}{
-		{optimizer.Constant(0.5), func(int64) float64 { return 0.5 }},
-		{optimizer.ExponentialDecay{Initial: 1, DecaySteps: 4, Rate: 0.5}, func(s int64) float64 { return math.Pow(0.5, float64(s)/4) }},
-		{optimizer.ExponentialDecay{Initial: 1, DecaySteps: 4, Rate: 0.5, Staircase: true}, func(s int64) float64 { return math.Pow(0.5, float64(s/4)) }},
-		{optimizer.PiecewiseConstant{Boundaries: []int64{3, 6}, Values: []float32{1, 0.5, 0.1}}, func(s int64) float64 {
-			switch {
-			case s < 3:
-				return 1
-			case s < 6:
-				return 0.5
-			}
-			return 0.1
-		}},
-		{optimizer.CosineDecay{Initial: 1, DecaySteps: 8, Alpha: 0.1}, func(s int64) float64 {
-			f := math.Min(float64(s)/8, 1)
-			return 0.9*0.5*(1+math.Cos(math.Pi*f)) + 0.1
-		}},
-	}
-	for i, c := range cases {
-		t.Run(fmt.Sprintf("%d_%T", i, c.sched), func(t *testing.T) {
-			s := op.NewScope()
-			step := op.Placeholder(s.SubScope("step"), tf.Int64, op.PlaceholderShape(tf.ScalarShape()))
-			lr := c.sched.Build(s.SubScope("lr"), step)
-			g, err := s.Finalize()
-			require.NoError(t, err)
-			sess, err := tf.NewSession(g, nil)
-			require.NoError(t, err)
-			defer sess.Close()
-			for k := int64(0); k <= 10; k++ {
-				st, _ := tf.NewTensor(k)
-				out, err := sess.Run(map[tf.Output]*tf.Tensor{step: st}, []tf.Output{lr}, nil)
-				require.NoError(t, err)
-				assert.InDelta(t, c.want(k), float64(out[0].Value().(float32)), 1e-6, "step %d", k)
-			}
-		})
-	}
 }
