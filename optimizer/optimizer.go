@@ -1,6 +1,7 @@
-// Package optimizer holds the optimizers of tfdist — SGD, Momentum and Adam —
-// built on TensorFlow's ResourceApply* kernels, with learning-rate schedules
-// computed in the graph from the optimizer's step count.
+// Package optimizer holds the optimizers of tfdist — SGD, Momentum, Adam,
+// AdamW, LARS and LAMB — and learning-rate schedules computed in the graph
+// from the optimizer's step count (decays, a linear Warmup in front of any
+// of them, and the linear scaling rule for large batches).
 //
 // Each optimizer keeps its slots (momentum accumulators, Adam's moments) and
 // its step count ("<name>/iterations") as variables of the strategy, mirrored
@@ -11,80 +12,14 @@
 package optimizer
 
 import (
+	"errors"
 	"fmt"
-	"math"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/strategy"
 )
-
-// Schedule is a learning rate as a function of the optimizer's step count
-// (0 for the first update), built into the graph.
-type Schedule interface {
-	// Build returns the float32 learning rate for step (an int64 scalar).
-	Build(s *op.Scope, step tf.Output) tf.Output
-}
-
-// Constant is a fixed learning rate.
-type Constant float32
-
-// Build implements Schedule.
-func (c Constant) Build(s *op.Scope, _ tf.Output) tf.Output { return op.Const(s, float32(c)) }
-
-// ExponentialDecay is Initial * Rate^(step/DecaySteps), with the exponent
-// rounded down when Staircase is set (Keras' ExponentialDecay).
-type ExponentialDecay struct {
-	Initial    float32
-	DecaySteps int64
-	Rate       float32
-	Staircase  bool
-}
-
-// Build implements Schedule.
-func (d ExponentialDecay) Build(s *op.Scope, step tf.Output) tf.Output {
-	p := op.Div(s.SubScope("p"), op.Cast(s.SubScope("step"), step, tf.Float), op.Const(s.SubScope("decay_steps"), float32(max(d.DecaySteps, 1))))
-	if d.Staircase {
-		p = op.Floor(s.SubScope("floor"), p)
-	}
-	return op.Mul(s.SubScope("lr"), op.Const(s.SubScope("initial"), d.Initial), op.Pow(s.SubScope("pow"), op.Const(s.SubScope("rate"), d.Rate), p))
-}
-
-// PiecewiseConstant is Values[i] while step < Boundaries[i], and the last
-// value afterwards (Keras' PiecewiseConstantDecay). len(Values) must be
-// len(Boundaries)+1.
-type PiecewiseConstant struct {
-	Boundaries []int64
-	Values     []float32
-}
-
-// Build implements Schedule.
-func (p PiecewiseConstant) Build(s *op.Scope, step tf.Output) tf.Output {
-	// index = number of boundaries passed; lr = Values[index].
-	b := op.Const(s.SubScope("boundaries"), append(p.Boundaries, math.MaxInt64))
-	passed := op.Cast(s.SubScope("passed"), op.GreaterEqual(s.SubScope("ge"), op.Reshape(s.SubScope("step"), step, op.Const(s.SubScope("one"), []int32{1})), b), tf.Int32)
-	idx := op.Sum(s.SubScope("idx"), passed, op.Const(s.SubScope("axis"), int32(0)))
-	return op.GatherV2(s.SubScope("lr"), op.Const(s.SubScope("values"), p.Values), idx, op.Const(s.SubScope("gaxis"), int32(0)))
-}
-
-// CosineDecay goes from Initial to Initial*Alpha over DecaySteps along a
-// half cosine, then stays (Keras' CosineDecay without warm-up).
-type CosineDecay struct {
-	Initial    float32
-	DecaySteps int64
-	Alpha      float32
-}
-
-// Build implements Schedule.
-func (c CosineDecay) Build(s *op.Scope, step tf.Output) tf.Output {
-	f := op.Minimum(s.SubScope("frac"), op.Div(s.SubScope("div"), op.Cast(s.SubScope("step"), step, tf.Float),
-		op.Const(s.SubScope("decay_steps"), float32(max(c.DecaySteps, 1)))), op.Const(s.SubScope("one"), float32(1)))
-	cos := op.Mul(s.SubScope("half"), op.Const(s.SubScope("c05"), float32(0.5)),
-		op.Add(s.SubScope("plus1"), op.Const(s.SubScope("c1"), float32(1)), op.Cos(s.SubScope("cos"), op.Mul(s.SubScope("pi"), op.Const(s.SubScope("cpi"), float32(math.Pi)), f))))
-	decayed := op.Add(s.SubScope("decayed"), op.Mul(s.SubScope("scale"), op.Const(s.SubScope("one_minus_alpha"), 1-c.Alpha), cos), op.Const(s.SubScope("alpha"), c.Alpha))
-	return op.Mul(s.SubScope("lr"), op.Const(s.SubScope("initial"), c.Initial), decayed)
-}
 
 // base is what every optimizer shares: a name, a schedule, and the step
 // count variable it increments after each update.
@@ -93,8 +28,61 @@ type base struct {
 	lr   Schedule
 }
 
-// iterations returns the replica's step count read and the op that
-// increments it after deps.
+// update is what an optimizer's Apply builds its update from: the step
+// count variable, its value before the update, the learning rate for that
+// step, and a scope named after the optimizer.
+type update struct {
+	it   strategy.Variable
+	step tf.Output
+	lr   tf.Output
+	s    *op.Scope
+}
+
+// begin checks grads against vars and the schedule (and hyper, the
+// optimizer's own check of its hyperparameters), then reads the step count
+// and builds the learning rate.
+func (b *base) begin(ac strategy.ApplyContext, grads []tf.Output, vars []strategy.Variable, hyper error) (update, error) {
+	if err := errors.Join(hyper, validateSchedule(b.lr)); err != nil {
+		return update{}, fmt.Errorf("%s: %w", b.name, err)
+	}
+	if err := checkGrads(grads, vars); err != nil {
+		return update{}, err
+	}
+	it, step, err := b.iterations(ac)
+	if err != nil {
+		return update{}, err
+	}
+	s := ac.Scope().SubScope(b.name)
+	return update{it: it, step: step, lr: b.lr.Build(s.SubScope("lr"), step), s: s}, nil
+}
+
+// varUpdate builds the update of vars[i], v, on its own scope s.
+type varUpdate func(i int, v strategy.Variable, s *op.Scope) ([]*tf.Operation, error)
+
+// apply is an optimizer's Apply: begin, then perVar(u)'s update of every
+// variable, then the increment of the step count after them all.
+func (b *base) apply(ac strategy.ApplyContext, grads []tf.Output, vars []strategy.Variable, hyper error, perVar func(u update) varUpdate) (*tf.Operation, error) {
+	u, err := b.begin(ac, grads, vars, hyper)
+	if err != nil {
+		return nil, err
+	}
+	build := perVar(u)
+	var ups []*tf.Operation
+	for i, v := range vars {
+		ops, err := build(i, v, u.s.SubScope(fmt.Sprintf("var_%d", i)))
+		if err != nil {
+			return nil, err
+		}
+		ups = append(ups, ops...)
+	}
+	if err := u.s.Err(); err != nil {
+		return nil, err
+	}
+	return b.finish(ac, u.it, ups)
+}
+
+// iterations returns the step count variable and its value before the
+// update.
 func (b *base) iterations(ac strategy.ApplyContext) (strategy.Variable, tf.Output, error) {
 	it, err := ac.NonSlot(b.name, "iterations", tf.Int64, nil, strategy.Zeros())
 	if err != nil {
@@ -104,11 +92,25 @@ func (b *base) iterations(ac strategy.ApplyContext) (strategy.Variable, tf.Outpu
 	return it, op.ReadVariableOp(s, ac.Handle(it), tf.Int64), nil
 }
 
+// finish returns one op that runs updates and then increments the step
+// count it.
 func (b *base) finish(ac strategy.ApplyContext, it strategy.Variable, updates []*tf.Operation) (*tf.Operation, error) {
 	s := ac.Scope().SubScope(b.name + "_finish").WithControlDependencies(updates...)
 	inc := op.AssignAddVariableOp(s.SubScope("increment"), ac.Handle(it), op.Const(s.SubScope("one"), int64(1)))
 	done := op.NoOp(s.SubScope("done").WithControlDependencies(inc))
 	return done, s.Err()
+}
+
+// slots returns the slot variables named names that b keeps for v.
+func (b *base) slots(ac strategy.ApplyContext, v strategy.Variable, names ...string) ([]strategy.Variable, error) {
+	out := make([]strategy.Variable, len(names))
+	for i, name := range names {
+		var err error
+		if out[i], err = ac.Slot(b.name, v, name, strategy.Zeros()); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 func checkGrads(grads []tf.Output, vars []strategy.Variable) error {
@@ -141,122 +143,61 @@ func NewSGD(lr Schedule) *SGD { return &SGD{base{name: "SGD", lr: scheduleOr(lr,
 
 // Apply implements strategy.Optimizer.
 func (o *SGD) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strategy.Variable) (*tf.Operation, error) {
-	if err := checkGrads(grads, vars); err != nil {
-		return nil, err
-	}
-	it, step, err := o.iterations(ac)
-	if err != nil {
-		return nil, err
-	}
-	s := ac.Scope().SubScope("SGD")
-	lr := o.lr.Build(s.SubScope("lr"), step)
-	var ups []*tf.Operation
-	for i, v := range vars {
-		vs := s.SubScope(fmt.Sprintf("var_%d", i))
-		ups = append(ups, op.ResourceApplyGradientDescent(vs, ac.Handle(v), castTo(vs, lr, v.DType()), grads[i]))
-	}
-	if err := s.Err(); err != nil {
-		return nil, err
-	}
-	return o.finish(ac, it, ups)
+	return o.apply(ac, grads, vars, nil, func(u update) varUpdate {
+		return func(i int, v strategy.Variable, s *op.Scope) ([]*tf.Operation, error) {
+			return []*tf.Operation{op.ResourceApplyGradientDescent(s, ac.Handle(v), castTo(s, u.lr, v.DType()), grads[i])}, nil
+		}
+	})
 }
 
-// Momentum is SGD with momentum: a = m*a + g; v -= lr*a, or the Nesterov
-// variant (ResourceApplyMomentum).
+// Momentum is SGD with momentum. NewMomentum's is TensorFlow's
+// (ResourceApplyMomentum): a = m*a + g; v -= lr*a, or the Nesterov variant
+// v -= lr*(g + m*a). NewKerasMomentum's is Keras' SGD with momentum
+// (ResourceApplyKerasMomentum): a = m*a - lr*g; v += a, or v += m*a - lr*g.
+// The two agree while the learning rate is constant. When it changes (a
+// warmup, a decay) TensorFlow's applies the new rate to the whole
+// accumulated velocity at once — Goyal et al. (2017)'s momentum correction —
+// while Keras' velocity keeps the steps taken at the old rates.
 type Momentum struct {
 	base
 	momentum float32
 	nesterov bool
+	keras    bool
 }
 
-// NewMomentum returns SGD with momentum m.
+// NewMomentum returns TensorFlow's SGD with momentum m, the Nesterov
+// variant if nesterov is set, with the given schedule (Constant(0.01) if
+// nil).
 func NewMomentum(lr Schedule, m float32, nesterov bool) *Momentum {
 	return &Momentum{base: base{name: "Momentum", lr: scheduleOr(lr, 0.01)}, momentum: m, nesterov: nesterov}
 }
 
+// NewKerasMomentum returns Keras' SGD with momentum m (keras.optimizers.SGD
+// with momentum and nesterov), with the given schedule (Constant(0.01) if
+// nil). Its name, and so its slots' and step count's, is "KerasMomentum":
+// a checkpoint of one variant does not restore into the other, whose
+// accumulator means something else.
+func NewKerasMomentum(lr Schedule, m float32, nesterov bool) *Momentum {
+	return &Momentum{base: base{name: "KerasMomentum", lr: scheduleOr(lr, 0.01)}, momentum: m, nesterov: nesterov, keras: true}
+}
+
 // Apply implements strategy.Optimizer.
 func (o *Momentum) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strategy.Variable) (*tf.Operation, error) {
-	if err := checkGrads(grads, vars); err != nil {
-		return nil, err
-	}
-	it, step, err := o.iterations(ac)
-	if err != nil {
-		return nil, err
-	}
-	s := ac.Scope().SubScope("Momentum")
-	lr := o.lr.Build(s.SubScope("lr"), step)
-	var ups []*tf.Operation
-	for i, v := range vars {
-		acc, err := ac.Slot(o.name, v, "momentum", strategy.Zeros())
-		if err != nil {
-			return nil, err
+	return o.apply(ac, grads, vars, between("momentum", o.momentum, 0, 1), func(u update) varUpdate {
+		return func(i int, v strategy.Variable, s *op.Scope) ([]*tf.Operation, error) {
+			acc, err := o.slots(ac, v, "momentum")
+			if err != nil {
+				return nil, err
+			}
+			lr, m := castTo(s, u.lr, v.DType()), constOf(s.SubScope("momentum"), o.momentum, v.DType())
+			if o.keras {
+				return []*tf.Operation{op.ResourceApplyKerasMomentum(s, ac.Handle(v), ac.Handle(acc[0]), lr, grads[i], m,
+					op.ResourceApplyKerasMomentumUseNesterov(o.nesterov))}, nil
+			}
+			return []*tf.Operation{op.ResourceApplyMomentum(s, ac.Handle(v), ac.Handle(acc[0]), lr, grads[i], m,
+				op.ResourceApplyMomentumUseNesterov(o.nesterov))}, nil
 		}
-		vs := s.SubScope(fmt.Sprintf("var_%d", i))
-		ups = append(ups, op.ResourceApplyMomentum(vs, ac.Handle(v), ac.Handle(acc), castTo(vs, lr, v.DType()), grads[i],
-			castTo(vs.SubScope("m"), op.Const(vs.SubScope("momentum"), o.momentum), v.DType()),
-			op.ResourceApplyMomentumUseNesterov(o.nesterov)))
-	}
-	if err := s.Err(); err != nil {
-		return nil, err
-	}
-	return o.finish(ac, it, ups)
-}
-
-// Adam is Kingma and Ba's Adam (ResourceApplyAdam), with bias correction
-// from the step count.
-type Adam struct {
-	base
-	beta1, beta2, epsilon float32
-}
-
-// NewAdam returns Adam with Keras' defaults (beta1 0.9, beta2 0.999,
-// epsilon 1e-7) and the given schedule (Constant(0.001) if nil).
-func NewAdam(lr Schedule) *Adam {
-	return &Adam{base: base{name: "Adam", lr: scheduleOr(lr, 0.001)}, beta1: 0.9, beta2: 0.999, epsilon: 1e-7}
-}
-
-// WithBetas sets beta1 and beta2.
-func (o *Adam) WithBetas(b1, b2 float32) *Adam { o.beta1, o.beta2 = b1, b2; return o }
-
-// WithEpsilon sets epsilon.
-func (o *Adam) WithEpsilon(eps float32) *Adam { o.epsilon = eps; return o }
-
-// Apply implements strategy.Optimizer.
-func (o *Adam) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strategy.Variable) (*tf.Operation, error) {
-	if err := checkGrads(grads, vars); err != nil {
-		return nil, err
-	}
-	it, step, err := o.iterations(ac)
-	if err != nil {
-		return nil, err
-	}
-	s := ac.Scope().SubScope("Adam")
-	lr := o.lr.Build(s.SubScope("lr"), step)
-	t := op.Cast(s.SubScope("t"), op.Add(s.SubScope("t1"), step, op.Const(s.SubScope("one"), int64(1))), tf.Float)
-	b1p := op.Pow(s.SubScope("beta1_power"), op.Const(s.SubScope("beta1"), o.beta1), t)
-	b2p := op.Pow(s.SubScope("beta2_power"), op.Const(s.SubScope("beta2"), o.beta2), t)
-	var ups []*tf.Operation
-	for i, v := range vars {
-		m, err := ac.Slot(o.name, v, "m", strategy.Zeros())
-		if err != nil {
-			return nil, err
-		}
-		vv, err := ac.Slot(o.name, v, "v", strategy.Zeros())
-		if err != nil {
-			return nil, err
-		}
-		vs := s.SubScope(fmt.Sprintf("var_%d", i))
-		dt := v.DType()
-		ups = append(ups, op.ResourceApplyAdam(vs, ac.Handle(v), ac.Handle(m), ac.Handle(vv),
-			castTo(vs.SubScope("b1p"), b1p, dt), castTo(vs.SubScope("b2p"), b2p, dt), castTo(vs.SubScope("lr"), lr, dt),
-			castTo(vs.SubScope("b1"), op.Const(vs.SubScope("beta1"), o.beta1), dt),
-			castTo(vs.SubScope("b2"), op.Const(vs.SubScope("beta2"), o.beta2), dt),
-			castTo(vs.SubScope("eps"), op.Const(vs.SubScope("epsilon"), o.epsilon), dt), grads[i]))
-	}
-	if err := s.Err(); err != nil {
-		return nil, err
-	}
-	return o.finish(ac, it, ups)
+	})
 }
 
 func castTo(s *op.Scope, x tf.Output, dt tf.DataType) tf.Output {

@@ -117,7 +117,7 @@ type ApplyContext interface {
 }
 
 // Optimizer applies reduced gradients to one copy of variables. Package
-// optimizer has SGD, Momentum and Adam.
+// optimizer has SGD, Momentum, Adam, AdamW, LARS and LAMB.
 type Optimizer interface {
 	// Apply builds, on ac's scope, the ops that apply grads to the copies
 	// of vars that ac addresses, and returns one op that runs them all. A

@@ -1,0 +1,113 @@
+// Package pyenv gives tests a Python with pinned packages — TensorBoard to
+// read our event files, TensorFlow and Keras to compute what our optimizers
+// should — installed with pip, once, into a virtual environment under the
+// tfdist cache and never into the system Python.
+//
+// An environment is keyed by a hash of its requirements file, so that
+// changing a pin installs a new one; a file lock serialises installs across
+// test processes, and a .complete marker tells a finished install from an
+// interrupted one.
+package pyenv
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Runner returns a command running Python with args, the environment's
+// packages importable.
+type Runner func(ctx context.Context, args ...string) *exec.Cmd
+
+// installTimeout bounds one install: TensorFlow's wheels are ~250 MB.
+const installTimeout = 20 * time.Minute
+
+// Python returns a Runner for the packages that the pip requirements file
+// requirements pins, installing them the first time into the environment
+// "<name>-venv-<hash>" under the tfdist cache — or, where Python's venv
+// module is missing (Debian without python3-venv), into a directory put on
+// PYTHONPATH. It skips t only when there is no python3 or pip cannot
+// reach the package index; any other failure fails t.
+func Python(t testing.TB, name, requirements string) Runner {
+	t.Helper()
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skipf("python3 not found, so pip cannot install %s: %v", name, err)
+	}
+	req, err := os.ReadFile(requirements)
+	require.NoError(t, err)
+	sum := sha256.Sum256(req)
+	root := CacheRoot(t)
+	venv := filepath.Join(root, name+"-venv-"+hex.EncodeToString(sum[:6]))
+	runner := func(ctx context.Context, args ...string) *exec.Cmd {
+		if bin := filepath.Join(venv, "bin", "python"); fileExists(bin) {
+			return exec.CommandContext(ctx, bin, args...)
+		}
+		cmd := exec.CommandContext(ctx, python, args...)
+		cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(venv, "site"))
+		return cmd
+	}
+	complete := filepath.Join(venv, ".complete")
+	if fileExists(complete) {
+		return runner
+	}
+
+	require.NoError(t, os.MkdirAll(root, 0o755))
+	lock, err := os.OpenFile(filepath.Join(root, "."+name+"-venv.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	require.NoError(t, err)
+	defer lock.Close()
+	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX), "lock the %s install", name)
+	if fileExists(complete) {
+		return runner // another process installed it while we waited
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
+	defer cancel()
+	require.NoError(t, os.RemoveAll(venv))
+	pip := []string{"-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q", "-r", requirements}
+	if err := exec.CommandContext(ctx, python, "-m", "venv", venv).Run(); err != nil {
+		t.Logf("python3 -m venv: %v; installing %s with pip --target instead", err, name)
+		require.NoError(t, os.RemoveAll(venv))
+		pip = append(pip, "--target", filepath.Join(venv, "site"))
+	}
+	t.Logf("installing %s into %s (once)", name, venv)
+	if out, err := runner(ctx, pip...).CombinedOutput(); err != nil {
+		probe := runner(ctx, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
+			"--no-deps", "--no-cache-dir", "-q", "-d", t.TempDir(), "six==1.17.0")
+		if pout, perr := probe.CombinedOutput(); perr != nil {
+			t.Skipf("pip cannot reach the package index, so %s cannot be installed: %v\n%s\n%s", name, err, out, pout)
+		}
+		t.Fatalf("pip install -r %s failed although the index is reachable: %v\n%s", requirements, err, out)
+	}
+	require.NoError(t, os.WriteFile(complete, nil, 0o644))
+	return runner
+}
+
+// CacheRoot returns the tfdist cache directory, as scripts/libtensorflow.sh
+// chooses it: $TFDIST_CACHE, else $XDG_CACHE_HOME/tfdist, else
+// ~/.cache/tfdist.
+func CacheRoot(t testing.TB) string {
+	t.Helper()
+	if d := os.Getenv("TFDIST_CACHE"); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "tfdist")
+	}
+	home, err := os.UserHomeDir()
+	require.NoError(t, err)
+	return filepath.Join(home, ".cache", "tfdist")
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
