@@ -39,10 +39,8 @@ type kerasCase struct {
 	Args      map[string]any `json:"args,omitempty"`
 	Schedule  *kerasSchedule `json:"schedule,omitempty"`
 	Exclude   []string       `json:"exclude_from_weight_decay,omitempty"`
-	// ours builds tfdist's optimizer; nil where tfdist's side is not
-	// written yet (the subtest says what it waits for).
-	ours    func() (strategy.Optimizer, error)
-	pending string
+	// ours builds tfdist's optimizer.
+	ours func() (strategy.Optimizer, error)
 }
 
 var (
@@ -108,18 +106,18 @@ func kerasCases() []kerasCase {
 			ours: func() (strategy.Optimizer, error) {
 				return optimizer.NewLAMB(optimizer.Constant(0.01), optimizer.ExcludeFromWeightDecay())
 			}},
-		// TODO(clipping): build tfdist's side with the clipping wrappers,
-		// optimizer.ClipByGlobalNorm(inner, c) and
-		// optimizer.ClipByValue(inner, c), once they land:
-		// ClipByGlobalNorm(optimizer.NewAdam(warmupCosineFrom.ours), 1),
-		// ClipByValue(optimizer.NewKerasMomentum(warmupCosine.ours, 0.9, false), 0.5)
-		// and ClipByValue(optimizer.NewSGD(warmupCosine.ours), 0.5).
 		{Name: "adam_warmup_cosine_global_clipnorm", Optimizer: "Adam", Args: map[string]any{"global_clipnorm": 1.0}, Schedule: ks(warmupCosineFrom),
-			pending: "optimizer.ClipByGlobalNorm(optimizer.NewAdam(warmupCosineFrom.ours), 1)"},
+			ours: func() (strategy.Optimizer, error) {
+				return optimizer.ClipByGlobalNorm(optimizer.NewAdam(warmupCosineFrom.ours), 1)
+			}},
 		{Name: "momentum_warmup_cosine_clipvalue", Optimizer: "SGD", Args: map[string]any{"momentum": 0.9, "clipvalue": 0.5}, Schedule: ks(warmupCosine),
-			pending: "optimizer.ClipByValue(optimizer.NewKerasMomentum(warmupCosine.ours, 0.9, false), 0.5)"},
+			ours: func() (strategy.Optimizer, error) {
+				return optimizer.ClipByValue(optimizer.NewKerasMomentum(warmupCosine.ours, 0.9, false), 0.5)
+			}},
 		{Name: "sgd_warmup_cosine_clipvalue", Optimizer: "SGD", Args: map[string]any{"clipvalue": 0.5}, Schedule: ks(warmupCosine),
-			pending: "optimizer.ClipByValue(optimizer.NewSGD(warmupCosine.ours), 0.5)"},
+			ours: func() (strategy.Optimizer, error) {
+				return optimizer.ClipByValue(optimizer.NewSGD(warmupCosine.ours), 0.5)
+			}},
 	}
 }
 
@@ -205,9 +203,6 @@ func TestKeras(t *testing.T) {
 	vars, grads := testProblem()
 	for _, c := range cases {
 		t.Run(c.Name, func(t *testing.T) {
-			if c.ours == nil {
-				t.Skipf("TODO(clipping): tfdist's side waits for %s", c.pending)
-			}
 			opt, err := c.ours()
 			require.NoError(t, err)
 			got, iters := trainVars(t, opt, vars, grads)
