@@ -31,6 +31,20 @@ func TestDemoReachesNinetyPercent(t *testing.T) {
 	assert.Greater(t, res.ExamplesPerSec, 0.0)
 }
 
+// The large-batch flags train together under the in-graph strategies, and
+// a strategy spread over replicas ends with the model of the default one.
+func TestLargeBatchFlags(t *testing.T) {
+	ctx := context.Background()
+	base := []string{"-steps", "200", "-global-batch", "128", "-optimizer", "lamb", "-lr", "0.02", "-warmup-steps", "10",
+		"-clip-norm", "1", "-accumulate", "2", "-mixed-precision", "mixed_bfloat16", "-log-every", "0"}
+	want, err := classifier.Run(ctx, options(t, append(base, "-strategy", "default")...), io.Discard)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, want.Accuracy, 0.90)
+	got, err := classifier.Run(ctx, options(t, append(base, "-strategy", "mirrored", "-devices", "2")...), io.Discard)
+	require.NoError(t, err)
+	assert.Less(t, testmodel.RelDiff(want.ParamL2, got.ParamL2), 1e-3, "param_l2 %v vs %v", got.ParamL2, want.ParamL2)
+}
+
 // The example reproduces the central equivalence end to end, through the
 // dataset pipeline: same seed, same global batch, any number of replicas.
 func TestStrategiesAgree(t *testing.T) {
@@ -66,6 +80,12 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-devices", "0"}, "-devices 0"},
 		{[]string{"-global-batch", "0"}, "-global-batch 0"},
 		{[]string{"-test-size", "5000"}, "-test-size 5000"},
+		{[]string{"-accumulate", "0"}, "-accumulate 0"},
+		{[]string{"-accumulate", "4", "-steps", "10"}, "-steps 10: expected a multiple of -accumulate 4"},
+		{[]string{"-warmup-steps", "500", "-steps", "300"}, "-warmup-steps 500"},
+		{[]string{"-clip-norm", "-1"}, "-clip-norm -1"},
+		{[]string{"-lr", "NaN"}, "-lr NaN"},
+		{[]string{"-mixed-precision", "mixed_int8"}, `"mixed_int8"`},
 	} {
 		_, err := classifier.ParseFlags(c.args, io.Discard)
 		assert.ErrorContains(t, err, c.want)

@@ -22,7 +22,6 @@ import (
 	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/internal/trainloop"
 	"github.com/tfdist/tfdist/nn"
-	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/summary"
 )
@@ -48,6 +47,12 @@ type Options struct {
 	CollectiveTimeout time.Duration
 	Communication     string
 	StatsEvery        time.Duration
+
+	// Large-batch training: see optim.go.
+	WarmupSteps    int
+	ClipNorm       float64
+	Accumulate     int
+	MixedPrecision nn.Policy
 }
 
 // Result is what a run reports (the -json line of the command).
@@ -77,7 +82,6 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.IntVar(&o.GlobalBatch, "global-batch", 64, "examples per step across all replicas")
 	fs.IntVar(&o.Steps, "steps", 300, "training steps")
 	fs.Float64Var(&o.LR, "lr", 0.1, "learning rate")
-	fs.StringVar(&o.Optimizer, "optimizer", "sgd", "optimizer: sgd, momentum or adam")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the initial weights, the data split and the shuffle")
 	fs.IntVar(&o.Hidden, "hidden", 64, "hidden units")
 	fs.IntVar(&o.TestSize, "test-size", 297, "held-out examples")
@@ -88,6 +92,7 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.IntVar(&o.CheckpointEvery, "checkpoint-every", 50, "steps between checkpoints")
 	fs.DurationVar(&o.CollectiveTimeout, "collective-timeout", 60*time.Second, "multiworker: how long a step waits for its peers before failing and naming a dead or silent one (0: forever)")
 	fs.StringVar(&o.Communication, "communication", "tfdist", "multiworker: who moves tensors between workers: tfdist (its own collective engine) or tensorflow (TensorFlow's ring collectives)")
+	registerLargeBatchFlags(fs, o)
 	fs.DurationVar(&o.StatsEvery, "stats-every", 0, "print a line 'stats goroutines=N heap=BYTES' every `D` (0: never), for soak runs that watch the process")
 }
 
@@ -113,7 +118,7 @@ func (o Options) Check() error {
 	case o.StatsEvery < 0:
 		return fmt.Errorf("-stats-every %v: expected a positive duration, or 0 for none", o.StatsEvery)
 	}
-	return nil
+	return o.checkLargeBatch()
 }
 
 // ParseFlags parses the classifier's command-line flags and checks them.
@@ -130,18 +135,6 @@ func parseFlags(prog, model string, args []string, stderr io.Writer) (Options, e
 		return o, err
 	}
 	return o, o.Check()
-}
-
-func newOptimizer(o Options) (strategy.Optimizer, error) {
-	switch o.Optimizer {
-	case "sgd":
-		return optimizer.NewSGD(optimizer.Constant(o.LR)), nil
-	case "momentum":
-		return optimizer.NewMomentum(optimizer.Constant(o.LR), 0.9, false), nil
-	case "adam":
-		return optimizer.NewAdam(optimizer.Constant(o.LR)), nil
-	}
-	return nil, fmt.Errorf("-optimizer %q: expected sgd, momentum or adam", o.Optimizer)
 }
 
 // Run trains and evaluates; progress goes to log, results to the caller.
@@ -261,7 +254,8 @@ func buildModel[F any](o Options, scope func(func(strategy.Scope) error) error,
 	}); err != nil {
 		return nil, train, eval, err
 	}
-	if train, err = build(models.Spec, models.TrainStep(m, opt)); err != nil {
+	m = m.WithPolicy(o.MixedPrecision)
+	if train, err = build(models.Spec, models.TrainStep(m, opt, o.minimizeOptions()...)); err != nil {
 		return nil, train, eval, err
 	}
 	eval, err = build(models.Spec, models.EvalStep(m))
