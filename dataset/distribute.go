@@ -169,6 +169,12 @@ type Batch struct {
 	GlobalCountExact bool
 	// Step is the index of this step in the pass, from 0.
 	Step int
+	// Padding reports a batch of no examples, whose elements hold no
+	// tensors: this worker's input has ended while another worker's has
+	// not, so it runs the step without examples (see NeedsAgreement).
+	Padding bool
+
+	agree *agreement // set in a pass whose workers must agree on its end
 }
 
 // LocalCount returns the number of examples of this worker's replicas.
@@ -368,7 +374,7 @@ func (d *Distributed) Iterator(ctx context.Context) (*DistIterator, error) {
 	} else {
 		st = &globalStepper{d: d, up: up, nominal: d.global}
 	}
-	it := &DistIterator{st: st, stage: d.cfg.stage}
+	it := &DistIterator{st: st, stage: d.cfg.stage, uneven: d.uneven(), local: d.local}
 	if d.cfg.prefetch > 0 {
 		it.pump = startPump(ctx, d.cfg.prefetch, it.produce)
 	}
@@ -410,6 +416,13 @@ type DistIterator struct {
 	pump   *pump[*Batch]
 	s      sticky
 	closed bool
+
+	// A pass whose workers must agree on its end looks one batch ahead.
+	uneven   bool
+	local    int
+	last     *Batch
+	peeked   *Batch
+	localEnd bool
 }
 
 func (it *DistIterator) produce(ctx context.Context) (*Batch, error) {
@@ -427,11 +440,21 @@ func (it *DistIterator) produce(ctx context.Context) (*Batch, error) {
 
 // Next returns the next step's batch, or io.EOF after the last. It honours
 // ctx while it waits. After an error other than ctx's own, every later call
-// returns the same error.
+// returns the same error. In a pass whose workers may run out of input at
+// different steps (see Batch.NeedsAgreement), a worker whose input has
+// ended gets padding batches until no worker has data.
 func (it *DistIterator) Next(ctx context.Context) (*Batch, error) {
 	if it.closed {
 		return nil, errClosed
 	}
+	if it.uneven {
+		return it.agreedNext(ctx)
+	}
+	return it.next(ctx)
+}
+
+// next returns the next batch of this worker's input.
+func (it *DistIterator) next(ctx context.Context) (*Batch, error) {
 	if it.pump != nil {
 		return it.pump.next(ctx)
 	}

@@ -125,10 +125,13 @@ func (l *batchNorm) apply(r strategy.Replica, b *Builder, x tf.Output, training 
 		}
 		return normalize(r, b, x, moving[0], moving[1], l.eps, l.gamma, l.beta)
 	}
-	mean, variance, err := l.batchStats(r, b, x)
+	mean, variance, n, err := l.batchStats(r, b, x)
 	if err != nil {
 		return tf.Output{}, err
 	}
+	// A batch of no examples (a padding step) leaves the statistics as
+	// they are.
+	seen := b.Cast(op.Greater(b.Op(), n, b.Scalar(0, tf.Float)), tf.Float)
 	for _, mv := range []struct {
 		v     strategy.Variable
 		batch tf.Output
@@ -139,6 +142,7 @@ func (l *batchNorm) apply(r strategy.Replica, b *Builder, x tf.Output, training 
 		}
 		stat := op.StopGradient(b.Op(), mv.batch)
 		next := b.Add(b.Mul(old, b.Scalar(l.momentum, tf.Float)), b.Mul(stat, b.Scalar(1-l.momentum, tf.Float)))
+		next = b.Add(old, b.Mul(b.Sub(next, old), seen))
 		if err := r.Assign(mv.v, next); err != nil {
 			return tf.Output{}, err
 		}
@@ -149,19 +153,19 @@ func (l *batchNorm) apply(r strategy.Replica, b *Builder, x tf.Output, training 
 // batchStats returns every feature's mean and (biased) variance over the
 // batch and every axis but the last: this replica's batch, or the global
 // batch when synchronized.
-func (l *batchNorm) batchStats(r strategy.Replica, b *Builder, x tf.Output) (mean, variance tf.Output, err error) {
+func (l *batchNorm) batchStats(r strategy.Replica, b *Builder, x tf.Output) (mean, variance, n tf.Output, err error) {
 	axes := make([]int32, len(l.in))
 	for i := range axes {
 		axes[i] = int32(i)
 	}
 	sum, sumsq := b.Sum(x, false, axes...), b.Sum(b.Square(x), false, axes...)
-	n := b.Mul(b.Count(x, tf.Float), b.Scalar(float64(prod(l.in[:len(l.in)-1])), tf.Float))
+	n = b.Mul(b.Count(x, tf.Float), b.Scalar(float64(prod(l.in[:len(l.in)-1])), tf.Float))
 	if l.sync {
 		c := l.in[len(l.in)-1]
 		local := op.ConcatV2(b.Op(), []tf.Output{sum, sumsq, b.Reshape(n, 1)}, b.Const(int32(0)))
 		global, err := r.AllReduce(strategy.Sum, local)
 		if err != nil {
-			return tf.Output{}, tf.Output{}, fmt.Errorf("BatchNorm synchronized: %w", err)
+			return tf.Output{}, tf.Output{}, tf.Output{}, fmt.Errorf("BatchNorm synchronized: %w", err)
 		}
 		// The gradient flows through this replica's own sums; the other
 		// replicas' share enters as a constant.
@@ -172,7 +176,7 @@ func (l *batchNorm) batchStats(r strategy.Replica, b *Builder, x tf.Output) (mea
 	}
 	mean = op.DivNoNan(b.Op(), sum, n)
 	variance = b.Sub(op.DivNoNan(b.Op(), sumsq, n), b.Square(mean))
-	return mean, variance, b.Err()
+	return mean, variance, n, b.Err()
 }
 
 // inFloat32 returns fn(x), computed in float32 when x is a 16-bit type

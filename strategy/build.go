@@ -1,9 +1,11 @@
 package strategy
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -17,10 +19,13 @@ import (
 type Step struct {
 	e           *InGraph
 	spec        InputSpec
-	names       []string      // input names, sorted
-	inputs      [][]tf.Output // [replica][input]
-	globalCount tf.Output     // fed when the engine sees every replica
-	counts      []tf.Output   // per-replica example counts, fed otherwise
+	names       []string        // input names, sorted
+	inputs      [][]tf.Output   // [replica][input]
+	globalCount tf.Output       // fed when the engine sees every replica
+	counts      []tf.Output     // per-replica example counts, fed otherwise
+	hasNext     []tf.Output     // with counts: 1 where the worker has another batch
+	anyNext     tf.Output       // with counts: > 0 when some worker has another batch
+	nextOps     []*tf.Operation // every replica's part of anyNext's reduction
 	outNames    []string
 	outputs     [][]tf.Output // [replica][output]
 	redNames    []string      // reduced outputs (ReduceOutput), sorted
@@ -123,7 +128,7 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 		}
 		st.targets = append(st.targets, rcs[r].targets...)
 		if st.counts != nil && !ab.accumulates() {
-			st.targets = append(st.targets, globals[r].Op)
+			st.targets = append(st.targets, globals[r].Op, st.nextOps[r])
 		}
 	}
 	if err := e.buildReduced(root, st, rcs, ab); err != nil {
@@ -164,14 +169,21 @@ func (e *InGraph) stepCounts(root *op.Scope, st *Step) (globals, weights []tf.Ou
 	}
 	counts := make([][]tf.Output, n)
 	for r := range n {
-		c := op.Placeholder(root.SubScope(fmt.Sprintf("count_%d", r)).WithDevice(e.cfg.Devices[r]), tf.Float,
-			op.PlaceholderShape(tf.ScalarShape()))
-		st.counts = append(st.counts, c)
-		counts[r], weights[r] = []tf.Output{c}, c
+		rs := root.SubScope(fmt.Sprintf("count_%d", r)).WithDevice(e.cfg.Devices[r])
+		c := op.Placeholder(rs, tf.Float, op.PlaceholderShape(tf.ScalarShape()))
+		h := op.Placeholder(rs.SubScope("has_next"), tf.Float, op.PlaceholderShape(tf.ScalarShape()))
+		st.counts, st.hasNext = append(st.counts, c), append(st.hasNext, h)
+		counts[r], weights[r] = []tf.Output{c, h}, c
 	}
+	// One reduction gives the divisor and whether any worker has another
+	// batch (see dataset.Batch.NeedsAgreement).
 	sums, err := e.cfg.CrossDeviceOps.BatchReduce(root.SubScope("global_batch_size"), Sum, counts, e.cfg.Devices)
 	if err != nil {
 		return nil, nil, err
+	}
+	st.anyNext = sums[0][1]
+	for r := range n {
+		st.nextOps = append(st.nextOps, sums[r][1].Op)
 	}
 	for r := range n {
 		globals[r] = op.PlaceholderWithDefault(root.SubScope(fmt.Sprintf("divisor_%d", r)).WithDevice(e.cfg.Devices[r]),
@@ -204,57 +216,78 @@ func firstLine(err error) string {
 // no reduced outputs; the run that applies returns them averaged over the
 // examples of every run of the update (see ReplicaContext.ReduceOutput).
 func (e *InGraph) RunReplicas(ctx context.Context, st *Step, feeds []map[string]*tf.Tensor, globalCount int) (Result, error) {
+	res, _, err := e.runReplicas(ctx, st, feeds, globalCount, true)
+	return res, err
+}
+
+// runReplicas is RunReplicas that also says whether any worker has another
+// batch, as more, fed for this worker, adds up across workers: in a step
+// whose replicas span workers and that does not accumulate; otherwise it
+// returns more.
+func (e *InGraph) runReplicas(ctx context.Context, st *Step, feeds []map[string]*tf.Tensor, globalCount int, more bool) (Result, bool, error) {
 	if st == nil || st.e != e {
-		return nil, fmt.Errorf("strategy: Run: the step was built by another strategy")
+		return nil, false, fmt.Errorf("strategy: Run: the step was built by another strategy")
 	}
 	if len(feeds) != len(e.cfg.Devices) {
-		return nil, fmt.Errorf("strategy: Run: %d per-replica inputs, expected %d (one per local replica)", len(feeds), len(e.cfg.Devices))
+		return nil, false, fmt.Errorf("strategy: Run: %d per-replica inputs, expected %d (one per local replica)", len(feeds), len(e.cfg.Devices))
 	}
 	if globalCount <= 0 || globalCount > math.MaxInt32 {
-		return nil, fmt.Errorf("strategy: Run: global batch count %d, expected a positive number", globalCount)
+		return nil, false, fmt.Errorf("strategy: Run: global batch count %d, expected a positive number", globalCount)
 	}
-	fm, err := st.feedMap(feeds, globalCount)
+	fm, err := st.feedMap(feeds, globalCount, more)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err := e.initPending(ctx); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	fetches, targets, applies, err := e.runPlan(ctx, st)
 	if err != nil {
-		return nil, err
+		return nil, false, err
+	}
+	agree := st.anyNext.Op != nil && st.acc == nil
+	if agree {
+		fetches = append(slices.Clip(fetches), st.anyNext)
 	}
 	out, err := e.runLocked(ctx, fm, fetches, targets)
 	if st.acc != nil {
 		e.accum.ran(applies, err)
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
+	if agree {
+		more = out[len(out)-1].Value().(float32) > 0
+	}
+	return st.result(out, len(feeds), applies), more, nil
+}
+
+// result maps a run's fetched values to the step's outputs.
+func (st *Step) result(out []*tf.Tensor, replicas int, applies bool) Result {
 	res := make(Result, len(st.outNames)+len(st.redNames))
 	k := len(st.outNames)
 	for j, name := range st.outNames {
-		pr := make(PerReplica, len(feeds))
-		for r := range feeds {
+		pr := make(PerReplica, replicas)
+		for r := range replicas {
 			pr[r] = out[r*k+j]
 		}
 		res[name] = pr
 	}
 	for j, name := range st.redNames {
 		if applies {
-			res[name] = PerReplica{out[len(feeds)*k+j]}
+			res[name] = PerReplica{out[replicas*k+j]}
 		}
 	}
-	return res, nil
+	return res
 }
 
 // feedMap checks feeds against the step's inputs and returns the run's
 // feeds: every replica's inputs, and the global count — one scalar, or
 // each replica's batch size when the engine spans workers, with the
 // scalar too in a step that accumulates.
-func (st *Step) feedMap(feeds []map[string]*tf.Tensor, globalCount int) (map[tf.Output]*tf.Tensor, error) {
+func (st *Step) feedMap(feeds []map[string]*tf.Tensor, globalCount int, more bool) (map[tf.Output]*tf.Tensor, error) {
 	fm := make(map[tf.Output]*tf.Tensor, len(feeds)*(len(st.names)+2)+1)
 	for r, feed := range feeds {
 		for i, name := range st.names {
@@ -276,6 +309,13 @@ func (st *Step) feedMap(feeds []map[string]*tf.Tensor, globalCount int) (map[tf.
 		fm[st.globalCount] = gc
 		return fm, nil
 	}
+	hasNext, err := tf.NewTensor(float32(0))
+	if more {
+		hasNext, err = tf.NewTensor(float32(1))
+	}
+	if err != nil {
+		return nil, err
+	}
 	for r, feed := range feeds {
 		n := int64(0)
 		if sh := feed[st.names[0]].Shape(); len(sh) > 0 {
@@ -285,10 +325,34 @@ func (st *Step) feedMap(feeds []map[string]*tf.Tensor, globalCount int) (map[tf.
 		if err != nil {
 			return nil, err
 		}
-		fm[st.counts[r]] = c
+		fm[st.counts[r]], fm[st.hasNext[r]] = c, hasNext
 		if st.acc != nil {
 			fm[st.acc.globals[r]] = gc
 		}
 	}
 	return fm, nil
+}
+
+// withEmptyInputs returns el with every input it lacks fed with no rows:
+// the spec's dtype and shape with a batch dimension of 0. Every other
+// dimension of such an input must be known.
+func (st *Step) withEmptyInputs(el map[string]*tf.Tensor) (map[string]*tf.Tensor, error) {
+	out := make(map[string]*tf.Tensor, len(st.names))
+	for _, name := range st.names {
+		if t, ok := el[name]; ok {
+			out[name] = t
+			continue
+		}
+		ts := st.spec[name]
+		shape := append([]int64{0}, ts.Shape[min(1, len(ts.Shape)):]...)
+		if len(ts.Shape) == 0 || slices.Contains(shape[1:], -1) {
+			return nil, fmt.Errorf("input %q: no examples, and its shape %v does not say what an input of none looks like (every dimension but the first must be known)", name, ts.Shape)
+		}
+		t, err := tf.ReadTensor(ts.DType, shape, bytes.NewReader(nil))
+		if err != nil {
+			return nil, fmt.Errorf("input %q: an input of no rows: %w", name, err)
+		}
+		out[name] = t
+	}
+	return out, nil
 }

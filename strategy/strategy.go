@@ -82,18 +82,36 @@ func (e *InGraph) DistributeDatasetsFromFunction(fn func(dataset.InputContext) (
 }
 
 // Run runs step on one distributed batch: replica i gets batch.Replicas[i],
-// and average losses divide by the examples in the whole global step.
+// and average losses divide by the examples in the whole global step. A
+// replica with no examples whose element lacks an input (a padding batch,
+// see dataset.Batch.NeedsAgreement) is fed that input with no rows. In a
+// pass whose workers must agree on its end, the step's own run tells the
+// batch whether any worker has another (Batch.Agree).
 func (e *InGraph) Run(ctx context.Context, step *Step, batch *dataset.Batch) (Result, error) {
 	if batch == nil {
 		return nil, fmt.Errorf("strategy: Run: nil batch")
 	}
+	if batch.NeedsAgreement() && step != nil && step.acc != nil {
+		return nil, fmt.Errorf("strategy: Run: a step that accumulates gradients cannot run a pass whose workers' inputs may end at different steps " +
+			"(FILE sharding or DistributeDatasetsFromFunction over several workers): use DATA sharding")
+	}
 	feeds := make([]map[string]*tf.Tensor, len(batch.Replicas))
 	for i, el := range batch.Replicas {
 		feeds[i] = el
+		if len(batch.Counts) > i && batch.Counts[i] == 0 && step != nil {
+			var err error
+			if feeds[i], err = step.withEmptyInputs(el); err != nil {
+				return nil, fmt.Errorf("strategy: Run: replica %d: %w", i, err)
+			}
+		}
 	}
 	global := batch.GlobalCount
 	if global <= 0 {
 		global = batch.LocalCount()
 	}
-	return e.RunReplicas(ctx, step, feeds, max(global, 1))
+	res, more, err := e.runReplicas(ctx, step, feeds, max(global, 1), batch.HasNext())
+	if err == nil {
+		batch.Agree(more)
+	}
+	return res, err
 }
