@@ -68,7 +68,9 @@ const (
 	// its batch cannot be found. Stages before the batch then run on each
 	// worker's share: Take(ds, 1000) before Batched takes 1000 examples per
 	// worker. Workers whose files hold different numbers of examples run
-	// out at different steps.
+	// out at different steps; a multi-worker strategy keeps them in step
+	// with padding batches until every worker's input has ended (see
+	// Batch.NeedsAgreement).
 	ShardFile
 	// ShardData has every worker read the whole dataset and keep element i
 	// (counting examples, the rows of the global batches) when i mod workers

@@ -29,7 +29,8 @@ import (
 const unevenGlobal = 32
 
 // Two workers whose files hold 3 and 5 per-worker batches (and, in the
-// second case, a partial last one) under FILE sharding: neither hangs nor
+// second case, a partial last one), under FILE sharding and with a dataset
+// per replica from DistributeDatasetsFromFunction: neither hangs nor
 // fails, both end after the same step, every example is used once, and the
 // model equals the default strategy's trained on the union of the files,
 // step by step.
@@ -37,8 +38,12 @@ func TestUnevenFilesEndTogether(t *testing.T) {
 	d, err := digits.Load()
 	require.NoError(t, err)
 	per := unevenGlobal / 2
-	for _, sizes := range [][2]int{{3 * per, 5 * per}, {3 * per, 5*per - 6}} {
-		t.Run(fmt.Sprint(sizes), func(t *testing.T) {
+	for _, c := range []struct {
+		sizes  [2]int
+		fromFn bool
+	}{{[2]int{3 * per, 5 * per}, false}, {[2]int{3 * per, 5*per - 6}, false}, {[2]int{3 * per, 5*per - 6}, true}} {
+		sizes := c.sizes
+		t.Run(fmt.Sprintf("%v from function %v", sizes, c.fromFn), func(t *testing.T) {
 			// Worker w reads file w: examples [0, sizes[0]) and
 			// [sizes[0], sizes[0]+sizes[1]) of the digits.
 			dir := t.TempDir()
@@ -51,7 +56,7 @@ func TestUnevenFilesEndTogether(t *testing.T) {
 			errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLogicalCPUs(2),
 				multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(20 * time.Second)},
 				func(w int, s *multiworker.Strategy) (err error) {
-					got[w], steps[w], examples[w], err = trainOnFiles(s, dir)
+					got[w], steps[w], examples[w], err = trainOnFiles(s, dir, c.fromFn)
 					return err
 				})
 			require.NoError(t, errs[0])
@@ -80,20 +85,25 @@ func writeDigits(t *testing.T, path string, d digits.Data, lo, hi int) {
 	require.NoError(t, f.Close())
 }
 
-// trainOnFiles trains the MLP on the files of dir, FILE-sharded, one pass,
-// and returns its variables, the steps it ran and the examples it used.
-func trainOnFiles(s *multiworker.Strategy, dir string) (map[string][]float32, int, int, error) {
+// trainOnFiles trains the MLP on the files of dir for one pass, FILE-sharded
+// or, fromFn, with worker w's replicas reading file w batch by batch in
+// turn, and returns its variables, the steps it ran and the examples it
+// used.
+func trainOnFiles(s *multiworker.Strategy, dir string, fromFn bool) (map[string][]float32, int, int, error) {
 	ctx := context.Background()
-	src, err := dataset.TFRecordFiles([]string{filepath.Join(dir, "*.tfrecord")})
-	if err != nil {
-		return nil, 0, 0, err
+	var dist *dataset.Distributed
+	var err error
+	if fromFn {
+		dist, err = s.DistributeDatasetsFromFunction(func(ic dataset.InputContext) (dataset.Dataset, error) {
+			name := []string{"a", "b"}[ic.InputPipelineID] + ".tfrecord"
+			return digitsRecords(filepath.Join(dir, name), unevenGlobal/ic.NumReplicasInSync)
+		})
+	} else {
+		var ds dataset.Dataset
+		if ds, err = digitsRecords(filepath.Join(dir, "*.tfrecord"), unevenGlobal); err == nil {
+			dist, err = s.DistributeDataset(ds, dataset.WithShardPolicy(dataset.ShardFile))
+		}
 	}
-	p, err := dataset.NewExampleParser(dataset.FeatureSpec{"x": {Type: tf.Float, Shape: []int64{digits.Features}}, "y": {Type: tf.Int32}})
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	dist, err := s.DistributeDataset(dataset.Batched(dataset.ParseExamples(src, p), unevenGlobal, false),
-		dataset.WithShardPolicy(dataset.ShardFile))
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -113,6 +123,20 @@ func trainOnFiles(s *multiworker.Strategy, dir string) (map[string][]float32, in
 	}
 	params, err := values(ctx, s, m.Vars())
 	return params, steps, examples, err
+}
+
+// digitsRecords reads the digits examples of the files pattern matches, in
+// batches of batch examples.
+func digitsRecords(pattern string, batch int) (dataset.Dataset, error) {
+	src, err := dataset.TFRecordFiles([]string{pattern})
+	if err != nil {
+		return nil, err
+	}
+	p, err := dataset.NewExampleParser(dataset.FeatureSpec{"x": {Type: tf.Float, Shape: []int64{digits.Features}}, "y": {Type: tf.Int32}})
+	if err != nil {
+		return nil, err
+	}
+	return dataset.Batched(dataset.ParseExamples(src, p), batch, false), nil
 }
 
 // trainUnionOnDefault trains the MLP on the default strategy, step k on
