@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -104,6 +105,9 @@ func WithHeartbeat(d time.Duration) CoordinatorOption {
 type Stats struct {
 	// Scheduled, Succeeded and Failed count steps.
 	Scheduled, Succeeded, Failed int
+	// EndOfData counts the steps that resolved with ErrEndOfData: their
+	// PerWorkerDataset had ended on every worker. They are not Failed.
+	EndOfData int
 	// Retries counts runs repeated because a worker failed.
 	Retries int
 	// SkippedUpdates counts reruns whose update a previous run had already
@@ -195,11 +199,25 @@ func (f feedInput) element(context.Context, int) (dataset.Element, error) {
 // next element of the dataset of the worker it runs on. Each worker's
 // pipeline runs in the chief and feeds that worker only; it survives the
 // worker's failure.
+//
+// The datasets may end, each at its own element. A step that finds its
+// worker's dataset ended goes back to the front of the queue, is not
+// counted as a failure, and is taken by a worker whose dataset still has
+// data; the coordinator no longer gives that worker steps on this dataset.
+// Once the dataset has ended on every worker, the steps still waiting for
+// an element resolve with ErrEndOfData, and so does every later Schedule
+// with it.
 type PerWorkerDataset struct {
 	c   *Coordinator
 	ds  []dataset.Dataset
-	mu  []sync.Mutex
+	mu  []sync.Mutex // guards its[i] and consumed[i]
 	its []dataset.Iterator
+	// consumed counts the elements each worker's dataset has given.
+	consumed []int
+	// ended says which workers' datasets have ended, nEnded how many;
+	// guarded by c.mu.
+	ended  []bool
+	nEnded int
 }
 
 // CreatePerWorkerDataset calls fn once per worker, with InputContext
@@ -211,7 +229,8 @@ func (c *Coordinator) CreatePerWorkerDataset(fn func(dataset.InputContext) (data
 		return nil, errors.New("paramserver: CreatePerWorkerDataset: nil function")
 	}
 	n := len(c.s.workers)
-	d := &PerWorkerDataset{c: c, ds: make([]dataset.Dataset, n), mu: make([]sync.Mutex, n), its: make([]dataset.Iterator, n)}
+	d := &PerWorkerDataset{c: c, ds: make([]dataset.Dataset, n), mu: make([]sync.Mutex, n), its: make([]dataset.Iterator, n),
+		consumed: make([]int, n), ended: make([]bool, n)}
 	for i := range n {
 		ds, err := fn(dataset.InputContext{NumInputPipelines: n, InputPipelineID: i, NumReplicasInSync: 1})
 		if err == nil && ds == nil {
@@ -246,13 +265,30 @@ func (d *PerWorkerDataset) element(ctx context.Context, worker int) (dataset.Ele
 	}
 	e, err := d.its[worker].Next(ctx)
 	if errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("the dataset of worker %d is exhausted: %w", worker, err)
+		return nil, fmt.Errorf("the dataset of worker %d ended after %d elements: %w", worker, d.consumed[worker], err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("the dataset of worker %d: %w", worker, err)
 	}
+	d.consumed[worker]++
 	return e, nil
 }
+
+// Consumed returns how many elements the dataset of each worker has given
+// to steps so far, by worker index. An element goes to one step only: a
+// step run again after its worker died is fed the element it took.
+func (d *PerWorkerDataset) Consumed() []int {
+	out := make([]int, len(d.consumed))
+	for i := range d.consumed {
+		d.mu[i].Lock()
+		out[i] = d.consumed[i]
+		d.mu[i].Unlock()
+	}
+	return out
+}
+
+// endedEverywhere reports whether d has ended on every worker; c.mu is held.
+func (d *PerWorkerDataset) endedEverywhere() bool { return d.nEnded == len(d.ended) }
 
 func (d *PerWorkerDataset) close() {
 	for i := range d.its {
@@ -341,8 +377,9 @@ func (rv *RemoteValue) Info() RunInfo {
 
 // Schedule queues one run of fn fed from in and returns its RemoteValue at
 // once; a free worker runs it. A fixed input (Feed) is checked against fn's
-// InputSpec here. Schedule fails after Done, after a ps task failed, and for
-// a function of another strategy.
+// InputSpec here. Schedule fails after Done, after a ps task failed, for a
+// function of another strategy, and with ErrEndOfData for a
+// PerWorkerDataset that has ended on every worker.
 func (c *Coordinator) Schedule(fn *Function, in Input) (*RemoteValue, error) {
 	if fn == nil || fn.s != c.s {
 		return nil, errors.New("paramserver: Schedule: the function was built by another strategy")
@@ -365,6 +402,9 @@ func (c *Coordinator) Schedule(fn *Function, in Input) (*RemoteValue, error) {
 	}
 	if c.fatal != nil {
 		return nil, c.fatal
+	}
+	if d, ok := in.(*PerWorkerDataset); ok && d.endedEverywhere() {
+		return nil, fmt.Errorf("paramserver: Schedule %s: %w", fn.name, ErrEndOfData)
 	}
 	rv := &RemoteValue{done: make(chan struct{}), worker: -1, scheduled: time.Now()}
 	cl := &closure{id: c.s.nextClosure.Add(1), fn: fn, in: in, rv: rv}
@@ -389,7 +429,8 @@ func (c *Coordinator) pushLocked(cl *closure, front bool) {
 
 // Join waits until every step scheduled so far has completed or failed,
 // and returns the first error of a step since the last Join (clearing it),
-// or the failure of a ps task. It gives up when ctx ends.
+// or the failure of a ps task. The end of a PerWorkerDataset
+// (ErrEndOfData) is not an error of Join. It gives up when ctx ends.
 func (c *Coordinator) Join(ctx context.Context) error {
 	c.mu.Lock()
 	idle, pending := c.idle, c.pending
@@ -473,12 +514,15 @@ func (c *Coordinator) resolve(cl *closure, out map[string]*tf.Tensor, err error)
 	}
 	c.mu.Lock()
 	c.pending--
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrEndOfData):
+		c.stats.EndOfData++
+	case err != nil:
 		c.stats.Failed++
 		if c.firstErr == nil {
 			c.firstErr = err
 		}
-	} else {
+	default:
 		c.stats.Succeeded++
 		c.stats.PerWorker[rv.worker]++
 		if cl.fn.updates && !rv.applied {
@@ -492,18 +536,21 @@ func (c *Coordinator) resolve(cl *closure, out map[string]*tf.Tensor, err error)
 	close(rv.done)
 }
 
-// next takes the next step from the queue for worker w, or returns nil when
-// the coordinator ends.
-func (c *Coordinator) next() *closure {
+// next takes the first step in the queue that worker w can run, or returns
+// nil when the coordinator ends. A step on a PerWorkerDataset that has
+// ended on w, and has not taken an element yet, is left to other workers.
+func (c *Coordinator) next(w int) *closure {
 	for {
 		c.mu.Lock()
 		if c.ctx.Err() != nil {
 			c.mu.Unlock()
 			return nil
 		}
-		if len(c.queue) > 0 {
-			cl := c.queue[0]
-			c.queue = c.queue[1:]
+		for i, cl := range c.queue {
+			if d, ok := cl.in.(*PerWorkerDataset); ok && cl.elem == nil && d.ended[w] {
+				continue
+			}
+			c.queue = slices.Delete(c.queue, i, i+1)
 			c.mu.Unlock()
 			return cl
 		}
@@ -569,7 +616,7 @@ func (c *Coordinator) loop(w *workerGraph) {
 			connected, backoff = true, c.cfg.probeMin
 			c.setAlive(w.index, true, nil)
 		}
-		cl := c.next()
+		cl := c.next(w.index)
 		if cl == nil {
 			return
 		}
@@ -630,6 +677,11 @@ func (c *Coordinator) run(w *workerGraph, sess *tf.Session, cl *closure, log *za
 	}
 	if cl.elem == nil {
 		e, err := cl.in.element(c.ctx, w.index)
+		if d, ok := cl.in.(*PerWorkerDataset); ok && errors.Is(err, io.EOF) {
+			cl.workers = cl.workers[:len(cl.workers)-1] // it did not run here
+			c.endOfData(d, w.index, cl, log, err)
+			return workerUsable
+		}
 		if err != nil {
 			c.resolve(cl, nil, stepErr(fmt.Errorf("input: %w", err)))
 			return workerUsable
@@ -703,6 +755,50 @@ func (c *Coordinator) run(w *workerGraph, sess *tf.Session, cl *closure, log *za
 		return runAbandoned
 	}
 	return workerDead
+}
+
+// endOfData records that d has ended on worker w, as cl, a step that had
+// not taken an element yet, found. cl goes back to the front of the queue
+// for a worker whose dataset still has data; once d has ended on every
+// worker, cl and every queued step waiting for an element of d resolve
+// with ErrEndOfData instead.
+func (c *Coordinator) endOfData(d *PerWorkerDataset, w int, cl *closure, log *zap.Logger, cause error) {
+	c.mu.Lock()
+	if !d.ended[w] {
+		d.ended[w] = true
+		d.nEnded++
+	}
+	all := d.endedEverywhere()
+	var ended []*closure
+	var failErr error
+	switch {
+	case c.fatal != nil:
+		failErr = c.fatal
+	case c.done:
+		failErr = fmt.Errorf("paramserver: step %s: %w before it ran", cl.fn.name, ErrDone)
+	case all:
+		ended = append(ended, cl)
+		kept := make([]*closure, 0, len(c.queue))
+		for _, q := range c.queue {
+			if q.in == Input(d) && q.elem == nil {
+				ended = append(ended, q)
+			} else {
+				kept = append(kept, q)
+			}
+		}
+		c.queue = kept
+	default:
+		c.pushLocked(cl, true)
+	}
+	c.mu.Unlock()
+	log.Info("the worker's per-worker dataset ended; its steps go to the other workers",
+		zap.Bool("ended_on_every_worker", all), zap.Error(cause))
+	if failErr != nil {
+		c.resolve(cl, nil, failErr)
+	}
+	for _, q := range ended {
+		c.resolve(q, nil, fmt.Errorf("paramserver: step %s: %w", q.fn.name, ErrEndOfData))
+	}
 }
 
 // runWatched runs a step in sess and, while it runs, checks every

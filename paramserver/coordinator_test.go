@@ -187,7 +187,8 @@ func TestScheduleMisuse(t *testing.T) {
 	_, err = c.Schedule(fn, Feed(dataset.Element{"x": tensor(t, [][]float32{{1}})}))
 	assert.ErrorContains(t, err, `input "x": shape [1 1], expected [-1]`)
 
-	// An exhausted per-worker dataset fails the step, with io.EOF.
+	// A step past the end of the per-worker dataset resolves with
+	// ErrEndOfData, which wraps io.EOF and is no error of Join.
 	d, err := c.CreatePerWorkerDataset(func(dataset.InputContext) (dataset.Dataset, error) {
 		ds, err := dataset.FromSlices(map[string]any{"x": []float32{1}})
 		return dataset.Batched(ds, 1, false), err
@@ -198,8 +199,9 @@ func TestScheduleMisuse(t *testing.T) {
 	second, err := c.Schedule(fn, d)
 	require.NoError(t, err)
 	assert.NoError(t, first.Wait(ctx))
+	assert.ErrorIs(t, second.Wait(ctx), ErrEndOfData)
 	assert.ErrorIs(t, second.Wait(ctx), io.EOF)
-	assert.Error(t, c.Join(ctx))
+	assert.NoError(t, c.Join(ctx))
 
 	require.NoError(t, c.Done(ctx))
 	_, err = c.Schedule(fn, Feed(dataset.Element{"x": tensor(t, []float32{1})}))
@@ -209,4 +211,146 @@ func TestScheduleMisuse(t *testing.T) {
 	c2, err := NewCoordinator(s)
 	require.NoError(t, err, "a new coordinator once the first is done")
 	require.NoError(t, c2.Done(ctx))
+}
+
+// idFunction returns a function that outputs the ids it is fed.
+func idFunction(t *testing.T, s *Strategy) *Function {
+	t.Helper()
+	fn, err := s.Build(strategy.InputSpec{"id": {DType: tf.Int64, Shape: []int64{-1}}},
+		func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+			return strategy.Outputs{"id": in["id"]}, nil
+		})
+	require.NoError(t, err)
+	return fn
+}
+
+// Per-worker datasets of different sizes: a loop that schedules until
+// Schedule reports the end of the data, joining every few steps, runs each
+// element of both datasets exactly once, on its own worker; Join reports no
+// error; the consumption reported per worker is each dataset's size; the
+// workers still run other steps.
+func TestPerWorkerDatasetsEndingAtDifferentSizes(t *testing.T) {
+	s := newInProcess(t, 2, 1)
+	ctx := testContext(t, time.Minute)
+	fn := idFunction(t, s)
+	c := newCoordinator(t, s)
+	sizes := []int64{3, 7}
+	d, err := c.CreatePerWorkerDataset(func(ictx dataset.InputContext) (dataset.Dataset, error) {
+		lo := int64(100 * ictx.InputPipelineID)
+		return dataset.Batched(dataset.Range("id", lo, lo+sizes[ictx.InputPipelineID]), 1, false), nil
+	})
+	require.NoError(t, err)
+	var rvs []*RemoteValue
+	for {
+		rv, err := c.Schedule(fn, d)
+		if errors.Is(err, ErrEndOfData) {
+			break
+		}
+		require.NoError(t, err)
+		rvs = append(rvs, rv)
+		require.Less(t, len(rvs), 100, "Schedule never reported the end of the data")
+		if len(rvs)%4 == 0 {
+			require.NoError(t, c.Join(ctx))
+		}
+	}
+	require.NoError(t, c.Join(ctx))
+	seen := map[int64]int{}
+	ended := 0
+	for _, rv := range rvs {
+		out, err := rv.Get(ctx)
+		if errors.Is(err, ErrEndOfData) {
+			ended++
+			continue
+		}
+		require.NoError(t, err)
+		id := out["id"].Value().([]int64)
+		require.Len(t, id, 1)
+		seen[id[0]]++
+		assert.Equal(t, int(id[0]/100), rv.Info().Worker, "id %d ran on the worker whose dataset holds it", id[0])
+	}
+	want := map[int64]int{}
+	for w, n := range sizes {
+		for i := range n {
+			want[int64(100*w)+i] = 1
+		}
+	}
+	assert.Equal(t, want, seen, "every element exactly once")
+	assert.Equal(t, []int{3, 7}, d.Consumed())
+	st := c.Stats()
+	assert.Equal(t, []int{3, 7}, st.PerWorker, "steps completed per worker")
+	assert.Equal(t, 10, st.Succeeded)
+	assert.Equal(t, 0, st.Failed)
+	assert.Equal(t, ended, st.EndOfData)
+
+	other, err := c.Schedule(fn, Feed(dataset.Element{"id": tensor(t, []int64{42})}))
+	require.NoError(t, err)
+	out, err := other.Get(ctx)
+	require.NoError(t, err, "the workers run other steps after the data ended")
+	assert.Equal(t, []int64{42}, out["id"].Value())
+}
+
+// Steps on a dataset that is empty on every worker resolve with
+// ErrEndOfData instead of waiting, and Join returns without error.
+func TestPerWorkerDatasetEmptyEverywhere(t *testing.T) {
+	s := newInProcess(t, 2, 1)
+	ctx := testContext(t, time.Minute)
+	fn := idFunction(t, s)
+	c := newCoordinator(t, s)
+	d, err := c.CreatePerWorkerDataset(func(dataset.InputContext) (dataset.Dataset, error) {
+		return dataset.Batched(dataset.Range("id", 0, 0), 1, false), nil
+	})
+	require.NoError(t, err)
+	var rvs []*RemoteValue
+	for range 5 {
+		rv, err := c.Schedule(fn, d)
+		if errors.Is(err, ErrEndOfData) {
+			break
+		}
+		require.NoError(t, err)
+		rvs = append(rvs, rv)
+	}
+	require.NotEmpty(t, rvs)
+	for _, rv := range rvs {
+		err := rv.Wait(ctx)
+		assert.ErrorIs(t, err, ErrEndOfData)
+		assert.ErrorContains(t, err, "step "+fn.name)
+	}
+	require.NoError(t, c.Join(ctx))
+	_, err = c.Schedule(fn, d)
+	assert.ErrorIs(t, err, ErrEndOfData, "Schedule once the data ended everywhere")
+	assert.Equal(t, []int{0, 0}, d.Consumed())
+	assert.Equal(t, len(rvs), c.Stats().EndOfData)
+	assert.Equal(t, 0, c.Stats().Failed)
+}
+
+// An error of a worker's dataset that is not its end fails the step with
+// that error, named, and Join reports it.
+func TestPerWorkerDatasetErrorFailsTheStep(t *testing.T) {
+	s := newInProcess(t, 1, 1)
+	ctx := testContext(t, time.Minute)
+	fn := idFunction(t, s)
+	c := newCoordinator(t, s)
+	d, err := c.CreatePerWorkerDataset(func(dataset.InputContext) (dataset.Dataset, error) {
+		ds := dataset.Map(dataset.Range("id", 0, 5), func(e dataset.Element) (dataset.Element, error) {
+			if e["id"].Value().(int64) == 1 {
+				return nil, errors.New("corrupt record 1")
+			}
+			return e, nil
+		})
+		return dataset.Batched(ds, 1, false), nil
+	})
+	require.NoError(t, err)
+	first, err := c.Schedule(fn, d)
+	require.NoError(t, err)
+	require.NoError(t, first.Wait(ctx))
+	second, err := c.Schedule(fn, d)
+	require.NoError(t, err)
+	err = second.Wait(ctx)
+	var se *StepError
+	require.ErrorAs(t, err, &se)
+	assert.ErrorContains(t, err, "the dataset of worker 0")
+	assert.ErrorContains(t, err, "corrupt record 1")
+	assert.NotErrorIs(t, err, ErrEndOfData)
+	assert.ErrorIs(t, c.Join(ctx), err)
+	assert.Equal(t, 1, c.Stats().Failed)
 }

@@ -80,6 +80,32 @@
 // InputContext, and a step takes its input from the dataset of the worker
 // that runs it.
 //
+// Per-worker datasets may end, each after its own number of elements. A
+// step that finds its worker's dataset ended is no failure: it goes back to
+// the front of the queue and runs on a worker whose dataset still has data,
+// and the coordinator gives the ended worker no more steps on that dataset
+// (other steps still run there). Once the dataset has ended on every
+// worker, the steps still waiting for an element resolve with ErrEndOfData
+// (which wraps io.EOF), as does every later Schedule with the dataset; Join
+// does not report it, and Stats.EndOfData counts those steps.
+// PerWorkerDataset.Consumed reports the elements each worker's dataset gave
+// and Stats.PerWorker the steps each worker completed. Since Schedule does
+// not block, a loop over the data joins every so many steps and stops when
+// Schedule reports the end:
+//
+//	for n := 1; ; n++ {
+//		_, err := c.Schedule(train, input)
+//		if errors.Is(err, paramserver.ErrEndOfData) {
+//			break
+//		}
+//		if err != nil { ... }
+//		if n%100 == 0 {
+//			if err := c.Join(ctx); err != nil { ... }
+//		}
+//	}
+//	err = c.Join(ctx) // nil once every element has been used
+//	fmt.Println(input.Consumed())
+//
 // A step whose worker dies — found by the run's error, or by a heartbeat
 // that dials the worker while the step runs — goes back to the front of the
 // queue with the same input; the dead worker is probed in the background and

@@ -3,6 +3,7 @@ package paramserver
 import (
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -22,6 +23,14 @@ var ErrBadCluster = errors.New("paramserver: unusable cluster")
 // ErrDone is returned by Schedule and CreatePerWorkerDataset after
 // Coordinator.Done.
 var ErrDone = errors.New("paramserver: the coordinator is done")
+
+// ErrEndOfData is the error, wrapping io.EOF, of a step scheduled with a
+// PerWorkerDataset once that dataset has ended on every worker, and of
+// Schedule with such a dataset. A step that finds its worker's dataset
+// ended is not failed but runs on a worker whose dataset still has data;
+// only when none has does it resolve with ErrEndOfData. It is not a
+// failure: Join does not return it and Stats counts it in EndOfData.
+var ErrEndOfData = fmt.Errorf("paramserver: the per-worker dataset has ended on every worker: %w", io.EOF)
 
 // ErrClosed is returned by a Strategy's methods after Close.
 var ErrClosed = errors.New("paramserver: the strategy is closed")
