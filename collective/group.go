@@ -186,3 +186,15 @@ func (g *Group) connectedLocked() []*peerConn {
 func (g *Group) peerError(rank int, err error) error {
 	return &PeerError{Peer: g.members[rank], Err: err}
 }
+
+// Abort breaks the group with err, sent to every peer: their pending and
+// later operations fail at once with a *PeerError that names this member
+// and carries err's text. A member aborts when it cannot take part in the
+// operations its peers wait in (its input failed, say), so that they learn
+// why without waiting for the timeout. Close still releases the group.
+func (g *Group) Abort(err error) {
+	if err == nil {
+		err = errors.New("aborted")
+	}
+	g.fail(err)
+}

@@ -17,7 +17,8 @@ import (
 
 // agreement is what a batch of an uneven pass carries.
 type agreement struct {
-	hasNext bool // this worker has a batch after this one
+	hasNext bool  // this worker has a batch after this one
+	err     error // this worker's input failed after this batch
 	agreed  bool // a strategy reported the workers' answer
 	anyNext bool // some worker has a batch after this one
 }
@@ -31,6 +32,19 @@ func (b *Batch) NeedsAgreement() bool { return b.agree != nil }
 // HasNext reports whether this worker has a batch after this one. It is
 // known only when NeedsAgreement; otherwise it reports true.
 func (b *Batch) HasNext() bool { return b.agree == nil || b.agree.hasNext }
+
+// Err returns the error this worker's input failed with right after this
+// batch, in a pass whose workers must agree on its end (NeedsAgreement);
+// the iterator's next call returns it too. A multi-worker strategy's Run
+// does not run such a batch's step: it hands the error to every worker,
+// whose step fails naming it, rather than leaving the peers to wait for
+// this worker until the collective timeout.
+func (b *Batch) Err() error {
+	if b.agree == nil {
+		return nil
+	}
+	return b.agree.err
+}
 
 // Agree records, once the batch's step ran, whether any worker has a batch
 // after this one, as a multi-worker strategy learns it in the step's run.
@@ -51,6 +65,9 @@ func (d *Distributed) uneven() bool {
 
 // agreedNext is Next for a pass of an uneven Distributed.
 func (it *DistIterator) agreedNext(ctx context.Context) (*Batch, error) {
+	if it.failed != nil {
+		return nil, it.failed
+	}
 	if last := it.last; last != nil {
 		more := last.agree.hasNext
 		if last.agree.agreed {
@@ -73,18 +90,24 @@ func (it *DistIterator) agreedNext(ctx context.Context) (*Batch, error) {
 	if b == nil {
 		b = it.padding()
 	}
+	b.agree = &agreement{}
 	if !it.localEnd {
 		nb, err := it.next(ctx)
 		switch {
 		case err == io.EOF:
 			it.localEnd = true
+		case err != nil && ctx.Err() == nil:
+			// The batch goes out with the error, so that the strategy
+			// fails every worker's step with it; the next call
+			// returns it.
+			b.agree.err, it.failed = err, err
 		case err != nil:
 			return nil, err
 		default:
 			it.peeked = nb
 		}
 	}
-	b.agree = &agreement{hasNext: it.peeked != nil}
+	b.agree.hasNext = it.peeked != nil
 	it.last = b
 	return b, nil
 }

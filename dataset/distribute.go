@@ -425,6 +425,7 @@ type DistIterator struct {
 	last     *Batch
 	peeked   *Batch
 	localEnd bool
+	failed   error // the input's error, carried by the last batch
 }
 
 func (it *DistIterator) produce(ctx context.Context) (*Batch, error) {

@@ -175,6 +175,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		SessionOptions:    w.sessionOptions(c, tfrt.WithoutThreadSpinning()),
 		Logger:            w.log,
 		DiagnoseRunError:  s.diagnose,
+		AbortPeers:        g.Abort,
 	})
 	if err != nil {
 		unregister()

@@ -198,3 +198,35 @@ func values(ctx context.Context, s strategy.Strategy, vars []strategy.Variable) 
 	}
 	return out, nil
 }
+
+// A corrupt record in one worker's file fails every worker's step at once,
+// each naming the worker and the corrupt record, rather than leaving the
+// other worker to wait for the collective timeout.
+func TestCorruptInputFailsEveryWorker(t *testing.T) {
+	d, err := digits.Load()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	per := unevenGlobal / 2
+	writeDigits(t, filepath.Join(dir, "a.tfrecord"), d, 0, 5*per)
+	b := filepath.Join(dir, "b.tfrecord")
+	writeDigits(t, b, d, 5*per, 10*per)
+	raw, err := os.ReadFile(b)
+	require.NoError(t, err)
+	raw[len(raw)/2] ^= 0xff // a byte of a record in the third batch: its checksum fails
+	require.NoError(t, os.WriteFile(b, raw, 0o644))
+
+	start := time.Now()
+	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLogicalCPUs(2),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(60 * time.Second)},
+		func(w int, s *multiworker.Strategy) error {
+			_, _, _, err := trainOnFiles(s, dir, false)
+			return err
+		})
+	assert.Less(t, time.Since(start), 30*time.Second, "the workers fail at once, not at the collective timeout")
+	for w, err := range errs {
+		require.Error(t, err, "worker %d", w)
+		t.Logf("worker %d: %v", w, err)
+		assert.Contains(t, err.Error(), "the input of worker 1 failed", "worker %d", w)
+		assert.Contains(t, err.Error(), "b.tfrecord", "worker %d names the corrupt file", w)
+	}
+}

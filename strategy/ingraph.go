@@ -48,6 +48,10 @@ type Config struct {
 	// name the peer task that died. When the error it returns wraps
 	// ErrCannotContinue, the engine refuses every later run.
 	DiagnoseRunError func(error) error
+	// AbortPeers, when set, hands a step's input error on this worker (see
+	// dataset.Batch.Err) to the peers that wait for the step, so that they
+	// fail at once naming it; the engine then refuses every later run.
+	AbortPeers func(error)
 }
 
 // InGraph is the in-graph replication engine: one TensorFlow graph holds

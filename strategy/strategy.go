@@ -91,6 +91,9 @@ func (e *InGraph) Run(ctx context.Context, step *Step, batch *dataset.Batch) (Re
 	if batch == nil {
 		return nil, fmt.Errorf("strategy: Run: nil batch")
 	}
+	if err := batch.Err(); err != nil {
+		return nil, e.abortPeers(fmt.Errorf("strategy: Run: step %d: the input of worker %d failed: %w", batch.Step, e.cfg.WorkerID, err))
+	}
 	if batch.NeedsAgreement() && step != nil && step.acc != nil {
 		return nil, fmt.Errorf("strategy: Run: a step that accumulates gradients cannot run a pass whose workers' inputs may end at different steps " +
 			"(FILE sharding or DistributeDatasetsFromFunction over several workers): use DATA sharding")
@@ -114,4 +117,20 @@ func (e *InGraph) Run(ctx context.Context, step *Step, batch *dataset.Batch) (Re
 		batch.Agree(more)
 	}
 	return res, err
+}
+
+// abortPeers hands err to the peers waiting for this worker's step, when
+// the strategy spans workers, and refuses every later run; it returns err.
+func (e *InGraph) abortPeers(err error) error {
+	if e.cfg.AbortPeers == nil {
+		return err
+	}
+	e.cfg.AbortPeers(err)
+	err = fmt.Errorf("%w; %w", err, ErrCannotContinue)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.failed == nil {
+		e.failed = err
+	}
+	return err
 }
