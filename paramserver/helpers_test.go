@@ -91,7 +91,7 @@ func buildDigits(t testing.TB, s *Strategy, m *nn.Sequential, opt strategy.Optim
 	t.Helper()
 	train, err := s.Build(models.Spec, models.TrainStep(m, opt))
 	require.NoError(t, err)
-	eval, err = s.Build(models.Spec, models.EvalStep(m))
+	eval, err = s.Build(models.Spec, models.EvalStep(m, nil))
 	require.NoError(t, err)
 	return train, eval
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/models"
+	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
@@ -211,11 +212,18 @@ func (t *trainer) metric(ctx context.Context) (float64, error) {
 // heldOut scores the test set with the digits models' eval step, built on
 // the same model.
 func heldOut(ctx context.Context, s *mirrored.Strategy, model *nn.MLP, test digits.Data) (float64, error) {
-	eval, err := s.Build(models.Spec, models.EvalStep(model.Sequential))
+	var acc *metrics.Accuracy
+	if err := s.Scope(func(sc strategy.Scope) (err error) {
+		acc, err = metrics.NewAccuracy(sc, "metrics/held_out")
+		return err
+	}); err != nil {
+		return 0, err
+	}
+	eval, err := s.Build(models.Spec, models.EvalStep(model.Sequential, acc))
 	if err != nil {
 		return 0, err
 	}
-	return models.Accuracy(ctx, s, eval, test, 64)
+	return models.Accuracy(ctx, s, eval, acc, test, 64)
 }
 
 func main() {

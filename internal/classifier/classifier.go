@@ -21,6 +21,7 @@ import (
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/internal/trainloop"
+	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/summary"
@@ -240,24 +241,35 @@ func trainModel(ctx context.Context, o Options, sess session, crash crashPlan, t
 	return sess.finish(ctx, res, log)
 }
 
-// buildModel creates the model of the flags in a strategy's scope and
-// builds its train and eval steps with the strategy's build.
+// built is a model and its steps, as a strategy builds them.
+type built[F any] struct {
+	m           *nn.Sequential
+	acc         *metrics.Accuracy // nil unless asked for
+	train, eval F
+}
+
+// buildModel creates the model of the flags in a strategy's scope, with
+// an accuracy metric when withAccuracy is set, and builds its train and
+// eval steps with the strategy's build.
 func buildModel[F any](o Options, scope func(func(strategy.Scope) error) error,
-	build func(strategy.InputSpec, strategy.ReplicaFn) (F, error)) (m *nn.Sequential, train, eval F, err error) {
+	build func(strategy.InputSpec, strategy.ReplicaFn) (F, error), withAccuracy bool) (b built[F], err error) {
 	opt, err := newOptimizer(o)
 	if err != nil {
-		return nil, train, eval, err
+		return b, err
 	}
 	if err = scope(func(sc strategy.Scope) error {
-		m, err = models.New(sc, o.Model, o.Hidden, int64(o.Seed))
+		if b.m, err = models.New(sc, o.Model, o.Hidden, int64(o.Seed)); err != nil || !withAccuracy {
+			return err
+		}
+		b.acc, err = metrics.NewAccuracy(sc, "metrics/accuracy")
 		return err
 	}); err != nil {
-		return nil, train, eval, err
+		return b, err
 	}
-	m = m.WithPolicy(o.MixedPrecision)
-	if train, err = build(models.Spec, models.TrainStep(m, opt, o.minimizeOptions()...)); err != nil {
-		return nil, train, eval, err
+	b.m = b.m.WithPolicy(o.MixedPrecision)
+	if b.train, err = build(models.Spec, models.TrainStep(b.m, opt, o.minimizeOptions()...)); err != nil {
+		return b, err
 	}
-	eval, err = build(models.Spec, models.EvalStep(m))
-	return m, train, eval, err
+	b.eval, err = build(models.Spec, models.EvalStep(b.m, b.acc))
+	return b, err
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/internal/trainloop"
+	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
@@ -60,6 +61,7 @@ type inGraph struct {
 	o           Options
 	s           engine
 	m           *nn.Sequential
+	acc         *metrics.Accuracy // the eval step's
 	train, eval *strategy.Step
 	data        dataset.Dataset // the training batches, shuffled and repeated
 	backup      *checkpoint.BackupAndRestore
@@ -91,9 +93,11 @@ func (g *inGraph) build(train digits.Data, chief bool) error {
 		return err
 	}
 	g.data = dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, train.Len(), g.o.Seed), -1), g.o.GlobalBatch, true)
-	if g.m, g.train, g.eval, err = buildModel(g.o, g.s.Scope, g.s.Build); err != nil {
+	b, err := buildModel(g.o, g.s.Scope, g.s.Build, true)
+	if err != nil {
 		return err
 	}
+	g.m, g.acc, g.train, g.eval = b.m, b.acc, b.train, b.eval
 	if g.o.CheckpointDir != "" {
 		g.backup, err = checkpoint.NewBackupAndRestore(g.s, g.o.CheckpointDir, int64(g.o.CheckpointEvery), checkpoint.WithChief(chief))
 	}
@@ -139,7 +143,7 @@ func (g *inGraph) checkpoint(ctx context.Context, step int) error {
 func (g *inGraph) finish(context.Context, *Result, io.Writer) error { return nil }
 
 func (g *inGraph) evaluate(ctx context.Context, test digits.Data) (float64, error) {
-	return models.Accuracy(ctx, g.s, g.eval, test, g.o.GlobalBatch)
+	return models.Accuracy(ctx, g.s, g.eval, g.acc, test, g.o.GlobalBatch)
 }
 
 func (g *inGraph) value(ctx context.Context, v strategy.Variable) (*tf.Tensor, error) {

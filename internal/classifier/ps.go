@@ -59,10 +59,11 @@ func newPSSession(ctx context.Context, o Options, crash crashPlan, train digits.
 }
 
 func (p *ps) build() error {
-	var err error
-	if p.m, p.train, p.eval, err = buildModel(p.o, p.s.Scope, p.s.Build); err != nil {
+	b, err := buildModel(p.o, p.s.Scope, p.s.Build, false)
+	if err != nil {
 		return err
 	}
+	p.m, p.train, p.eval = b.m, b.train, b.eval
 	if p.c, err = paramserver.NewCoordinator(p.s); err != nil {
 		return err
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/graphutil"
-	"github.com/tfdist/tfdist/internal/trainloop"
+	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
@@ -85,22 +85,33 @@ func TrainStep(m *nn.Sequential, opt strategy.Optimizer, opts ...strategy.Minimi
 }
 
 // EvalStep returns the step that outputs, as "correct", how many examples
-// of the batch m classifies right (inference behaviour).
-func EvalStep(m *nn.Sequential) strategy.ReplicaFn {
+// of the batch m classifies right (inference behaviour); when acc is not
+// nil, the step also adds the batch to acc.
+func EvalStep(m *nn.Sequential, acc *metrics.Accuracy) strategy.ReplicaFn {
 	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		logits, err := m.Apply(r, in["x"], false)
 		if err != nil {
 			return nil, err
+		}
+		if acc != nil {
+			if err := acc.Update(r, logits, in["y"]); err != nil {
+				return nil, err
+			}
 		}
 		s := r.Scope().SubScope("accuracy")
 		return strategy.Outputs{"correct": graphutil.SumAll(s.SubScope("sum"), nn.Correct(s, logits, in["y"]))}, nil
 	}
 }
 
-// Accuracy returns the share of test that eval, an EvalStep built by s,
-// classifies right, scoring batches of batch examples (the last one
-// smaller), each worker its shard, the counts summed over all replicas.
-func Accuracy(ctx context.Context, s strategy.Strategy, eval *strategy.Step, test digits.Data, batch int) (float64, error) {
+// Accuracy returns the share of test that eval, an EvalStep of acc built
+// by s, classifies right: metrics.Evaluate over batches of batch examples
+// (the last one smaller), each worker scoring its shard (DATA sharding),
+// acc summing the counts over all replicas and workers, so that every
+// example counts once and every worker gets the same accuracy.
+func Accuracy(ctx context.Context, s strategy.Strategy, eval *strategy.Step, acc *metrics.Accuracy, test digits.Data, batch int) (float64, error) {
+	if acc == nil {
+		return 0, fmt.Errorf("models: Accuracy: nil metric, expected the one eval updates")
+	}
 	ds, err := dataset.FromSlices(map[string]any{"x": test.X, "y": test.Y})
 	if err != nil {
 		return 0, err
@@ -109,6 +120,9 @@ func Accuracy(ctx context.Context, s strategy.Strategy, eval *strategy.Step, tes
 	if err != nil {
 		return 0, err
 	}
-	correct, err := trainloop.SumOutput(ctx, s, eval, dist, "correct")
-	return correct / float64(test.Len()), err
+	res, err := metrics.Evaluate(ctx, s, eval, dist, acc)
+	if err != nil {
+		return 0, err
+	}
+	return res[acc.Name()], nil
 }

@@ -33,7 +33,7 @@ func trainDigits(t *testing.T, model string, p nn.Policy, steps int, train, test
 	require.NoError(t, err)
 	trainStep, err := s.Build(models.Spec, models.TrainStep(m, opt))
 	require.NoError(t, err)
-	evalStep, err := s.Build(models.Spec, models.EvalStep(m))
+	evalStep, err := s.Build(models.Spec, models.EvalStep(m, nil))
 	require.NoError(t, err)
 	feed := func(d digits.Data, lo, hi int) []map[string]*tf.Tensor {
 		x, err := tf.NewTensor(d.X[lo:hi])

@@ -16,7 +16,6 @@ import (
 
 	tf "github.com/wamuir/graft/tensorflow"
 
-	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/progress"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -62,28 +61,6 @@ func Synchronous(step func(context.Context) (strategy.Result, error),
 		}
 		return scalar(ctx, reduce, out["loss"])
 	})
-}
-
-// SumOutput runs step with s on every batch of dist and returns the sum,
-// over all batches and replicas, of its float32 output name: how many
-// examples a scoring step classified right, say.
-func SumOutput(ctx context.Context, s strategy.Strategy, step *strategy.Step, dist *dataset.Distributed, name string) (float64, error) {
-	var sum float64
-	for b, err := range dist.All(ctx) {
-		if err != nil {
-			return 0, err
-		}
-		out, err := s.Run(ctx, step, b)
-		if err != nil {
-			return 0, err
-		}
-		v, err := scalar(ctx, s.Reduce, out[name])
-		if err != nil {
-			return 0, err
-		}
-		sum += v
-	}
-	return sum, nil
 }
 
 // scalar returns the sum over replicas of a float32 scalar output.

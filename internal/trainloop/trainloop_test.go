@@ -10,9 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
-	"github.com/wamuir/graft/tensorflow/op"
 
-	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -111,24 +109,4 @@ func TestSynchronous(t *testing.T) {
 	assert.Equal(t, 4.0, loss, "the second step's loss on both replicas")
 	_, err = tr.Train(context.Background(), 2, false)
 	assert.ErrorIs(t, err, ErrInputEnded)
-}
-
-// SumOutput sums a step's output over every batch and replica.
-func TestSumOutput(t *testing.T) {
-	s, err := strategy.Default()
-	require.NoError(t, err)
-	defer s.Close()
-	step, err := s.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}},
-		func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-			sc := r.Scope()
-			return strategy.Outputs{"sum": op.Sum(sc.SubScope("sum"), in["x"], op.Const(sc.SubScope("axis"), int32(0)))}, nil
-		})
-	require.NoError(t, err)
-	ds, err := dataset.FromSlices(map[string]any{"x": []float32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}})
-	require.NoError(t, err)
-	dist, err := s.DistributeDataset(dataset.Batched(ds, 4, false))
-	require.NoError(t, err)
-	sum, err := SumOutput(context.Background(), s, step, dist, "sum")
-	require.NoError(t, err)
-	assert.Equal(t, 55.0, sum)
 }
