@@ -19,8 +19,8 @@ import (
 type agreement struct {
 	hasNext bool  // this worker has a batch after this one
 	err     error // this worker's input failed after this batch
-	agreed  bool // a strategy reported the workers' answer
-	anyNext bool // some worker has a batch after this one
+	agreed  bool  // a strategy reported the workers' answer
+	anyNext bool  // some worker has a batch after this one
 }
 
 // NeedsAgreement reports whether the workers must agree, step by step, on
