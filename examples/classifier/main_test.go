@@ -45,6 +45,22 @@ func TestLargeBatchFlags(t *testing.T) {
 	assert.Less(t, testmodel.RelDiff(want.ParamL2, got.ParamL2), 1e-3, "param_l2 %v vs %v", got.ParamL2, want.ParamL2)
 }
 
+// The accuracy is scored over the whole held-out set exactly once per
+// example, each worker its share: with the same model every strategy
+// reports exactly the default strategy's accuracy.
+func TestAccuracyIsExactAcrossWorkers(t *testing.T) {
+	ctx := context.Background()
+	base := []string{"-steps", "0", "-log-every", "0", "-test-size", "301", "-global-batch", "48"}
+	want, err := classifier.Run(ctx, options(t, append(base, "-strategy", "default")...), io.Discard)
+	require.NoError(t, err)
+	for _, extra := range [][]string{{"-strategy", "mirrored", "-devices", "3"}, {"-strategy", "multiworker", "-devices", "2"}} {
+		got, err := classifier.Run(ctx, options(t, append(base, extra...)...), io.Discard)
+		require.NoError(t, err, "%v", extra)
+		assert.Equal(t, want.ParamL2, got.ParamL2, "%v: the same model", extra)
+		assert.Equal(t, want.Accuracy, got.Accuracy, "%v", extra)
+	}
+}
+
 // The example reproduces the central equivalence end to end, through the
 // dataset pipeline: same seed, same global batch, any number of replicas.
 func TestStrategiesAgree(t *testing.T) {

@@ -95,7 +95,8 @@ func launch(t testing.TB, timeout time.Duration, launchArgs []string, classifier
 }
 
 // tfdist launch --workers 2, two logical devices each (4 replicas), ends
-// with the default strategy's model after 200 SGD steps.
+// with the default strategy's model after 200 SGD steps, and reports its
+// accuracy.
 func TestLaunchTwoWorkersMatchesDefault(t *testing.T) {
 	needBinaries(t)
 	args := []string{"-steps", "200", "-global-batch", "32", "-lr", "0.1"}
@@ -109,6 +110,7 @@ func TestLaunchTwoWorkersMatchesDefault(t *testing.T) {
 		assert.Equal(t, 4, r.Replicas, task)
 		assert.Less(t, testmodel.RelDiff(want.FinalLoss, r.FinalLoss), 1e-4, "%s final_loss %v vs %v", task, r.FinalLoss, want.FinalLoss)
 		assert.Less(t, testmodel.RelDiff(want.ParamL2, r.ParamL2), 1e-4, "%s param_l2 %v vs %v", task, r.ParamL2, want.ParamL2)
+		assert.Equal(t, want.Accuracy, r.Accuracy, "%s: each worker scores its share of the held-out set, summed across workers", task)
 	}
 	assert.True(t, got["worker:0"].Chief)
 	assert.False(t, got["worker:1"].Chief)
