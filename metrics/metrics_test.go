@@ -3,18 +3,16 @@ package metrics_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
 
-	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/models"
-	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
@@ -146,34 +144,5 @@ func TestEvaluateMultiWorkerMatchesDefault(t *testing.T) {
 // loopback ports, in this process, at once, and returns their errors.
 func onWorkers(t *testing.T, n int, fn func(w int, s *multiworker.Strategy) error) []error {
 	t.Helper()
-	ports, err := tfrt.FreeLoopbackPorts(n)
-	require.NoError(t, err)
-	addrs := make([]string, n)
-	for i, p := range ports {
-		addrs[i] = fmt.Sprintf("127.0.0.1:%d", p)
-	}
-	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: addrs})
-	require.NoError(t, err)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for w := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: w})
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			s, err := multiworker.New(context.Background(), multiworker.WithResolver(r))
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			defer s.Close()
-			errs[w] = fn(w, s)
-		}()
-	}
-	wg.Wait()
-	return errs
+	return testcluster.OnWorkers(testcluster.LoopbackSpec(t, n), nil, fn)
 }

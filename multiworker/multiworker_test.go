@@ -13,6 +13,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/multiworker"
@@ -21,45 +22,14 @@ import (
 )
 
 func loopbackSpec(t testing.TB, workers int) cluster.ClusterSpec {
-	t.Helper()
-	ports, err := tfrt.FreeLoopbackPorts(workers)
-	require.NoError(t, err)
-	var addrs []string
-	for _, p := range ports {
-		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", p))
-	}
-	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: addrs})
-	require.NoError(t, err)
-	return spec
+	return testcluster.LoopbackSpec(t, workers)
 }
 
 // onWorkers starts a multiworker strategy for each worker of spec, in one
-// process (each with its own TensorFlow server), runs fn on each at once,
-// closes them, and returns each worker's error.
+// process, runs fn on each at once, closes them, and returns each worker's
+// error.
 func onWorkers(spec cluster.ClusterSpec, opts []multiworker.Option, fn func(w int, s *multiworker.Strategy) error) []error {
-	n := spec.WorkerCount()
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for w := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: w})
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			s, err := multiworker.New(context.Background(), append([]multiworker.Option{multiworker.WithResolver(r)}, opts...)...)
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			defer s.Close()
-			errs[w] = fn(w, s)
-		}()
-	}
-	wg.Wait()
-	return errs
+	return testcluster.OnWorkers(spec, opts, fn)
 }
 
 // Two workers in one process (each with its own TensorFlow server) train
