@@ -230,3 +230,37 @@ func TestCorruptInputFailsEveryWorker(t *testing.T) {
 		assert.Contains(t, err.Error(), "b.tfrecord", "worker %d names the corrupt file", w)
 	}
 }
+
+// A worker whose input does not fit the step (a feature of another shape)
+// fails every worker's step at once, naming the feature, the step and the
+// worker.
+func TestMisshapenInputFailsEveryWorker(t *testing.T) {
+	start := time.Now()
+	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithStartupTimeout(30 * time.Second),
+		multiworker.WithCollectiveTimeout(60 * time.Second)},
+		func(w int, s *multiworker.Strategy) error {
+			_, step, err := mlpStep(s)
+			if err != nil {
+				return err
+			}
+			features := digits.Features
+			if w == 1 {
+				features-- // worker 1's file holds another shape
+			}
+			x, err := tf.NewTensor([][]float32{make([]float32, features)})
+			if err != nil {
+				return err
+			}
+			y, err := tf.NewTensor([]int32{1})
+			if err != nil {
+				return err
+			}
+			_, err = s.Run(context.Background(), step, &dataset.Batch{Replicas: []dataset.Element{{"x": x, "y": y}}, Counts: []int{1}, Step: 7})
+			return err
+		})
+	assert.Less(t, time.Since(start), 30*time.Second, "the workers fail at once, not at the collective timeout")
+	for w, err := range errs {
+		require.Error(t, err, "worker %d", w)
+		assert.Contains(t, err.Error(), `step 7: the input of worker 1: replica 0: input "x": shape [1 63], expected [-1 64]`, "worker %d", w)
+	}
+}

@@ -288,17 +288,13 @@ func (st *Step) result(out []*tf.Tensor, replicas int, applies bool) Result {
 // each replica's batch size when the engine spans workers, with the
 // scalar too in a step that accumulates.
 func (st *Step) feedMap(feeds []map[string]*tf.Tensor, globalCount int, more bool) (map[tf.Output]*tf.Tensor, error) {
+	if err := st.checkInputs(feeds); err != nil {
+		return nil, fmt.Errorf("strategy: Run: %w", err)
+	}
 	fm := make(map[tf.Output]*tf.Tensor, len(feeds)*(len(st.names)+2)+1)
 	for r, feed := range feeds {
 		for i, name := range st.names {
-			t, ok := feed[name]
-			if !ok || t == nil {
-				return nil, fmt.Errorf("strategy: Run: replica %d: input %q missing (the step takes %v)", r, name, st.names)
-			}
-			if err := st.spec[name].Check(name, t); err != nil {
-				return nil, fmt.Errorf("strategy: Run: replica %d: %w", r, err)
-			}
-			fm[st.inputs[r][i]] = t
+			fm[st.inputs[r][i]] = feed[name]
 		}
 	}
 	gc, err := tf.NewTensor(float32(globalCount))
@@ -331,6 +327,23 @@ func (st *Step) feedMap(feeds []map[string]*tf.Tensor, globalCount int, more boo
 		}
 	}
 	return fm, nil
+}
+
+// checkInputs reports the first input of feeds that is missing or does not
+// fit the step's spec, naming the replica and the input.
+func (st *Step) checkInputs(feeds []map[string]*tf.Tensor) error {
+	for r, feed := range feeds {
+		for _, name := range st.names {
+			t, ok := feed[name]
+			if !ok || t == nil {
+				return fmt.Errorf("replica %d: input %q missing (the step takes %v)", r, name, st.names)
+			}
+			if err := st.spec[name].Check(name, t); err != nil {
+				return fmt.Errorf("replica %d: %w", r, err)
+			}
+		}
+	}
+	return nil
 }
 
 // withEmptyInputs returns el with every input it lacks fed with no rows:
