@@ -48,9 +48,12 @@ type Config struct {
 	// name the peer task that died. When the error it returns wraps
 	// ErrCannotContinue, the engine refuses every later run.
 	DiagnoseRunError func(error) error
-	// AbortPeers, when set, hands a step's input error on this worker (see
-	// dataset.Batch.Err) to the peers that wait for the step, so that they
-	// fail at once naming it; the engine then refuses every later run.
+	// AbortPeers, when set, breaks the collective operations between the
+	// workers with a reason that every peer's pending and later operations
+	// fail with. The engine calls it when this worker cannot take part in
+	// a step (its input failed, see dataset.Batch.Err) and when a run's
+	// context ends while the run may wait in a collective, so that the
+	// run returns; either way it then refuses every later run.
 	AbortPeers func(error)
 }
 
@@ -325,7 +328,17 @@ func (e *InGraph) runLocked(ctx context.Context, feeds map[tf.Output]*tf.Tensor,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if e.cfg.AbortPeers != nil && ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() {
+			e.cfg.AbortPeers(fmt.Errorf("worker %d stopped its step: %w", e.cfg.WorkerID, context.Cause(ctx)))
+		})
+		defer stop()
+	}
 	out, err := e.sess.Run(feeds, fetches, targets)
+	if err != nil && e.cfg.AbortPeers != nil && ctx.Err() != nil {
+		e.failed = fmt.Errorf("strategy: run stopped by its context: %w; %w", ctx.Err(), ErrCannotContinue)
+		return nil, e.failed
+	}
 	if err != nil {
 		err = tfrt.Classify("strategy: run", err)
 		if e.cfg.DiagnoseRunError != nil {

@@ -1,0 +1,76 @@
+package multiworker_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	tf "github.com/wamuir/graft/tensorflow"
+
+	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/strategy"
+)
+
+// A step blocked in a collective, because a peer never runs it, returns
+// soon after its context's deadline passes or it is cancelled, wrapping the
+// context's error, and the strategy then refuses further steps.
+func TestRunHonoursItsContext(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{"deadline", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), time.Second)
+		},
+			context.DeadlineExceeded},
+		{"cancel", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(time.Second, cancel)
+			return ctx, cancel
+		}, context.Canceled},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			done := make(chan struct{})
+			var took time.Duration
+			errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithStartupTimeout(30 * time.Second),
+				multiworker.WithCollectiveTimeout(60 * time.Second)},
+				func(w int, s *multiworker.Strategy) error {
+					_, step, err := mlpStep(s)
+					if err != nil {
+						return err
+					}
+					if w == 1 {
+						<-done // never runs the step
+						return nil
+					}
+					defer close(done)
+					ctx, cancel := c.ctx()
+					defer cancel()
+					start := time.Now()
+					_, err = s.Run(ctx, step, oneExample(t))
+					took = time.Since(start)
+					require.ErrorIs(t, err, c.want)
+					assert.ErrorIs(t, err, strategy.ErrCannotContinue)
+					_, err = s.Run(context.Background(), step, oneExample(t))
+					assert.ErrorIs(t, err, strategy.ErrCannotContinue, "the strategy refuses further steps")
+					return nil
+				})
+			require.NoError(t, errs[0])
+			require.NoError(t, errs[1])
+			assert.Less(t, took, 3*time.Second, "the step returns within 2 s of its context's end")
+		})
+	}
+}
+
+func oneExample(t *testing.T) *dataset.Batch {
+	x, err := tf.NewTensor([][]float32{make([]float32, digits.Features)})
+	require.NoError(t, err)
+	y, err := tf.NewTensor([]int32{1})
+	require.NoError(t, err)
+	return &dataset.Batch{Replicas: []dataset.Element{{"x": x, "y": y}}, Counts: []int{1}}
+}
