@@ -216,15 +216,16 @@ func firstLine(err error) string {
 // no reduced outputs; the run that applies returns them averaged over the
 // examples of every run of the update (see ReplicaContext.ReduceOutput).
 func (e *InGraph) RunReplicas(ctx context.Context, st *Step, feeds []map[string]*tf.Tensor, globalCount int) (Result, error) {
-	res, _, err := e.runReplicas(ctx, st, feeds, globalCount, true)
+	res, _, err := e.runReplicas(ctx, st, feeds, globalCount, true, "")
 	return res, err
 }
 
 // runReplicas is RunReplicas that also says whether any worker has another
 // batch, as more, fed for this worker, adds up across workers: in a step
 // whose replicas span workers and that does not accumulate; otherwise it
-// returns more.
-func (e *InGraph) runReplicas(ctx context.Context, st *Step, feeds []map[string]*tf.Tensor, globalCount int, more bool) (Result, bool, error) {
+// returns more. An input that does not fit the step fails every worker's
+// step, naming it; at prefixes its error ("step 7: ").
+func (e *InGraph) runReplicas(ctx context.Context, st *Step, feeds []map[string]*tf.Tensor, globalCount int, more bool, at string) (Result, bool, error) {
 	if st == nil || st.e != e {
 		return nil, false, fmt.Errorf("strategy: Run: the step was built by another strategy")
 	}
@@ -233,6 +234,9 @@ func (e *InGraph) runReplicas(ctx context.Context, st *Step, feeds []map[string]
 	}
 	if globalCount <= 0 || globalCount > math.MaxInt32 {
 		return nil, false, fmt.Errorf("strategy: Run: global batch count %d, expected a positive number", globalCount)
+	}
+	if err := st.checkInputs(feeds); err != nil {
+		return nil, false, e.abortPeers(fmt.Errorf("strategy: Run: %sthe input of worker %d: %w", at, e.cfg.WorkerID, err))
 	}
 	fm, err := st.feedMap(feeds, globalCount, more)
 	if err != nil {
@@ -283,14 +287,11 @@ func (st *Step) result(out []*tf.Tensor, replicas int, applies bool) Result {
 	return res
 }
 
-// feedMap checks feeds against the step's inputs and returns the run's
-// feeds: every replica's inputs, and the global count — one scalar, or
+// feedMap returns the run's feeds, once checkInputs has accepted feeds:
+// every replica's inputs, and the global count — one scalar, or
 // each replica's batch size when the engine spans workers, with the
 // scalar too in a step that accumulates.
 func (st *Step) feedMap(feeds []map[string]*tf.Tensor, globalCount int, more bool) (map[tf.Output]*tf.Tensor, error) {
-	if err := st.checkInputs(feeds); err != nil {
-		return nil, fmt.Errorf("strategy: Run: %w", err)
-	}
 	fm := make(map[tf.Output]*tf.Tensor, len(feeds)*(len(st.names)+2)+1)
 	for r, feed := range feeds {
 		for i, name := range st.names {

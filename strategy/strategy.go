@@ -108,17 +108,11 @@ func (e *InGraph) Run(ctx context.Context, step *Step, batch *dataset.Batch) (Re
 			}
 		}
 	}
-	if step != nil && step.e == e && len(feeds) == len(e.cfg.Devices) {
-		// An input that does not fit fails every worker's step, naming it.
-		if err := step.checkInputs(feeds); err != nil {
-			return nil, e.abortPeers(fmt.Errorf("strategy: Run: step %d: the input of worker %d: %w", batch.Step, e.cfg.WorkerID, err))
-		}
-	}
 	global := batch.GlobalCount
 	if global <= 0 {
 		global = batch.LocalCount()
 	}
-	res, more, err := e.runReplicas(ctx, step, feeds, max(global, 1), batch.HasNext())
+	res, more, err := e.runReplicas(ctx, step, feeds, max(global, 1), batch.HasNext(), fmt.Sprintf("step %d: ", batch.Step))
 	if err == nil {
 		batch.Agree(more)
 	}
