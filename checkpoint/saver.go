@@ -304,7 +304,7 @@ func (s *Saver) buildRestore(items []strategy.Saveable, mdKeys []string, mdTypes
 		var reads restoreReads
 		for _, v := range items {
 			for _, sl := range v.Slices {
-				reads.add(sl.Device, v.Name, sl.Spec, v.DType, sl)
+				reads.add(v.Name, v.DType, sl)
 				g.done = append(g.done, sl.Restored)
 			}
 		}
@@ -337,19 +337,20 @@ type restoreReads struct {
 }
 
 type restoreRead struct {
-	name, spec string
-	dtype      tf.DataType
-	slice      strategy.SaveSlice
+	name  string
+	dtype tf.DataType
+	slice strategy.SaveSlice
 }
 
-func (r *restoreReads) add(device, name, spec string, dtype tf.DataType, sl strategy.SaveSlice) {
+// add reads slice sl of the tensor name on the slice's device.
+func (r *restoreReads) add(name string, dtype tf.DataType, sl strategy.SaveSlice) {
 	if r.byDev == nil {
 		r.byDev = map[string][]restoreRead{}
 	}
-	if _, ok := r.byDev[device]; !ok {
-		r.order = append(r.order, device)
+	if _, ok := r.byDev[sl.Device]; !ok {
+		r.order = append(r.order, sl.Device)
 	}
-	r.byDev[device] = append(r.byDev[device], restoreRead{name, spec, dtype, sl})
+	r.byDev[sl.Device] = append(r.byDev[sl.Device], restoreRead{name, dtype, sl})
 }
 
 // build reads every slice with one RestoreV2 per device and writes it.
@@ -360,7 +361,7 @@ func (r *restoreReads) build(sc *op.Scope, prefix tf.Output) ([]*tf.Operation, e
 		rs := r.byDev[dev]
 		names, specs, dtypes := make([]string, len(rs)), make([]string, len(rs)), make([]tf.DataType, len(rs))
 		for j, w := range rs {
-			names[j], specs[j], dtypes[j] = w.name, w.spec, w.dtype
+			names[j], specs[j], dtypes[j] = w.name, w.slice.Spec, w.dtype
 		}
 		vals := op.RestoreV2(ds.SubScope("restore"), prefix, op.Const(ds.SubScope("names"), names),
 			op.Const(ds.SubScope("slices"), specs), dtypes)
