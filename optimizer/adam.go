@@ -7,6 +7,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -86,12 +87,12 @@ func adamUpdate(ac strategy.ApplyContext, b *base, h hyper, decayed func(strateg
 				return nil, err
 			}
 			dt := v.DType()
-			lr := castTo(s.SubScope("lr"), u.lr, dt)
+			lr := graphutil.CastTo(s.SubScope("lr"), u.lr, dt)
 			if decayed != nil && decayed(v) {
 				s = s.WithControlDependencies(decay(ac, s.SubScope("decay"), v, grads[i], lr, h.weightDecay))
 			}
 			return []*tf.Operation{op.ResourceApplyAdam(s, ac.Handle(v), ac.Handle(mv[0]), ac.Handle(mv[1]),
-				castTo(s.SubScope("b1p"), b1p, dt), castTo(s.SubScope("b2p"), b2p, dt), lr,
+				graphutil.CastTo(s.SubScope("b1p"), b1p, dt), graphutil.CastTo(s.SubScope("b2p"), b2p, dt), lr,
 				constOf(s.SubScope("beta1"), h.beta1, dt), constOf(s.SubScope("beta2"), h.beta2, dt),
 				constOf(s.SubScope("epsilon"), h.epsilon, dt), grads[i])}, nil
 		}
@@ -122,5 +123,5 @@ func decay(ac strategy.ApplyContext, s *op.Scope, v strategy.Variable, g, lr tf.
 
 // constOf is the constant x as a tensor of type dt.
 func constOf(s *op.Scope, x float32, dt tf.DataType) tf.Output {
-	return castTo(s, op.Const(s.SubScope("value"), x), dt)
+	return graphutil.CastTo(s, op.Const(s.SubScope("value"), x), dt)
 }

@@ -61,7 +61,7 @@ func ClipByValue(inner strategy.Optimizer, clip float32) (*Clipped, error) {
 		out := make([]tf.Output, len(grads))
 		for i, g := range grads {
 			gs := s.SubScope(fmt.Sprintf("grad_%d", i)).WithDevice(g.Op.Device())
-			c := castTo(gs, op.Const(gs.SubScope("clip"), clip), g.DataType())
+			c := graphutil.CastTo(gs, op.Const(gs.SubScope("clip"), clip), g.DataType())
 			out[i] = op.ClipByValue(gs, g, op.Neg(gs.SubScope("neg"), c), c)
 		}
 		return out
@@ -108,7 +108,7 @@ func clipByGlobalNorm(s *op.Scope, grads []tf.Output, clipNorm float32) []tf.Out
 	squares := make([]tf.Output, len(grads))
 	for i, g := range grads {
 		gs := s.SubScope(fmt.Sprintf("square_%d", i)).WithDevice(g.Op.Device())
-		squares[i] = castTo(gs, graphutil.SumAll(gs.SubScope("sum"), op.Square(gs, g)), tf.Float)
+		squares[i] = graphutil.CastTo(gs, graphutil.SumAll(gs.SubScope("sum"), op.Square(gs, g)), tf.Float)
 	}
 	ns := s.SubScope("norm").WithDevice(grads[0].Op.Device())
 	norm := op.Sqrt(ns, op.AddN(ns.SubScope("sum"), squares))
@@ -119,7 +119,7 @@ func clipByGlobalNorm(s *op.Scope, grads []tf.Output, clipNorm float32) []tf.Out
 	out := make([]tf.Output, len(grads))
 	for i, g := range grads {
 		gs := s.SubScope(fmt.Sprintf("scale_%d", i)).WithDevice(g.Op.Device())
-		out[i] = op.Mul(gs, g, castTo(gs, scale, g.DataType()))
+		out[i] = op.Mul(gs, g, graphutil.CastTo(gs, scale, g.DataType()))
 	}
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -56,7 +57,7 @@ func (o *LAMB) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strateg
 			if wd := o.weightDecay(v); wd != 0 {
 				r = op.Add(s.SubScope("decayed"), r, op.Mul(s.SubScope("wd_w"), constOf(s.SubScope("wd"), wd, dt), w))
 			}
-			lr := castTo(s.SubScope("lr"), u.lr, dt)
+			lr := graphutil.CastTo(s.SubScope("lr"), u.lr, dt)
 			if !o.noAdapt.match(v) {
 				wNorm, rNorm := norm(s.SubScope("w_norm"), w), norm(s.SubScope("r_norm"), r)
 				lr = op.Mul(s.SubScope("scaled_lr"), guarded(s.SubScope("guard"), op.Div(s.SubScope("trust"), wNorm, rNorm), wNorm, rNorm), lr)
@@ -79,5 +80,5 @@ func moment(s *op.Scope, h tf.Output, dt tf.DataType, x tf.Output, beta float32)
 // corrected is x/(1-βᵗ), the bias-corrected moment x.
 func corrected(s *op.Scope, x, betaPower tf.Output) tf.Output {
 	one := op.OnesLike(s.SubScope("one"), betaPower)
-	return op.Div(s, x, castTo(s.SubScope("den"), op.Sub(s.SubScope("sub"), one, betaPower), x.DataType()))
+	return op.Div(s, x, graphutil.CastTo(s.SubScope("den"), op.Sub(s.SubScope("sub"), one, betaPower), x.DataType()))
 }

@@ -4,6 +4,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -48,7 +49,7 @@ func (o *LARS) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strateg
 			if err != nil {
 				return nil, err
 			}
-			step := o.scaledGradient(ac, s, v, grads[i], castTo(s.SubScope("lr"), u.lr, v.DType()))
+			step := o.scaledGradient(ac, s, v, grads[i], graphutil.CastTo(s.SubScope("lr"), u.lr, v.DType()))
 			return []*tf.Operation{op.ResourceApplyMomentum(s, ac.Handle(v), ac.Handle(acc[0]), constOf(s.SubScope("unit"), 1, v.DType()), step,
 				constOf(s.SubScope("momentum"), o.h.momentum, v.DType()), op.ResourceApplyMomentumUseNesterov(o.h.nesterov))}, nil
 		}

@@ -9,6 +9,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -172,7 +173,7 @@ func unscale(s *op.Scope, scale tf.Output, grads []tf.Output) (tf.Output, []tf.O
 	for i, g := range grads {
 		gs := s.SubScope(fmt.Sprintf("grad_%d", i))
 		alls[i] = op.All(gs.SubScope("all"), op.IsFinite(gs.SubScope("is_finite"), g), allAxes(gs, g))
-		out[i] = op.RealDiv(gs.SubScope("div"), g, castTo(gs, scale, g.DataType()))
+		out[i] = op.RealDiv(gs.SubScope("div"), g, graphutil.CastTo(gs, scale, g.DataType()))
 	}
 	finite := op.All(s.SubScope("all"), op.Pack(s.SubScope("finite"), alls), op.Const(s.SubScope("axis"), int32(0)))
 	return finite, out

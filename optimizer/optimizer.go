@@ -18,6 +18,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -145,7 +146,7 @@ func NewSGD(lr Schedule) *SGD { return &SGD{base{name: "SGD", lr: scheduleOr(lr,
 func (o *SGD) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strategy.Variable) (*tf.Operation, error) {
 	return o.apply(ac, grads, vars, nil, func(u update) varUpdate {
 		return func(i int, v strategy.Variable, s *op.Scope) ([]*tf.Operation, error) {
-			return []*tf.Operation{op.ResourceApplyGradientDescent(s, ac.Handle(v), castTo(s, u.lr, v.DType()), grads[i])}, nil
+			return []*tf.Operation{op.ResourceApplyGradientDescent(s, ac.Handle(v), graphutil.CastTo(s, u.lr, v.DType()), grads[i])}, nil
 		}
 	})
 }
@@ -189,7 +190,7 @@ func (o *Momentum) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []str
 			if err != nil {
 				return nil, err
 			}
-			lr, m := castTo(s, u.lr, v.DType()), constOf(s.SubScope("momentum"), o.momentum, v.DType())
+			lr, m := graphutil.CastTo(s, u.lr, v.DType()), constOf(s.SubScope("momentum"), o.momentum, v.DType())
 			if o.keras {
 				return []*tf.Operation{op.ResourceApplyKerasMomentum(s, ac.Handle(v), ac.Handle(acc[0]), lr, grads[i], m,
 					op.ResourceApplyKerasMomentumUseNesterov(o.nesterov))}, nil
@@ -198,11 +199,4 @@ func (o *Momentum) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []str
 				op.ResourceApplyMomentumUseNesterov(o.nesterov))}, nil
 		}
 	})
-}
-
-func castTo(s *op.Scope, x tf.Output, dt tf.DataType) tf.Output {
-	if x.DataType() == dt {
-		return x
-	}
-	return op.Cast(s.SubScope("cast"), x, dt)
 }

@@ -247,9 +247,7 @@ func (rc *ReplicaContext) scaleLoss(ls LossScaler, loss tf.Output) (tf.Output, e
 	if err != nil {
 		return tf.Output{}, fmt.Errorf("loss scale: %w", err)
 	}
-	if loss.DataType() != f.DataType() {
-		f = op.Cast(s.SubScope("cast"), f, loss.DataType())
-	}
+	f = graphutil.CastTo(s, f, loss.DataType())
 	return op.Mul(s.SubScope("scaled"), loss, f), s.Err()
 }
 
