@@ -104,7 +104,7 @@
 //		}
 //	}
 //	err = c.Join(ctx) // nil once every element has been used
-//	fmt.Println(input.Consumed())
+//	consumed := input.Consumed() // elements taken from each worker's dataset
 //
 // A step whose worker dies — found by the run's error, or by a heartbeat
 // that dials the worker while the step runs — goes back to the front of the
