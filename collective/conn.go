@@ -8,17 +8,20 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // errStopping fails a write on a connection that is shutting down.
 var errStopping = errors.New("connection shutting down")
 
 // peerConn is the transport to one peer: one reader goroutine owns the read
-// side; writers send whole frames under wmu. TLS can wrap nc after dial or
-// accept without changing anything else.
+// side; writers send whole frames under wmu. Under TLS, nc is the TLS
+// connection.
 type peerConn struct {
 	rank   int
 	member Member
+	cert   mtls.Peer // the certificate the peer presented, under TLS
 	nc     net.Conn
 	br     *bufio.Reader
 	hbuf   []byte   // the reader's header scratch

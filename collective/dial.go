@@ -49,7 +49,11 @@ func (g *Group) dialOnce(ctx context.Context, peer int) (*peerConn, error) {
 		return nil, fmt.Errorf("%w: %w", errRetry, err)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
-	c, err := g.greet(nc, peer)
+	var c *peerConn
+	sc, cert, err := g.secureDialed(ctx, nc, peer)
+	if err == nil {
+		c, err = g.greet(sc, peer)
+	}
 	if !stop() {
 		err = errors.Join(err, fmt.Errorf("%w: %w", errRetry, ctx.Err()))
 	}
@@ -57,6 +61,7 @@ func (g *Group) dialOnce(ctx context.Context, peer int) (*peerConn, error) {
 		_ = nc.Close()
 		return nil, err
 	}
+	c.cert = cert
 	return c, nil
 }
 

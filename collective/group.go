@@ -24,6 +24,7 @@ type Group struct {
 	rank    int
 	peers   []int // ranks of the other members, ascending
 	log     *zap.Logger
+	audit   *zap.Logger // the audit trail of peers joining, leaving and refused
 	ln      net.Listener
 	conns   []*peerConn // by rank; nil for this member and until connected
 	wg      sync.WaitGroup
@@ -70,6 +71,7 @@ func newGroup(cfg config, members []Member, rank int) *Group {
 		members:    append([]Member(nil), members...),
 		rank:       rank,
 		log:        cfg.log.With(zap.String("member", members[rank].Name)),
+		audit:      cfg.log.Named("audit").With(zap.String("member", members[rank].Name)),
 		conns:      make([]*peerConn, len(members)),
 		names:      make(map[string]*nameState),
 		left:       make([]bool, len(members)),

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // acceptLoop accepts connections until the listener closes. Each is
@@ -67,58 +69,79 @@ func (g *Group) untrack(nc net.Conn) {
 	delete(g.handshakes, nc)
 }
 
-// handleAccepted runs the acceptor's side of the hello exchange.
+// handleAccepted runs the acceptor's side of the TLS handshake, when the
+// group uses TLS, and of the hello exchange.
 func (g *Group) handleAccepted(nc net.Conn) {
 	defer g.wg.Done()
-	remote := zap.String("remote", nc.RemoteAddr().String())
 	if !g.memberHost(nc.RemoteAddr()) {
-		g.refuse(nc, "refused a connection from a host that is not a member", remote)
+		g.refuse(nc, mtls.Peer{}, "connection from a host that is not a member's")
 		return
 	}
-	c := newPeerConn(nc)
-	_ = nc.SetReadDeadline(time.Now().Add(g.cfg.helloTimeout))
+	sc, cert, err := g.secureAccepted(nc)
+	if err != nil {
+		g.refuse(nc, cert, err.Error())
+		return
+	}
+	if sc != nc {
+		g.untrack(nc)
+		if !g.track(sc) {
+			_ = sc.Close()
+			return
+		}
+	}
+	c := newPeerConn(sc)
+	c.cert = cert
+	_ = sc.SetReadDeadline(time.Now().Add(g.cfg.helloTimeout))
 	h, err := c.readHeader()
 	if err == nil && h.kind != kindHello {
 		err = fmt.Errorf("%w: %d frame before hello", errProtocol, h.kind)
 	}
 	if err != nil {
-		g.refuse(nc, "refused a connection that does not speak the protocol", remote, zap.Error(err))
+		g.refuse(sc, cert, "does not speak the protocol: "+err.Error())
 		return
 	}
-	g.acceptHello(c, &h, remote)
+	g.acceptHello(c, &h)
 }
 
-func (g *Group) refuse(nc net.Conn, msg string, fields ...zap.Field) {
-	g.log.Warn(msg, fields...)
+// refuse closes an accepted connection before its hello, with an audit
+// record.
+func (g *Group) refuse(nc net.Conn, cert mtls.Peer, reason string) {
+	g.auditRefused(nc.RemoteAddr(), "", cert, reason)
 	g.untrack(nc)
 	_ = nc.Close()
 }
 
 // acceptHello answers a dialer's hello: a hello back when it is a missing
 // member of this group, a reject otherwise.
-func (g *Group) acceptHello(c *peerConn, h *header, remote zap.Field) {
+func (g *Group) acceptHello(c *peerConn, h *header) {
 	peer := int(h.root)
 	if fatal, err := g.checkHello(h, -1); err != nil {
-		g.reject(c, err.Error(), remote)
+		g.reject(c, "", err.Error())
 		g.setupFailed(-1, err, fatal)
 		return
 	}
+	claimed := g.members[peer].Name
+	if err := g.checkClaim(c, peer); err != nil {
+		g.reject(c, claimed, err.Error())
+		return
+	}
 	if peer <= g.rank {
-		g.reject(c, fmt.Sprintf("rank %d must not dial rank %d", peer, g.rank), remote)
+		g.reject(c, claimed, fmt.Sprintf("rank %d must not dial rank %d", peer, g.rank))
 		return
 	}
 	if !g.claim(peer, c) {
-		g.reject(c, "the group is formed or the member is connected already", remote)
+		g.reject(c, claimed, "the group is formed or the member is connected already")
 		return
 	}
 	_ = c.nc.SetReadDeadline(time.Time{})
 	if err := c.writeRaw(g.hello(kindHello, ""), g.cfg.helloTimeout); err != nil {
-		g.log.Warn("collective hello reply failed", remote, zap.Error(err))
+		g.log.Warn("collective hello reply failed", zap.String("peer", claimed), zap.Error(err))
 	}
 }
 
-func (g *Group) reject(c *peerConn, reason string, remote zap.Field) {
-	g.log.Warn("collective refused a hello", remote, zap.String("reason", reason))
+// reject refuses a hello: the dialler learns why, and the audit trail too.
+func (g *Group) reject(c *peerConn, claimed, reason string) {
+	g.auditRefused(c.nc.RemoteAddr(), claimed, c.cert, reason)
 	_ = c.writeRaw(g.hello(kindReject, reason), time.Second)
 	g.untrack(c.nc)
 	_ = c.nc.Close()

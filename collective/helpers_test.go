@@ -44,6 +44,13 @@ func newGroups(t testing.TB, n int, opts ...Option) []*Group {
 func tryGroups(t testing.TB, n int, opts ...Option) ([]*Group, error) {
 	t.Helper()
 	lns, members := listeners(t, n)
+	return formGroups(lns, members, nil, opts...)
+}
+
+// formGroups forms a group of members, each listening on its listener and
+// given opts and each(i)'s options, returning the first New error.
+func formGroups(lns []net.Listener, members []Member, each func(i int) []Option, opts ...Option) ([]*Group, error) {
+	n := len(members)
 	gs := make([]*Group, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -53,6 +60,9 @@ func tryGroups(t testing.TB, n int, opts ...Option) ([]*Group, error) {
 			defer wg.Done()
 			o := append([]Option{WithListener(lns[i]), WithStartupTimeout(10 * time.Second),
 				WithTimeout(10 * time.Second)}, opts...)
+			if each != nil {
+				o = append(o, each(i)...)
+			}
 			gs[i], errs[i] = New(context.Background(), members, i, o...)
 		}()
 	}

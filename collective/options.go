@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // Default bounds and tuning of a group.
@@ -27,6 +29,7 @@ type config struct {
 	timeout        time.Duration
 	startupTimeout time.Duration
 	listener       net.Listener
+	tls            *mtls.Credentials
 	log            *zap.Logger
 
 	// Tuning, set by this package's tests.
@@ -69,6 +72,13 @@ func WithStartupTimeout(d time.Duration) Option { return func(c *config) { c.sta
 // WithListener makes the group accept peers on l instead of listening on its
 // member address. New takes ownership of l and closes it when the group ends.
 func WithListener(l net.Listener) Option { return func(c *config) { c.listener = l } }
+
+// WithTLS secures every connection of the group with mutual TLS 1.3 (see
+// package mtls): this member presents creds' certificate, which must name
+// it, and accepts a peer only if its certificate, signed by creds' CA,
+// names the same job and the member at that end of the connection. Every
+// member of a group must use TLS, or none.
+func WithTLS(creds *mtls.Credentials) Option { return func(c *config) { c.tls = creds } }
 
 // WithLogger sets the logger (zap.NewNop by default).
 func WithLogger(l *zap.Logger) Option {

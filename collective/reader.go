@@ -67,6 +67,7 @@ func (g *Group) handleFrame(c *peerConn, h header) error {
 func (g *Group) connDone(c *peerConn, err error) {
 	orderly := errors.Is(err, io.EOF) || errors.Is(err, os.ErrDeadlineExceeded)
 	if c.goodbye.Load() && orderly {
+		g.auditLeft(c, nil)
 		g.peerLeft(c.rank)
 		return
 	}
@@ -75,5 +76,6 @@ func (g *Group) connDone(c *peerConn, err error) {
 	} else if !errors.Is(err, errProtocol) {
 		err = fmt.Errorf("%w: %w", ErrPeerLost, err)
 	}
+	g.auditLeft(c, err)
 	g.fail(g.peerError(c.rank, err))
 }

@@ -52,6 +52,14 @@ func New(ctx context.Context, members []Member, rank int, opts ...Option) (*Grou
 		}
 		return nil, err
 	}
+	if cfg.tls != nil {
+		if err := checkOwnIdentity(cfg.tls, members, rank); err != nil {
+			if cfg.listener != nil {
+				_ = cfg.listener.Close()
+			}
+			return nil, err
+		}
+	}
 	g := newGroup(cfg, members, rank)
 	ln, err := g.listen()
 	if err != nil {
@@ -146,6 +154,7 @@ func (g *Group) claim(peer int, c *peerConn) bool {
 	}
 	c.rank, c.member = peer, g.members[peer]
 	g.conns[peer] = c
+	g.auditJoined(c)
 	g.setup.missing--
 	if g.setup.missing == 0 {
 		g.setup.done = true

@@ -1,0 +1,108 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/mtls"
+)
+
+// The audit trail: one record, on the logger named "audit", for every
+// peer that joins, leaves or is refused. Each carries the peer's address,
+// the task it claims and, under TLS, the fingerprint and subject of the
+// certificate it presented; never a key or a payload.
+
+func certFields(p mtls.Peer) []zap.Field {
+	if !p.Presented() {
+		return nil
+	}
+	fs := []zap.Field{zap.String("cert_sha256", p.Fingerprint), zap.String("cert_subject", p.Subject)}
+	if p.Identity.Job != "" {
+		fs = append(fs, zap.Stringer("cert_identity", p.Identity))
+	}
+	return fs
+}
+
+// auditRefused records a refused connection.
+func (g *Group) auditRefused(remote net.Addr, claimed string, p mtls.Peer, reason string) {
+	fs := []zap.Field{zap.String("address", remote.String()), zap.String("reason", reason), zap.Bool("tls", g.cfg.tls != nil)}
+	if claimed != "" {
+		fs = append(fs, zap.String("task_claimed", claimed))
+	}
+	g.audit.Warn("peer refused", append(fs, certFields(p)...)...)
+}
+
+// auditJoined records a peer that joined the group.
+func (g *Group) auditJoined(c *peerConn) {
+	fs := []zap.Field{zap.String("address", c.nc.RemoteAddr().String()), zap.String("task", c.member.Name), zap.Bool("tls", g.cfg.tls != nil)}
+	g.audit.Info("peer joined", append(fs, certFields(c.cert)...)...)
+}
+
+// auditLeft records a peer whose connection ended, in order (err nil) or not.
+func (g *Group) auditLeft(c *peerConn, err error) {
+	fs := []zap.Field{zap.String("address", c.nc.RemoteAddr().String()), zap.String("task", c.member.Name)}
+	fs = append(fs, certFields(c.cert)...)
+	if err != nil {
+		g.audit.Warn("peer lost", append(fs, zap.Error(err))...)
+		return
+	}
+	g.audit.Info("peer left", fs...)
+}
+
+// secureDialed runs the client side of the TLS handshake with peer on nc,
+// when the group uses TLS; it returns the connection to speak on.
+func (g *Group) secureDialed(ctx context.Context, nc net.Conn, peer int) (net.Conn, mtls.Peer, error) {
+	if g.cfg.tls == nil {
+		return nc, mtls.Peer{}, nil
+	}
+	hctx, cancel := context.WithTimeout(ctx, g.cfg.helloTimeout)
+	defer cancel()
+	tc, p, err := g.cfg.tls.Client(hctx, nc, g.members[peer].Name)
+	if err != nil {
+		g.auditRefused(nc.RemoteAddr(), g.members[peer].Name, p, err.Error())
+		return nil, p, fmt.Errorf("%w: %w", errRetry, err)
+	}
+	return tc, p, nil
+}
+
+// secureAccepted runs the server side of the TLS handshake on an accepted
+// nc, when the group uses TLS.
+func (g *Group) secureAccepted(nc net.Conn) (net.Conn, mtls.Peer, error) {
+	if g.cfg.tls == nil {
+		return nc, mtls.Peer{}, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.helloTimeout)
+	defer cancel()
+	return g.cfg.tls.Server(ctx, nc)
+}
+
+// checkOwnIdentity checks that this member's certificate names it.
+func checkOwnIdentity(creds *mtls.Credentials, members []Member, rank int) error {
+	id := creds.Identity()
+	name := id.Task.String()
+	if name == members[rank].Name {
+		return nil
+	}
+	for _, m := range members {
+		if m.Name == name {
+			return fmt.Errorf("collective: certificate %s names %s, but this member is %s",
+				creds.Files().Cert, id, members[rank].Name)
+		}
+	}
+	return fmt.Errorf("collective: certificate %s names %s, which is not a member of the group", creds.Files().Cert, id)
+}
+
+// checkClaim checks that the certificate a dialler presented names the
+// member its hello claims to be.
+func (g *Group) checkClaim(c *peerConn, rank int) error {
+	if g.cfg.tls == nil {
+		return nil
+	}
+	if got := c.cert.Identity.Task.String(); got != g.members[rank].Name {
+		return fmt.Errorf("certificate names %s, but the hello claims %s", c.cert.Identity, g.members[rank].Name)
+	}
+	return nil
+}

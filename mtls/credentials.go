@@ -1,0 +1,205 @@
+package mtls
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Credentials are a task's CA, certificate and key, read by Load. Each
+// handshake first checks whether the files changed on disk and, if so,
+// reads them again: a new certificate or CA takes effect for the next
+// connection, while a reading that fails its checks is logged and the
+// previous one kept. Safe for concurrent use.
+type Credentials struct {
+	files Files
+	log   *zap.Logger
+
+	mu    sync.Mutex
+	cur   *material
+	stamp [3]stamp
+}
+
+// stamp is what a reload compares: a file's modification time and size.
+type stamp struct {
+	mod  time.Time
+	size int64
+}
+
+// LoadOption configures Load.
+type LoadOption func(*Credentials)
+
+// WithLogger logs reloads of the files (zap.NewNop by default).
+func WithLogger(l *zap.Logger) LoadOption {
+	return func(c *Credentials) {
+		if l != nil {
+			c.log = l
+		}
+	}
+}
+
+// Load reads and checks f: the CA file must hold CA certificates, the key
+// must be the certificate's, and the certificate must be valid now, signed
+// by the CA, meant for client and server authentication and name one task
+// (see the package doc). Errors name the file and what is wrong.
+func Load(f Files, opts ...LoadOption) (*Credentials, error) {
+	c := &Credentials{files: f, log: zap.NewNop()}
+	for _, o := range opts {
+		o(c)
+	}
+	st := c.stat()
+	m, err := loadMaterial(f, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	c.cur, c.stamp = m, st
+	return c, nil
+}
+
+// Files returns the files the credentials are read from.
+func (c *Credentials) Files() Files { return c.files }
+
+// Identity returns the task this task's certificate names.
+func (c *Credentials) Identity() Identity { return c.current().id }
+
+func (c *Credentials) stat() [3]stamp {
+	var st [3]stamp
+	for i, p := range []string{c.files.CA, c.files.Cert, c.files.Key} {
+		if fi, err := os.Stat(p); err == nil {
+			st[i] = stamp{fi.ModTime(), fi.Size()}
+		}
+	}
+	return st
+}
+
+// current returns the credentials to use now, reading the files again if
+// they changed.
+func (c *Credentials) current() *material {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.stat()
+	if st == c.stamp {
+		return c.cur
+	}
+	c.stamp = st
+	m, err := loadMaterial(c.files, time.Now())
+	switch {
+	case err != nil:
+		c.log.Warn("TLS files changed but cannot be used; keeping the previous ones", zap.Error(err))
+	case m.id != c.cur.id:
+		c.log.Warn("TLS certificate changed to another task; keeping the previous one",
+			zap.Stringer("was", c.cur.id), zap.Stringer("now", m.id), zap.String("file", c.files.Cert))
+	default:
+		c.log.Info("TLS files reloaded", zap.String("certificate", c.files.Cert),
+			zap.Time("not_after", m.cert.Leaf.NotAfter))
+		c.cur = m
+	}
+	return c.cur
+}
+
+// Peer describes the certificate a peer presented, for the audit log.
+type Peer struct {
+	// Identity is the task the certificate names (zero if none).
+	Identity Identity
+	// Subject is the certificate's subject.
+	Subject string
+	// Fingerprint is the SHA-256 of the certificate, in hex.
+	Fingerprint string
+}
+
+// Presented reports whether the peer presented a certificate.
+func (p Peer) Presented() bool { return p.Fingerprint != "" }
+
+func peerOf(cert *x509.Certificate) Peer {
+	sum := sha256.Sum256(cert.Raw)
+	p := Peer{Subject: cert.Subject.String(), Fingerprint: hex.EncodeToString(sum[:])}
+	p.Identity, _ = IdentityOf(cert)
+	return p
+}
+
+// Client runs a TLS handshake on nc, dialled to the task named want
+// (cluster.Task's String, e.g. "worker:1"), and returns the secured
+// connection and what the peer presented. The peer must present a
+// certificate of this job naming want. In TLS 1.3 the server checks this
+// task's certificate after the client's handshake ends: a refusal shows
+// as an error on the first read.
+func (c *Credentials) Client(ctx context.Context, nc net.Conn, want string) (*tls.Conn, Peer, error) {
+	m := c.current()
+	cfg := m.config()
+	var peer Peer
+	cfg.InsecureSkipVerify = true // VerifyConnection checks the chain and the task instead of a host name
+	cfg.VerifyConnection = func(cs tls.ConnectionState) (err error) {
+		peer, err = m.verifyPeer(cs.PeerCertificates, x509.ExtKeyUsageServerAuth, want)
+		return err
+	}
+	tc := tls.Client(nc, cfg)
+	return tc, peer, handshake(ctx, tc)
+}
+
+// Server runs the server side of a TLS handshake on an accepted nc. The
+// client must present a certificate of this job; which task it must name
+// is for the caller to check against what the client claims.
+func (c *Credentials) Server(ctx context.Context, nc net.Conn) (*tls.Conn, Peer, error) {
+	m := c.current()
+	cfg := m.config()
+	var peer Peer
+	cfg.ClientAuth = tls.RequireAnyClientCert // VerifyConnection checks the chain and the task
+	cfg.VerifyConnection = func(cs tls.ConnectionState) (err error) {
+		peer, err = m.verifyPeer(cs.PeerCertificates, x509.ExtKeyUsageClientAuth, "")
+		return err
+	}
+	tc := tls.Server(nc, cfg)
+	return tc, peer, handshake(ctx, tc)
+}
+
+func handshake(ctx context.Context, tc *tls.Conn) error {
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return fmt.Errorf("TLS handshake: %w", err)
+	}
+	return nil
+}
+
+func (m *material) config() *tls.Config {
+	return &tls.Config{
+		MinVersion:                  tls.VersionTLS13,
+		Certificates:                []tls.Certificate{m.cert},
+		SessionTicketsDisabled:      true, // every connection shows its certificate
+		DynamicRecordSizingDisabled: true, // full records from the first byte: the engine moves bulk data
+	}
+}
+
+// verifyPeer checks the certificates a peer presented.
+func (m *material) verifyPeer(certs []*x509.Certificate, usage x509.ExtKeyUsage, want string) (Peer, error) {
+	if len(certs) == 0 {
+		return Peer{}, errors.New("the peer presented no certificate")
+	}
+	leaf := certs[0]
+	peer := peerOf(leaf)
+	now := time.Now()
+	if err := checkValidity(leaf, now); err != nil {
+		return peer, err
+	}
+	if err := verifyChain(leaf, certs[1:], m.pool, usage, now); err != nil {
+		return peer, err
+	}
+	id, err := IdentityOf(leaf)
+	switch {
+	case err != nil:
+		return peer, err
+	case id.Job != m.id.Job:
+		return peer, fmt.Errorf("certificate names %s, a task of job %q; this task's job is %q", id.Task, id.Job, m.id.Job)
+	case want != "" && id.Task.String() != want:
+		return peer, fmt.Errorf("certificate names %s; the cluster has %s at this address", id.Task, want)
+	}
+	return peer, nil
+}

@@ -1,0 +1,74 @@
+package mtls
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// The environment variables a launcher or an orchestrator sets for a task.
+const (
+	// EnvCA names the PEM file of the job's CA certificates.
+	EnvCA = "TFDIST_TLS_CA"
+	// EnvCert names the PEM file of the task's certificate (and any
+	// intermediate certificates after it).
+	EnvCert = "TFDIST_TLS_CERT"
+	// EnvKey names the PEM file of the task's private key.
+	EnvKey = "TFDIST_TLS_KEY"
+	// EnvRequire, when true ("1", "true"), makes a program refuse to start
+	// unless all its traffic between processes can be TLS.
+	EnvRequire = "TFDIST_REQUIRE_TLS"
+)
+
+// Files names a task's PEM files.
+type Files struct {
+	// CA holds the job's CA certificates, which peers' certificates must
+	// chain to.
+	CA string
+	// Cert holds this task's certificate, signed by the CA.
+	Cert string
+	// Key holds the private key of Cert.
+	Key string
+}
+
+// IsZero reports whether no file is named.
+func (f Files) IsZero() bool { return f == Files{} }
+
+// FilesFromEnv returns the files the environment names (lookup is
+// os.LookupEnv in a program). ok is false when none of EnvCA, EnvCert and
+// EnvKey is set; setting only some of them is an error naming the others.
+func FilesFromEnv(lookup func(string) (string, bool)) (f Files, ok bool, err error) {
+	vars := []struct {
+		name string
+		dst  *string
+	}{{EnvCA, &f.CA}, {EnvCert, &f.Cert}, {EnvKey, &f.Key}}
+	var set, unset []string
+	for _, v := range vars {
+		if s, found := lookup(v.name); found && s != "" {
+			*v.dst = s
+			set = append(set, v.name)
+		} else {
+			unset = append(unset, v.name)
+		}
+	}
+	switch {
+	case len(set) == 0:
+		return Files{}, false, nil
+	case len(unset) > 0:
+		return Files{}, false, fmt.Errorf("mtls: %v set but %v not: TLS needs the CA, the certificate and the key", set, unset)
+	}
+	return f, true, nil
+}
+
+// RequiredFromEnv reports whether EnvRequire asks for TLS; a value that is
+// not a boolean is an error naming it.
+func RequiredFromEnv(lookup func(string) (string, bool)) (bool, error) {
+	s, ok := lookup(EnvRequire)
+	if !ok || s == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return false, fmt.Errorf("mtls: %s=%q: expected a boolean (1, true, 0, false)", EnvRequire, s)
+	}
+	return b, nil
+}
