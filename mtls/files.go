@@ -1,6 +1,7 @@
 package mtls
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 )
@@ -71,4 +72,29 @@ func RequiredFromEnv(lookup func(string) (string, bool)) (bool, error) {
 		return false, fmt.Errorf("mtls: %s=%q: expected a boolean (1, true, 0, false)", EnvRequire, s)
 	}
 	return b, nil
+}
+
+// ErrUnavailable is wrapped by the error of a program that requires TLS
+// on a path that cannot provide it.
+var ErrUnavailable = errors.New("TLS is required but not available")
+
+// RefuseUnencrypted returns an error wrapping ErrUnavailable when required
+// is true, for path, which runs over TensorFlow's gRPC server: it takes no
+// TLS in TensorFlow 2.18.
+func RefuseUnencrypted(required bool, path string) error {
+	if !required {
+		return nil
+	}
+	return fmt.Errorf("%w: %s runs over TensorFlow's gRPC server, which takes no TLS in TensorFlow 2.18 (unset %s to run it in plaintext)",
+		ErrUnavailable, path, EnvRequire)
+}
+
+// RefuseUnencryptedFromEnv is RefuseUnencrypted with required read from
+// the environment (EnvRequire).
+func RefuseUnencryptedFromEnv(lookup func(string) (string, bool), path string) error {
+	required, err := RequiredFromEnv(lookup)
+	if err != nil {
+		return err
+	}
+	return RefuseUnencrypted(required, path)
 }

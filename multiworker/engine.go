@@ -143,11 +143,15 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		}
 		members[i] = collective.Member{Name: t.String(), Addr: addr}
 	}
-	g, err := collective.New(ctx, members, w.workerID,
+	secure, err := c.security(w.log)
+	if err != nil {
+		return nil, err
+	}
+	g, err := collective.New(ctx, members, w.workerID, append(secure,
 		collective.WithFingerprint(uint64(w.spec.Fingerprint())),
 		collective.WithTimeout(c.timeout),
 		collective.WithStartupTimeout(c.startupTimeout),
-		collective.WithLogger(w.log))
+		collective.WithLogger(w.log))...)
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: task %s: %w", w.task, err)
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/tfdist/tfdist/collective"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/logging"
+	"github.com/tfdist/tfdist/mtls"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -72,6 +73,8 @@ type config struct {
 	timeout        time.Duration
 	startupTimeout time.Duration
 	intra, inter   int
+	tls            mtls.Files
+	requireTLS     bool
 	log            *zap.Logger
 }
 
@@ -180,6 +183,9 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	w := joined{spec: spec, task: task, workers: workers, workerID: workerID, nLocal: max(c.logicalCPUs, 1), log: log}
 	if c.comm == Engine || c.comm == Auto {
 		return newOnEngine(ctx, c, w)
+	}
+	if err := c.checkPlaintext(log); err != nil {
+		return nil, err
 	}
 	return newOnServer(ctx, c, w)
 }

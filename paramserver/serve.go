@@ -3,6 +3,7 @@ package paramserver
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 
 	"go.uber.org/zap"
@@ -10,6 +11,7 @@ import (
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/logging"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // checkCluster reports a cluster that parameter-server training cannot use.
@@ -72,6 +74,9 @@ func Serve(ctx context.Context, r cluster.Resolver, opts ...Option) error {
 	}
 	spec := r.ClusterSpec()
 	if err := checkCluster(spec); err != nil {
+		return err
+	}
+	if err := refuseUnencrypted(); err != nil {
 		return err
 	}
 	task := cluster.TaskOf(r)
@@ -146,3 +151,12 @@ func (c *InProcessCluster) Spec() cluster.ClusterSpec { return c.spec }
 
 // Resolver returns the chief's resolver, for New.
 func (c *InProcessCluster) Resolver() cluster.Resolver { return c.r }
+
+// refuseUnencrypted fails when the environment requires TLS
+// (TFDIST_REQUIRE_TLS): the strategy runs over TensorFlow's gRPC server.
+func refuseUnencrypted() error {
+	if err := mtls.RefuseUnencryptedFromEnv(os.LookupEnv, "the parameter-server strategy"); err != nil {
+		return fmt.Errorf("paramserver: %w", err)
+	}
+	return nil
+}

@@ -123,6 +123,9 @@ func New(ctx context.Context, r cluster.Resolver, opts ...Option) (*Strategy, er
 	if err := checkCluster(spec); err != nil {
 		return nil, err
 	}
+	if err := refuseUnencrypted(); err != nil {
+		return nil, err
+	}
 	task := cluster.TaskOf(r)
 	switch task.Type {
 	case cluster.PS, cluster.Worker:

@@ -25,6 +25,7 @@ import (
 	"github.com/tfdist/tfdist/internal/allreducebench"
 	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // The test binary doubles as the tfdist command (TFDIST_TEST_ROLE=tfdist),
@@ -451,10 +452,15 @@ func TestServerRefusesBadConfigs(t *testing.T) {
 		{"malformed", ptr(`{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 4}}`), "task.index: got 4"},
 		{"port in use", ptr(`{"cluster": {"worker": ["` + inUse + `"]}, "task": {"type": "worker", "index": 0}}`), "port " + port},
 		{"evaluator outside the cluster", ptr(`{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "evaluator", "index": 0}}`), "no such task"},
+		{"TLS required", ptr(`{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}`),
+			"TLS is required but not available: a TensorFlow server runs over TensorFlow's gRPC server"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			env := map[string]string{}
+			if c.name == "TLS required" {
+				env[mtls.EnvRequire] = "1"
+			}
 			if c.tfConfig != nil {
 				env["TF_CONFIG"] = *c.tfConfig
 			}

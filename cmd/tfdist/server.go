@@ -14,6 +14,7 @@ import (
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/logging"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 var serverCommand = &command{
@@ -73,6 +74,9 @@ func serve(e *env, devices, threads int) error {
 	}
 	if cfg.IsLocal() {
 		return errors.New("TF_CONFIG names no cluster: a local program has no server to serve")
+	}
+	if err := mtls.RefuseUnencryptedFromEnv(e.lookupEnv, "a TensorFlow server"); err != nil {
+		return err
 	}
 	task := cfg.Task
 	log := logging.ForTask(cliLogger(e, zapcore.InfoLevel, "server"), string(task.Type), task.Index)

@@ -34,6 +34,11 @@ func LoopbackSpec(t testing.TB, workers int) cluster.ClusterSpec {
 // process, runs fn on each at once, closes them, and returns each worker's
 // error.
 func OnWorkers(spec cluster.ClusterSpec, opts []multiworker.Option, fn func(w int, s *multiworker.Strategy) error) []error {
+	return OnWorkersWith(spec, func(int) []multiworker.Option { return opts }, fn)
+}
+
+// OnWorkersWith is OnWorkers with each worker w's options opts(w).
+func OnWorkersWith(spec cluster.ClusterSpec, opts func(w int) []multiworker.Option, fn func(w int, s *multiworker.Strategy) error) []error {
 	n := spec.WorkerCount()
 	var wg sync.WaitGroup
 	errs := make([]error, n)
@@ -46,7 +51,7 @@ func OnWorkers(spec cluster.ClusterSpec, opts []multiworker.Option, fn func(w in
 				errs[w] = err
 				return
 			}
-			s, err := multiworker.New(context.Background(), append([]multiworker.Option{multiworker.WithResolver(r)}, opts...)...)
+			s, err := multiworker.New(context.Background(), append([]multiworker.Option{multiworker.WithResolver(r)}, opts(w)...)...)
 			if err != nil {
 				errs[w] = err
 				return

@@ -1,0 +1,88 @@
+package multiworker
+
+import (
+	"fmt"
+	"os"
+
+	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/mtls"
+)
+
+// WithTLS secures the traffic between workers with mutual TLS 1.3 (see
+// package mtls): this worker presents the certificate in f, which must
+// name its task, and accepts only peers whose certificates, signed by the
+// CA in f, name the same job and the task the cluster puts at their
+// address. Without it, New reads the files the environment names
+// (TFDIST_TLS_CA, TFDIST_TLS_CERT, TFDIST_TLS_KEY). Only tfdist's engine
+// can use TLS: with WithCommunication(Ring) or NCCL, TensorFlow's gRPC
+// server carries the tensors in plaintext, and New logs a warning (or, with
+// RequireTLS, fails).
+func WithTLS(f mtls.Files) Option { return func(c *config) { c.tls = f } }
+
+// RequireTLS makes New fail unless the traffic between workers is TLS: a
+// cluster of several workers needs certificates (WithTLS or the
+// environment) and tfdist's engine. TFDIST_REQUIRE_TLS=1 in the
+// environment does the same.
+func RequireTLS() Option { return func(c *config) { c.requireTLS = true } }
+
+// security returns the TLS options of the engine's group, after reading
+// and checking the certificate files; none without TLS. It fails when TLS
+// is required but not configured.
+func (c config) security(log *zap.Logger) ([]collective.Option, error) {
+	files, required, err := c.tlsSettings()
+	if err != nil {
+		return nil, err
+	}
+	if files.IsZero() {
+		if required {
+			return nil, fmt.Errorf("multiworker: TLS is required (RequireTLS or %s) but no certificate is configured: use WithTLS, or set %s, %s and %s",
+				mtls.EnvRequire, mtls.EnvCA, mtls.EnvCert, mtls.EnvKey)
+		}
+		return nil, nil
+	}
+	creds, err := mtls.Load(files, mtls.WithLogger(log))
+	if err != nil {
+		return nil, fmt.Errorf("multiworker: %w", err)
+	}
+	log.Info("traffic between workers is mutual TLS", zap.Stringer("identity", creds.Identity()),
+		zap.String("certificate", files.Cert))
+	return []collective.Option{collective.WithTLS(creds)}, nil
+}
+
+// checkPlaintext refuses, when TLS is required, a path that cannot use it,
+// and warns when certificates are configured for one.
+func (c config) checkPlaintext(log *zap.Logger) error {
+	files, required, err := c.tlsSettings()
+	if err != nil {
+		return err
+	}
+	path := fmt.Sprintf("communication %s", c.comm)
+	if err := mtls.RefuseUnencrypted(required, path); err != nil {
+		return fmt.Errorf("multiworker: %w; tfdist's engine, the default communication, can use TLS", err)
+	}
+	if !files.IsZero() {
+		log.Warn("TLS certificates are configured but not used: the traffic between workers is plaintext",
+			zap.String("why", path+" runs over TensorFlow's gRPC server, which takes no TLS in TensorFlow 2.18"))
+	}
+	return nil
+}
+
+// tlsSettings returns the configured files and whether TLS is required,
+// from the options, else the environment.
+func (c config) tlsSettings() (mtls.Files, bool, error) {
+	required, err := mtls.RequiredFromEnv(os.LookupEnv)
+	if err != nil {
+		return mtls.Files{}, false, fmt.Errorf("multiworker: %w", err)
+	}
+	required = required || c.requireTLS
+	if !c.tls.IsZero() {
+		return c.tls, required, nil
+	}
+	files, _, err := mtls.FilesFromEnv(os.LookupEnv)
+	if err != nil {
+		return mtls.Files{}, false, fmt.Errorf("multiworker: %w", err)
+	}
+	return files, required, nil
+}
