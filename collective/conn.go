@@ -31,7 +31,8 @@ type peerConn struct {
 	wdl      time.Time // write deadline in effect (under wmu)
 	partial  bool      // a frame was cut short; the stream is unusable (under wmu)
 	stopping atomic.Bool
-	goodbye  atomic.Bool // the peer announced an orderly close
+	goodbye  atomic.Bool   // the peer announced an orderly close
+	shut     chan struct{} // closed when shutdown has sent its final frame
 }
 
 func newPeerConn(nc net.Conn) *peerConn {
@@ -41,6 +42,7 @@ func newPeerConn(nc net.Conn) *peerConn {
 		br:   bufio.NewReaderSize(nc, 64<<10),
 		hbuf: make([]byte, fixedLen+maxNameLen+8*maxRank),
 		dims: make([]uint64, 0, maxRank),
+		shut: make(chan struct{}),
 	}
 }
 
@@ -125,6 +127,7 @@ func (c *peerConn) shutdown(final []byte, linger time.Duration) {
 	closeWrite(c.nc)
 	c.wmu.Unlock()
 	_ = c.nc.SetReadDeadline(deadline)
+	close(c.shut)
 }
 
 // closeWrite half-closes nc if it supports it, else closes it.

@@ -13,7 +13,13 @@ func (g *Group) readLoop(c *peerConn) {
 	defer g.wg.Done()
 	defer func() { _ = c.nc.Close() }()
 	err := g.readFrames(c)
-	g.connDone(c, err)
+	if g.connDone(c, err) {
+		// The peer left in order. Closing now would cut off the goodbye
+		// this member sends when its own group ends, and the peer, still
+		// draining, would take it for a lost connection.
+		<-g.broken
+		<-c.shut
+	}
 }
 
 func (g *Group) readFrames(c *peerConn) error {
@@ -63,13 +69,14 @@ func (g *Group) handleFrame(c *peerConn, h header) error {
 }
 
 // connDone handles the end of c's stream: after a goodbye, EOF (or the
-// drain bound) is an orderly close; anything else breaks the group.
-func (g *Group) connDone(c *peerConn, err error) {
+// drain bound) is an orderly close, and it returns true; anything else
+// breaks the group.
+func (g *Group) connDone(c *peerConn, err error) bool {
 	orderly := errors.Is(err, io.EOF) || errors.Is(err, os.ErrDeadlineExceeded)
 	if c.goodbye.Load() && orderly {
 		g.auditLeft(c, nil)
 		g.peerLeft(c.rank)
-		return
+		return true
 	}
 	if errors.Is(err, io.EOF) {
 		err = fmt.Errorf("%w: closed without a goodbye (%w)", ErrPeerLost, err)
@@ -78,4 +85,5 @@ func (g *Group) connDone(c *peerConn, err error) {
 	}
 	g.auditLeft(c, err)
 	g.fail(g.peerError(c.rank, err))
+	return false
 }
