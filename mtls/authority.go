@@ -131,13 +131,13 @@ func keyPEM(k *ecdsa.PrivateKey) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
 }
 
-// WriteCluster makes a CA for job and a certificate for every task of
-// spec, valid for lifetime (DefaultLifetime if zero) from now, and writes
-// them under dir as Write does, with the CA's key beside its certificate
-// as ca.key. It returns each task's Files.
-func WriteCluster(dir, job string, spec cluster.ClusterSpec, lifetime time.Duration) (map[cluster.Task]Files, error) {
-	if spec.IsEmpty() {
-		return nil, fmt.Errorf("mtls: the cluster has no tasks")
+// WriteTasks makes a CA for job and a certificate for each of tasks,
+// valid for lifetime (DefaultLifetime if zero) from now, and writes them
+// under dir as Write does, with the CA's key beside its certificate as
+// ca.key. It returns each task's Files.
+func WriteTasks(dir, job string, tasks []cluster.Task, lifetime time.Duration) (map[cluster.Task]Files, error) {
+	if len(tasks) == 0 {
+		return nil, fmt.Errorf("mtls: no tasks to write certificates for")
 	}
 	if err := CheckJob(job); err != nil {
 		return nil, fmt.Errorf("mtls: %w", err)
@@ -146,7 +146,6 @@ func WriteCluster(dir, job string, spec cluster.ClusterSpec, lifetime time.Durat
 	if err != nil {
 		return nil, err
 	}
-	tasks := spec.Tasks()
 	ids := make([]Identity, len(tasks))
 	for i, t := range tasks {
 		ids[i] = Identity{Job: job, Task: t}

@@ -40,14 +40,14 @@ func write(t *testing.T, content string) string {
 	return p
 }
 
-// WriteCluster gives every task of a cluster its own certificate, naming
+// WriteTasks gives every task of a cluster its own certificate, naming
 // it, in files only their owner may read.
-func TestWriteClusterNamesEveryTask(t *testing.T) {
+func TestWriteTasksNamesEveryTask(t *testing.T) {
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{
 		cluster.Chief: {"127.0.0.1:1"}, cluster.Worker: {"127.0.0.1:2", "127.0.0.1:3"}, cluster.PS: {"127.0.0.1:4"}})
 	require.NoError(t, err)
 	dir := filepath.Join(t.TempDir(), "certs")
-	files, err := mtls.WriteCluster(dir, "job-1", spec, time.Hour)
+	files, err := mtls.WriteTasks(dir, "job-1", spec.Tasks(), time.Hour)
 	require.NoError(t, err)
 	require.Len(t, files, 4)
 	for task, f := range files {

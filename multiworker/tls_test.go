@@ -40,11 +40,11 @@ func trainEach(t *testing.T, spec cluster.ClusterSpec, opts func(w int) []multiw
 
 // Training over mutual TLS gives the plaintext run's model bit for bit,
 // on 2 and 3 workers, and each worker's audit log records its peers
-// joining with their certificates.
+// joining, with their certificates, and leaving in order.
 func TestTLSTrainingEqualsPlaintext(t *testing.T) {
 	for _, n := range []int{2, 3} {
 		spec := loopbackSpec(t, n)
-		files, err := mtls.WriteCluster(filepath.Join(t.TempDir(), "certs"), "mw-test", spec, time.Hour)
+		files, err := mtls.WriteTasks(filepath.Join(t.TempDir(), "certs"), "mw-test", spec.Tasks(), time.Hour)
 		require.NoError(t, err)
 		plain := trainEach(t, spec, func(int) []multiworker.Option { return nil })
 
@@ -59,6 +59,8 @@ func TestTLSTrainingEqualsPlaintext(t *testing.T) {
 		}
 		joined := logs.FilterLoggerName("audit").FilterMessage("peer joined").FilterField(zap.Bool("tls", true))
 		assert.Equal(t, n*(n-1), joined.Len(), "%d workers: every worker records every peer", n)
+		assert.Equal(t, n*(n-1), logs.FilterLoggerName("audit").FilterMessage("peer left").Len(), "%d workers: every peer leaves in order", n)
+		assert.Zero(t, logs.FilterMessage("peer lost").Len(), "%d workers", n)
 	}
 }
 
@@ -67,7 +69,7 @@ func TestTLSTrainingEqualsPlaintext(t *testing.T) {
 // an error naming it; each before any connection is made.
 func TestTLSRequiredOrBrokenFailsAtStart(t *testing.T) {
 	spec := loopbackSpec(t, 2)
-	files, err := mtls.WriteCluster(filepath.Join(t.TempDir(), "certs"), "mw-test", spec, time.Hour)
+	files, err := mtls.WriteTasks(filepath.Join(t.TempDir(), "certs"), "mw-test", spec.Tasks(), time.Hour)
 	require.NoError(t, err)
 	w0 := files[cluster.Task{Type: cluster.Worker, Index: 0}]
 	w1 := files[cluster.Task{Type: cluster.Worker, Index: 1}]

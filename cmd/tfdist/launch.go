@@ -31,6 +31,18 @@ in its environment:
 	MALLOC_ARENA_MAX    2, unless set already: glibc's arenas, which TensorFlow's
 	                    thread per step otherwise spreads memory over
 
+With --tls, each task also finds its own certificate, made for the run in
+a private temporary directory that launch removes when the run ends (see
+'tfdist cert'):
+
+	TFDIST_TLS_CA       the run's CA certificate
+	TFDIST_TLS_CERT     the task's certificate, naming tfdist://launch-<id>/<type>/<index>
+	TFDIST_TLS_KEY      the task's private key
+	TFDIST_REQUIRE_TLS  1: traffic between tasks is mutual TLS, or the program
+	                    refuses to start (the parameter-server strategy and
+	                    TensorFlow's collectives, which run over TensorFlow's
+	                    gRPC server, cannot use TLS)
+
 Every line a task writes, to stdout or stderr, is prefixed with its task,
 e.g. "[worker:1] ". Launch's own messages go to stderr.
 
@@ -77,6 +89,9 @@ Examples
 	# Multi-worker training on 2 workers:
 	tfdist launch --workers 2 -- go run ./examples/classifier -strategy multiworker
 
+	# The same, every connection between the workers mutual TLS:
+	tfdist launch --tls --workers 2 -- go run ./examples/classifier -strategy multiworker
+
 	# Parameter-server training: the chief runs ./trainer, the others serve:
 	tfdist launch --chief --workers 2 --ps 1 --timeout 30m -- sh -c \
 	  'if [ "$TFDIST_TASK_TYPE" = chief ]; then exec ./trainer; else exec tfdist server; fi'
@@ -94,6 +109,7 @@ Examples
 		timeout := fs.Duration("timeout", 0, "stop everything after `D` (e.g. 10m), restarts included; 0 means never")
 		grace := fs.Duration("grace", launch.DefaultGracePeriod, "time stopping tasks get between SIGTERM and SIGKILL")
 		basePort := fs.Int("base-port", 0, "give the tasks ports `P`, P+1, ... in the order chief, workers, ps, evaluator (default: free ports)")
+		useTLS := fs.Bool("tls", false, "make a CA and a certificate per task for the run and require TLS between the tasks")
 		quiet := fs.Bool("quiet", false, "print only launch's warnings and errors, not each task's start and exit")
 		return func(e *env, args []string) int {
 			if len(args) == 0 {
@@ -107,7 +123,7 @@ Examples
 			l, err := launch.New(args,
 				launch.WithWorkers(*workers), launch.WithChief(*chief), launch.WithPS(*ps),
 				launch.WithEvaluator(*evaluator), launch.WithMaxRestarts(*restarts), launch.WithTaskRestarts(*taskRestarts),
-				launch.WithTimeout(*timeout), launch.WithGracePeriod(*grace), launch.WithBasePort(*basePort),
+				launch.WithTimeout(*timeout), launch.WithGracePeriod(*grace), launch.WithBasePort(*basePort), launch.WithTLS(*useTLS),
 				launch.WithOutput(e.stdout, e.stderr), launch.WithLogger(cliLogger(e, level, "launch")))
 			if err != nil {
 				fmt.Fprintf(e.stderr, "tfdist launch: %v\nRun 'tfdist launch -h' for help.\n", err)

@@ -4,6 +4,7 @@
 //	tfdist launch [flags] -- PROGRAM [ARGS...]   run PROGRAM as every task of a local cluster
 //	tfdist server [flags]                        serve this task's TensorFlow server
 //	tfdist config validate [--file FILE]         check a TF_CONFIG and show what it means
+//	tfdist cert --out DIR --job NAME             make a CA and a TLS certificate per task of a cluster
 //	tfdist demo [flags]                          train the digits classifier
 //	tfdist bench [flags]                         compare the strategies' speed on this machine
 //	tfdist bench allreduce [flags]               measure the all-reduce bandwidth between worker processes
@@ -42,7 +43,7 @@ type command struct {
 }
 
 // commands lists the commands in the order "tfdist help" shows them.
-var commands = []*command{launchCommand, serverCommand, configValidateCommand, demoCommand, benchCommand, benchAllReduceCommand, soakCommand}
+var commands = []*command{launchCommand, serverCommand, configValidateCommand, certCommand, demoCommand, benchCommand, benchAllReduceCommand, soakCommand}
 
 // Exit statuses of tfdist itself (launch passes on its tasks' statuses).
 const (

@@ -19,10 +19,13 @@ import (
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/internal/trainloop"
+	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/summary"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Options are the classifier's flags.
@@ -47,6 +50,7 @@ type Options struct {
 	StepTimeout       time.Duration
 	Communication     string
 	StatsEvery        time.Duration
+	LogLevel          string
 
 	// Large-batch training: see optim.go.
 	WarmupSteps    int
@@ -92,6 +96,7 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.IntVar(&o.CheckpointEvery, "checkpoint-every", 50, "steps between checkpoints")
 	fs.DurationVar(&o.CollectiveTimeout, "collective-timeout", 60*time.Second, "multiworker: how long a step waits for its peers before failing and naming a dead or silent one (0: forever)")
 	fs.DurationVar(&o.StepTimeout, "step-timeout", 0, "in-graph strategies: the deadline of each step's run, through its context (0: none); a step past it fails the run")
+	fs.StringVar(&o.LogLevel, "log", "warn", "log the strategy's records at `LEVEL` or above to stderr: debug, info (with the audit trail of peers joining, leaving or refused), warn or error")
 	fs.StringVar(&o.Communication, "communication", "tfdist", "multiworker: who moves tensors between workers: tfdist (its own collective engine) or tensorflow (TensorFlow's ring collectives)")
 	registerLargeBatchFlags(fs, o)
 	fs.DurationVar(&o.StatsEvery, "stats-every", 0, "print a line 'stats goroutines=N heap=BYTES' every `D` (0: never), for soak runs that watch the process")
@@ -120,6 +125,9 @@ func (o Options) Check() error {
 		return fmt.Errorf("-communication %q: expected tfdist or tensorflow", o.Communication)
 	case o.StatsEvery < 0:
 		return fmt.Errorf("-stats-every %v: expected a positive duration, or 0 for none", o.StatsEvery)
+	}
+	if _, err := o.logger(); err != nil {
+		return err
 	}
 	return o.checkLargeBatch()
 }
@@ -275,4 +283,18 @@ func buildModel[F any](o Options, scope func(func(strategy.Scope) error) error,
 	}
 	b.eval, err = build(models.Spec, models.EvalStep(b.m, b.acc))
 	return b, err
+}
+
+// logger returns the logger of the strategy's records, to stderr at
+// -log's level (nop when the level is empty, as in tests that fill
+// Options by hand).
+func (o Options) logger() (*zap.Logger, error) {
+	if o.LogLevel == "" {
+		return zap.NewNop(), nil
+	}
+	level, err := zapcore.ParseLevel(o.LogLevel)
+	if err != nil {
+		return nil, fmt.Errorf("-log %q: expected debug, info, warn or error", o.LogLevel)
+	}
+	return logging.NewConsole(level)
 }

@@ -42,8 +42,12 @@ func newStrategy(ctx context.Context, o Options) (engine, bool, int, error) {
 		if o.Communication == "tensorflow" {
 			comm = multiworker.Ring
 		}
+		log, err := o.logger()
+		if err != nil {
+			return nil, false, 0, err
+		}
 		s, err := multiworker.New(ctx, multiworker.WithLogicalCPUs(o.Devices), multiworker.WithCollectiveTimeout(o.CollectiveTimeout),
-			multiworker.WithCommunication(comm))
+			multiworker.WithCommunication(comm), multiworker.WithLogger(log))
 		if err != nil {
 			return nil, false, 0, err
 		}

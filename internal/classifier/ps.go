@@ -45,7 +45,11 @@ func newPSSession(ctx context.Context, o Options, crash crashPlan, train digits.
 	if crash.step > 0 && crash.task != "" && crash.task != "chief:0" {
 		return nil, fmt.Errorf("-strategy ps: %s=%s: only the chief runs the training loop; use chief:0 (kill ps and worker tasks from outside)", EnvCrashTask, crash.task)
 	}
-	s, err := paramserver.New(ctx, nil)
+	log, err := o.logger()
+	if err != nil {
+		return nil, err
+	}
+	s, err := paramserver.New(ctx, nil, paramserver.WithLogger(log))
 	if err != nil {
 		return nil, err
 	}

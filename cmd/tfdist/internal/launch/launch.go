@@ -12,10 +12,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/logging"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // Environment variables the launcher sets in every task, besides TF_CONFIG.
@@ -60,6 +62,8 @@ type Launcher struct {
 	timeout     time.Duration
 	grace       time.Duration
 	basePort    int
+	tls         bool
+	tlsFiles    map[cluster.Task]mtls.Files // set by Run when tls
 	env         []string
 	dir         string
 	stdout      io.Writer
@@ -124,6 +128,13 @@ func WithGracePeriod(d time.Duration) Option { return func(l *Launcher) { l.grac
 // WithBasePort gives the tasks ports p, p+1, … in task order instead of free
 // ports picked at random; the same ports serve every attempt.
 func WithBasePort(p int) Option { return func(l *Launcher) { l.basePort = p } }
+
+// WithTLS makes a CA and a certificate per task in a temporary directory,
+// removed when Run returns, and hands each task its own files (mtls.EnvCA,
+// EnvCert, EnvKey) and mtls.EnvRequire=1, so that traffic between tasks
+// is mutual TLS or the program refuses to start. The certificates are
+// valid for mtls.DefaultLifetime, or the run's timeout if longer.
+func WithTLS(on bool) Option { return func(l *Launcher) { l.tls = on } }
 
 // WithEnv sets the environment every task starts from (default
 // os.Environ()); the launcher adds TF_CONFIG and its TFDIST_ variables.
@@ -249,6 +260,13 @@ func (l *Launcher) Run(ctx context.Context) error {
 		ctx, cancel = context.WithTimeoutCause(ctx, l.timeout, errTimeout)
 		defer cancel()
 	}
+	if l.tls {
+		cleanup, err := l.makeCertificates()
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+	}
 	for attempt := 0; ; attempt++ {
 		if sig := l.interrupted(); sig != nil {
 			return &InterruptedError{Signal: sig}
@@ -308,4 +326,31 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// makeCertificates writes a CA and every task's certificate, for a job
+// named after the run, in a new private directory; cleanup removes it.
+func (l *Launcher) makeCertificates() (cleanup func(), err error) {
+	dir, err := os.MkdirTemp("", "tfdist-launch-tls-")
+	if err != nil {
+		return nil, fmt.Errorf("TLS certificates: %w", err)
+	}
+	cleanup = func() { _ = os.RemoveAll(dir) }
+	job := "launch-" + uuid.NewString()[:8]
+	l.tlsFiles, err = mtls.WriteTasks(dir, job, l.Tasks(), max(mtls.DefaultLifetime, l.timeout))
+	if err != nil {
+		cleanup()
+		return nil, fmt.Errorf("TLS certificates: %w", err)
+	}
+	l.log.Info("TLS certificates made for the run", zap.String("job", job), zap.String("dir", dir))
+	return cleanup, nil
+}
+
+// tlsEnv returns the environment that gives t its TLS files, if any.
+func (l *Launcher) tlsEnv(t cluster.Task) []string {
+	f, ok := l.tlsFiles[t]
+	if !ok {
+		return nil
+	}
+	return []string{mtls.EnvCA + "=" + f.CA, mtls.EnvCert + "=" + f.Cert, mtls.EnvKey + "=" + f.Key, mtls.EnvRequire + "=1"}
 }

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // proc is one process of a task.
@@ -50,7 +51,8 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 	}
 	env := slices.DeleteFunc(slices.Clone(l.env), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
-		return k == cluster.EnvVar || k == EnvTaskType || k == EnvTaskIndex || k == EnvRestart
+		return k == cluster.EnvVar || k == EnvTaskType || k == EnvTaskIndex || k == EnvRestart ||
+			l.tls && (k == mtls.EnvCA || k == mtls.EnvCert || k == mtls.EnvKey || k == mtls.EnvRequire)
 	})
 	env = append(env,
 		cluster.EnvVar+"="+tfConfig,
@@ -58,6 +60,7 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 		EnvTaskIndex+"="+strconv.Itoa(t.Index),
 		EnvRestart+"="+strconv.Itoa(start),
 	)
+	env = append(env, l.tlsEnv(t)...)
 	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, EnvMallocArenaMax+"=") }) {
 		env = append(env, EnvMallocArenaMax+"="+DefaultMallocArenaMax)
 	}

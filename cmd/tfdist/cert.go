@@ -1,0 +1,104 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/mtls"
+)
+
+var certCommand = &command{
+	name:    "cert",
+	args:    "--out DIR --job NAME [--file FILE] [--lifetime D]",
+	summary: "make a CA and a TLS certificate per task of a cluster",
+	help: `Cert makes a certificate authority and one certificate per task of the
+cluster in a TF_CONFIG (from FILE, "-" for standard input, or else the
+TF_CONFIG environment variable), for local and test use, and writes them to
+DIR (created with mode 0700; every file with mode 0600):
+
+	ca.crt, ca.key                  the CA's certificate and key
+	<type>-<index>.crt, .key        each task's certificate and key
+
+Each task's certificate (ECDSA P-256, for client and server authentication)
+names its task in one URI subject alternative name,
+tfdist://<job>/<type>/<index>. Workers accept a peer only if its
+certificate is signed by the CA, names the same job, and names the task
+the cluster puts at the peer's address; host names and addresses in a
+certificate play no part, so the same files serve wherever the tasks run.
+Keep ca.key away from the tasks: whoever holds it can make certificates
+the job accepts.
+
+Give each task its own files in its environment:
+
+	TFDIST_TLS_CA=DIR/ca.crt TFDIST_TLS_CERT=DIR/worker-0.crt TFDIST_TLS_KEY=DIR/worker-0.key
+
+and TFDIST_REQUIRE_TLS=1 to make a program refuse to start on a path that
+cannot use TLS. 'tfdist launch --tls' does all of this for a local run.
+
+Examples
+
+	tfdist cert --out certs --job mnist --file tf_config.json
+	tfdist cert --out certs --job mnist --lifetime 72h --file tf_config.json
+`,
+	flags: func(fs *flag.FlagSet) func(*env, []string) int {
+		out := fs.String("out", "", "write the files to `DIR`")
+		job := fs.String("job", "", "the job's `NAME`, in every certificate: lower-case letters, digits, '-' and '.'")
+		file := fs.String("file", "", "read the TF_CONFIG from `FILE` (\"-\" for standard input) instead of the environment")
+		lifetime := fs.Duration("lifetime", mtls.DefaultLifetime, "the certificates' lifetime `D`")
+		return func(e *env, args []string) int {
+			switch {
+			case len(args) > 0:
+				fmt.Fprintf(e.stderr, "tfdist cert: unexpected arguments %q\n", args)
+				return exitUsage
+			case *out == "" || *job == "":
+				fmt.Fprint(e.stderr, "tfdist cert: --out and --job are required\nRun 'tfdist cert -h' for help.\n")
+				return exitUsage
+			case *lifetime <= 0:
+				fmt.Fprintf(e.stderr, "tfdist cert: --lifetime %v: expected a positive duration\n", *lifetime)
+				return exitUsage
+			}
+			if err := writeCerts(e, *out, *job, *file, *lifetime); err != nil {
+				fmt.Fprintf(e.stderr, "tfdist cert: %v\n", err)
+				return exitFail
+			}
+			return exitOK
+		}
+	},
+}
+
+// writeCerts writes the CA and the certificates of the TF_CONFIG's
+// cluster and lists, for each task, the environment that gives it its own.
+func writeCerts(e *env, dir, job, file string, lifetime time.Duration) error {
+	if err := mtls.CheckJob(job); err != nil {
+		return fmt.Errorf("--job: %w", err)
+	}
+	data, source, err := readTFConfig(e, file)
+	if err != nil {
+		return err
+	}
+	cfg, err := cluster.ParseTFConfig(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w (check it with: tfdist config validate)", source, err)
+	}
+	if cfg.IsLocal() {
+		return fmt.Errorf("%s names no cluster: a local program has no peers to authenticate", source)
+	}
+	tasks := cfg.Cluster.Tasks()
+	files, err := mtls.WriteTasks(dir, job, tasks, lifetime)
+	if err != nil {
+		return err
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "CA and %d certificates for job %q in %s, valid for %v:\n", len(tasks), job, abs, lifetime)
+	for _, t := range tasks {
+		f := files[t]
+		fmt.Fprintf(e.stdout, "  %-12s %s=%s %s=%s %s=%s\n", t, mtls.EnvCA, f.CA, mtls.EnvCert, f.Cert, mtls.EnvKey, f.Key)
+	}
+	return nil
+}
