@@ -52,31 +52,53 @@ func (g *Group) auditLeft(c *peerConn, err error) {
 	g.audit.Info("peer left", fs...)
 }
 
+// secured is a connection after the TLS handshake, if any.
+type secured struct {
+	conn  net.Conn     // the connection to speak on
+	flush func() error // sends what conn gathered; nil without TLS
+	cert  mtls.Peer    // what the peer presented
+}
+
+// newPeerConn returns the peer connection over s.
+func (s secured) newPeerConn() *peerConn {
+	c := newPeerConn(s.conn)
+	c.flush, c.cert = s.flush, s.cert
+	return c
+}
+
 // secureDialed runs the client side of the TLS handshake with peer on nc,
-// when the group uses TLS; it returns the connection to speak on.
-func (g *Group) secureDialed(ctx context.Context, nc net.Conn, peer int) (net.Conn, mtls.Peer, error) {
+// when the group uses TLS.
+func (g *Group) secureDialed(ctx context.Context, nc net.Conn, peer int) (secured, error) {
 	if g.cfg.tls == nil {
-		return nc, mtls.Peer{}, nil
+		return secured{conn: nc}, nil
 	}
 	hctx, cancel := context.WithTimeout(ctx, g.cfg.helloTimeout)
 	defer cancel()
-	tc, p, err := g.cfg.tls.Client(hctx, nc, g.members[peer].Name)
+	bc := newBatchedConn(nc)
+	tc, p, err := g.cfg.tls.Client(hctx, bc, g.members[peer].Name)
 	if err != nil {
 		g.auditRefused(nc.RemoteAddr(), g.members[peer].Name, p, err.Error())
-		return nil, p, fmt.Errorf("%w: %w", errRetry, err)
+		return secured{cert: p}, fmt.Errorf("%w: %w", errRetry, err)
 	}
-	return tc, p, nil
+	bc.batch()
+	return secured{conn: tc, flush: bc.flush, cert: p}, nil
 }
 
 // secureAccepted runs the server side of the TLS handshake on an accepted
 // nc, when the group uses TLS.
-func (g *Group) secureAccepted(nc net.Conn) (net.Conn, mtls.Peer, error) {
+func (g *Group) secureAccepted(nc net.Conn) (secured, error) {
 	if g.cfg.tls == nil {
-		return nc, mtls.Peer{}, nil
+		return secured{conn: nc}, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.helloTimeout)
 	defer cancel()
-	return g.cfg.tls.Server(ctx, nc)
+	bc := newBatchedConn(nc)
+	tc, p, err := g.cfg.tls.Server(ctx, bc)
+	if err != nil {
+		return secured{cert: p}, err
+	}
+	bc.batch()
+	return secured{conn: tc, flush: bc.flush, cert: p}, nil
 }
 
 // checkOwnIdentity checks that this member's certificate names it.

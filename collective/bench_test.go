@@ -23,14 +23,37 @@ func BenchmarkAllReduce(b *testing.B) {
 	for _, n := range []int{2, 3} {
 		for _, s := range benchSizes {
 			b.Run(fmt.Sprintf("members=%d/size=%s", n, s.name), func(b *testing.B) {
-				benchAllReduce(b, n, s.bytes)
+				benchAllReduce(b, n, s.bytes, nil)
 			})
 		}
 	}
 }
 
-func benchAllReduce(b *testing.B, n, size int) {
-	gs := newGroups(b, n, WithTimeout(time.Minute))
+// BenchmarkAllReduceTLS is BenchmarkAllReduce over mutual TLS, and the
+// same in plaintext, measured in turn in one run: compare the two sizes'
+// busMB/s.
+func BenchmarkAllReduceTLS(b *testing.B) {
+	for _, n := range []int{2, 3} {
+		for _, s := range benchSizes[2:] {
+			for _, secure := range []bool{false, true} {
+				name := map[bool]string{false: "plaintext", true: "tls"}[secure]
+				b.Run(fmt.Sprintf("members=%d/size=%s/%s", n, s.name, name), func(b *testing.B) {
+					var each func(int) []Option
+					if secure {
+						each = withCredentials(jobCredentials(b, newAuthority(b), n))
+					}
+					benchAllReduce(b, n, s.bytes, each)
+				})
+			}
+		}
+	}
+}
+
+func benchAllReduce(b *testing.B, n, size int, each func(int) []Option) {
+	lns, members := listeners(b, n)
+	gs, err := formGroups(lns, members, each, WithTimeout(time.Minute))
+	require.NoError(b, err)
+	b.Cleanup(func() { closeAll(gs) })
 	bufs := make([][]byte, n)
 	for i := range bufs {
 		bufs[i] = make([]byte, size)

@@ -21,7 +21,8 @@ var errStopping = errors.New("connection shutting down")
 type peerConn struct {
 	rank   int
 	member Member
-	cert   mtls.Peer // the certificate the peer presented, under TLS
+	cert   mtls.Peer    // the certificate the peer presented, under TLS
+	flush  func() error // under TLS, sends the records a write gathered
 	nc     net.Conn
 	br     *bufio.Reader
 	hbuf   []byte   // the reader's header scratch
@@ -97,7 +98,19 @@ func (c *peerConn) write(deadline time.Time, bufs *net.Buffers) error {
 		c.partial = true
 		return err
 	}
+	if err := c.flushWrites(); err != nil {
+		c.partial = true
+		return err
+	}
 	return nil
+}
+
+// flushWrites sends what a TLS connection gathered. Caller holds wmu.
+func (c *peerConn) flushWrites() error {
+	if c.flush == nil {
+		return nil
+	}
+	return c.flush()
 }
 
 // writeRaw sends one encoded frame, bounded by d.
@@ -108,8 +121,10 @@ func (c *peerConn) writeRaw(frame []byte, d time.Duration) error {
 	if err := c.nc.SetWriteDeadline(c.wdl); err != nil {
 		return err
 	}
-	_, err := c.nc.Write(frame)
-	return err
+	if _, err := c.nc.Write(frame); err != nil {
+		return err
+	}
+	return c.flushWrites()
 }
 
 // shutdown sends final (abort or goodbye) unless the stream is cut, then
@@ -125,6 +140,7 @@ func (c *peerConn) shutdown(final []byte, linger time.Duration) {
 		_, _ = c.nc.Write(final)
 	}
 	closeWrite(c.nc)
+	_ = c.flushWrites()
 	c.wmu.Unlock()
 	_ = c.nc.SetReadDeadline(deadline)
 	close(c.shut)

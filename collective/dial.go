@@ -50,7 +50,7 @@ func (g *Group) dialOnce(ctx context.Context, peer int) (*peerConn, error) {
 	}
 	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
 	var c *peerConn
-	sc, cert, err := g.secureDialed(ctx, nc, peer)
+	sc, err := g.secureDialed(ctx, nc, peer)
 	if err == nil {
 		c, err = g.greet(sc, peer)
 	}
@@ -61,15 +61,15 @@ func (g *Group) dialOnce(ctx context.Context, peer int) (*peerConn, error) {
 		_ = nc.Close()
 		return nil, err
 	}
-	c.cert = cert
 	return c, nil
 }
 
-// greet sends this member's hello on nc and checks the answer.
-func (g *Group) greet(nc net.Conn, peer int) (*peerConn, error) {
-	c := newPeerConn(nc)
+// greet sends this member's hello on sc and checks the answer.
+func (g *Group) greet(sc secured, peer int) (*peerConn, error) {
+	c := sc.newPeerConn()
+	nc := c.nc
 	_ = nc.SetDeadline(time.Now().Add(g.cfg.helloTimeout))
-	if _, err := nc.Write(g.hello(kindHello, "")); err != nil {
+	if err := c.writeRaw(g.hello(kindHello, ""), g.cfg.helloTimeout); err != nil {
 		return nil, fmt.Errorf("%w: sending hello: %w", errRetry, err)
 	}
 	h, err := c.readHeader()

@@ -77,27 +77,26 @@ func (g *Group) handleAccepted(nc net.Conn) {
 		g.refuse(nc, mtls.Peer{}, "connection from a host that is not a member's")
 		return
 	}
-	sc, cert, err := g.secureAccepted(nc)
+	sc, err := g.secureAccepted(nc)
 	if err != nil {
-		g.refuse(nc, cert, err.Error())
+		g.refuse(nc, sc.cert, err.Error())
 		return
 	}
-	if sc != nc {
+	if sc.conn != nc {
 		g.untrack(nc)
-		if !g.track(sc) {
-			_ = sc.Close()
+		if !g.track(sc.conn) {
+			_ = sc.conn.Close()
 			return
 		}
 	}
-	c := newPeerConn(sc)
-	c.cert = cert
-	_ = sc.SetReadDeadline(time.Now().Add(g.cfg.helloTimeout))
+	c := sc.newPeerConn()
+	_ = c.nc.SetReadDeadline(time.Now().Add(g.cfg.helloTimeout))
 	h, err := c.readHeader()
 	if err == nil && h.kind != kindHello {
 		err = fmt.Errorf("%w: %d frame before hello", errProtocol, h.kind)
 	}
 	if err != nil {
-		g.refuse(sc, cert, "does not speak the protocol: "+err.Error())
+		g.refuse(c.nc, c.cert, "does not speak the protocol: "+err.Error())
 		return
 	}
 	g.acceptHello(c, &h)
