@@ -31,6 +31,16 @@ type Files struct {
 	Key string
 }
 
+// Env returns the environment that names f (EnvCA, EnvCert, EnvKey) and,
+// when require is true, sets EnvRequire, as "KEY=value" strings.
+func (f Files) Env(require bool) []string {
+	env := []string{EnvCA + "=" + f.CA, EnvCert + "=" + f.Cert, EnvKey + "=" + f.Key}
+	if require {
+		env = append(env, EnvRequire+"=1")
+	}
+	return env
+}
+
 // IsZero reports whether no file is named.
 func (f Files) IsZero() bool { return f == Files{} }
 

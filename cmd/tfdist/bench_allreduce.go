@@ -15,6 +15,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/allreducebench"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 var benchAllReduceCommand = &command{
@@ -33,7 +34,10 @@ processes reaches in the same run. The workers share this machine's CPUs:
 compare the ratios, not the absolute numbers, between machines.
 
 --backend chooses the collectives: tfdist (tfdist's own collective engine,
-the default) or tensorflow (TensorFlow's ring all-reduce over gRPC).
+the default) or tensorflow (TensorFlow's ring all-reduce over gRPC). --tls
+runs tfdist's engine over mutual TLS, with certificates made for the run,
+and measures the same sizes in plaintext too, in the same run: the table
+adds TLS's bus bandwidth as a ratio of plaintext's.
 --sizes takes bytes, or whole numbers with a KiB, MiB or GiB suffix; each a
 multiple of 4. With --json, bench allreduce prints only worker 0's timings,
 one JSON line: [{"bytes":…,"seconds":…},…], seconds per all-reduce.
@@ -50,6 +54,7 @@ Examples
 
 	tfdist bench allreduce
 	tfdist bench allreduce --workers 3 --backend tensorflow
+	tfdist bench allreduce --tls --sizes 16MiB,64MiB
 	tfdist bench allreduce --sizes 4KiB,1MiB,256MiB --iters 20 --json
 	TF_CONFIG='{"cluster":{"worker":["10.0.0.1:2222","10.0.0.2:2222"]},"task":{"type":"worker","index":0}}' tfdist bench allreduce --worker
 `,
@@ -59,6 +64,7 @@ Examples
 		sizes := fs.String("sizes", "1MiB,16MiB,64MiB", "comma-separated sizes to all-reduce: bytes, or with a KiB, MiB or GiB suffix")
 		iters := fs.Int("iters", 10, "timed all-reduces of each size")
 		jsonOut := fs.Bool("json", false, "print worker 0's timings as one JSON line instead of the table")
+		useTLS := fs.Bool("tls", false, "run over mutual TLS and compare with plaintext (tfdist's engine only)")
 		worker := fs.Bool("worker", false, "join the cluster TF_CONFIG describes as one of its workers instead of starting local ones")
 		return func(e *env, args []string) int {
 			usage := func(format string, a ...any) int {
@@ -78,6 +84,12 @@ Examples
 			if err != nil {
 				return usage("--backend %q: expected tfdist or tensorflow", *backend)
 			}
+			if *useTLS && b != allreducebench.Tfdist {
+				return usage("--tls with --backend %s: only tfdist's engine can use TLS", b)
+			}
+			if *useTLS && *worker {
+				return usage("--tls with --worker: a worker takes its certificates from the environment (%s, %s, %s)", mtls.EnvCA, mtls.EnvCert, mtls.EnvKey)
+			}
 			sz, err := allreducebench.ParseSizes(*sizes)
 			if err != nil {
 				return usage("--sizes %q: %v", *sizes, err)
@@ -85,7 +97,7 @@ Examples
 			if *iters < 1 {
 				return usage("--iters %d: expected 1 or more", *iters)
 			}
-			c := allreducebench.Config{Backend: b, Sizes: sz, Iters: *iters, Warmup: allreducebench.DefaultWarmup}
+			c := allreducebench.Config{Backend: b, TLS: *useTLS, Sizes: sz, Iters: *iters, Warmup: allreducebench.DefaultWarmup}
 			run := benchAllReduce
 			if *worker {
 				run = benchAllReduceAsWorker
@@ -133,12 +145,22 @@ func benchAllReduce(out io.Writer, workers int, c allreducebench.Config, jsonOut
 		_, err := fmt.Fprintln(out, res.Line)
 		return err
 	}
+	var plain []allreducebench.Timing
+	if c.TLS {
+		pc := c
+		pc.TLS = false
+		pres, err := allreducebench.AllReduce(ctx, x, workers, pc)
+		if err != nil {
+			return fmt.Errorf("plaintext reference: %w", err)
+		}
+		plain = pres.Timings
+	}
 	tcp, err := allreducebench.TCPBandwidth(ctx, x, allreducebench.TCPBytes)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "all-reduce (sum) of float32 between %d worker processes on 127.0.0.1\n", workers)
-	if err := writeTimings(out, workers, c, res.Timings, tcp); err != nil {
+	if err := writeTimings(out, workers, c, res.Timings, tcp, plain); err != nil {
 		return err
 	}
 	_, err = fmt.Fprintf(out, "\nplain TCP copy of %s between two processes: %s\n",
@@ -172,24 +194,35 @@ func benchAllReduceAsWorker(out io.Writer, _ int, c allreducebench.Config, jsonO
 		return fmt.Errorf("worker 0's timings: %w", err)
 	}
 	fmt.Fprintf(out, "all-reduce (sum) of float32 between the %d workers of TF_CONFIG's cluster\n", workers)
-	return writeTimings(out, workers, c, ts, 0)
+	return writeTimings(out, workers, c, ts, 0, nil)
 }
 
 // writeTimings writes the backend line and the table of timings between
-// workers; with tcp > 0, each bus bandwidth's ratio to it.
-func writeTimings(out io.Writer, workers int, c allreducebench.Config, timings []allreducebench.Timing, tcp float64) error {
-	fmt.Fprintf(out, "backend %s (%s), %d timed runs per size after %d warm-ups\n\n", c.Backend, backendDescriptions[c.Backend], c.Iters, c.Warmup)
+// workers; with tcp > 0, each bus bandwidth's ratio to it; with plain,
+// the plaintext timings of the same sizes and TLS's ratio to them.
+func writeTimings(out io.Writer, workers int, c allreducebench.Config, timings []allreducebench.Timing, tcp float64, plain []allreducebench.Timing) error {
+	security := ""
+	if c.TLS {
+		security = " over mutual TLS"
+	}
+	fmt.Fprintf(out, "backend %s (%s)%s, %d timed runs per size after %d warm-ups\n\n", c.Backend, backendDescriptions[c.Backend], security, c.Iters, c.Warmup)
 	tw := tabwriter.NewWriter(out, 0, 4, 3, ' ', 0)
 	head := "size\ttime/all-reduce\talgbw\tbusbw"
 	if tcp > 0 {
 		head += "\tbusbw/tcp"
 	}
+	if plain != nil {
+		head += "\tplaintext busbw\ttls/plaintext"
+	}
 	fmt.Fprintln(tw, head)
-	for _, t := range timings {
+	for i, t := range timings {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s", allreducebench.FormatSize(t.Bytes), formatSeconds(t.Seconds),
 			allreducebench.FormatBandwidth(t.AlgBW()), allreducebench.FormatBandwidth(t.BusBW(workers)))
 		if tcp > 0 {
 			fmt.Fprintf(tw, "\t%.3f", t.BusBW(workers)/tcp)
+		}
+		if plain != nil {
+			fmt.Fprintf(tw, "\t%s\t%.3f", allreducebench.FormatBandwidth(plain[i].BusBW(workers)), t.BusBW(workers)/plain[i].BusBW(workers))
 		}
 		fmt.Fprintln(tw)
 	}

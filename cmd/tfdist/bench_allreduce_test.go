@@ -41,6 +41,20 @@ func TestBenchAllReduceTable(t *testing.T) {
 	assert.Regexp(t, `(?m)^plain TCP copy of 256 MiB between two processes: [\d.]+ [MG]iB/s$`, out)
 }
 
+// With --tls, the table shows the all-reduce over TLS beside the same
+// sizes in plaintext, measured in the same run, and their ratio.
+func TestBenchAllReduceTLS(t *testing.T) {
+	code, out, errOut := runHere(nil, "", "bench", "allreduce", "--tls", "--sizes", "64KiB,1MiB", "--iters", "2")
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "backend tfdist (tfdist's collective engine) over mutual TLS")
+	assert.Regexp(t, `(?m)^size\s.*\splaintext busbw\s+tls/plaintext$`, out)
+	assert.Regexp(t, `(?m)^1 MiB\s.*\s[\d.]+ [MG]iB/s\s+[\d.]+$`, out)
+
+	code, _, errOut = runHere(nil, "", "bench", "allreduce", "--tls", "--backend", "tensorflow")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errOut, "only tfdist's engine can use TLS")
+}
+
 // With --worker, each process joins TF_CONFIG's cluster as one worker, as on
 // separate machines: worker 0 prints the table, the others nothing.
 func TestBenchAllReduceAsClusterWorkers(t *testing.T) {

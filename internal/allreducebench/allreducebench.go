@@ -86,6 +86,9 @@ func (b Backend) Communication() (multiworker.Communication, error) {
 // Config is what every all-reduce worker of a measurement does.
 type Config struct {
 	Backend Backend `json:"backend"`
+	// TLS runs the workers' traffic over mutual TLS, with certificates
+	// AllReduce makes for the measurement (tfdist's engine only).
+	TLS bool `json:"tls,omitempty"`
 	// Sizes are the bytes of float32 all-reduced, in turn; each is a
 	// positive multiple of 4.
 	Sizes []int64 `json:"sizes"`
@@ -111,6 +114,9 @@ const DefaultWarmup = 2
 func (c Config) Check() error {
 	if _, err := c.Backend.Communication(); err != nil {
 		return err
+	}
+	if c.TLS && c.Backend != Tfdist {
+		return fmt.Errorf("backend %s with TLS: only tfdist's engine can use TLS", c.Backend)
 	}
 	if len(c.Model) > 0 {
 		if len(c.Model) < 2 || slices.Min(c.Model) < 1 || c.Batch < 1 || c.BytesPerPack < 0 {

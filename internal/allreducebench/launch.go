@@ -15,6 +15,7 @@ import (
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // Exec is how a benchmark starts its processes: a program that calls
@@ -86,16 +87,22 @@ func AllReduce(ctx context.Context, x Exec, workers int, c Config) (Result, erro
 		return Result{}, err
 	}
 
+	tlsEnv, cleanup, err := certificates(c, spec)
+	if err != nil {
+		return Result{}, err
+	}
+	defer cleanup()
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	procs := make([]*process, workers)
 	for w := range procs {
-		tfConfig, err := cluster.Marshal(spec, cluster.Task{Type: cluster.Worker, Index: w})
+		task := cluster.Task{Type: cluster.Worker, Index: w}
+		tfConfig, err := cluster.Marshal(spec, task)
 		if err != nil {
 			return Result{}, err
 		}
 		p := &process{name: fmt.Sprintf("worker %d of %d", w, workers)}
-		p.cmd = x.command(runCtx, RoleAllReduce, "TF_CONFIG="+tfConfig, ConfigEnv+"="+string(cfg))
+		p.cmd = x.command(runCtx, RoleAllReduce, append(tlsEnv[task], "TF_CONFIG="+tfConfig, ConfigEnv+"="+string(cfg))...)
 		p.cmd.Stdout, p.cmd.Stderr = io.MultiWriter(&p.stdout, &p.out), &p.out
 		procs[w] = p
 	}
@@ -265,4 +272,28 @@ func TCPSend(ctx context.Context, addr string, n int64) error {
 		}
 	}
 	return conn.Close()
+}
+
+// certificates makes, when c asks for TLS, a CA and a certificate per
+// worker of spec in a temporary directory, which cleanup removes, and
+// returns each worker's environment naming its files.
+func certificates(c Config, spec cluster.ClusterSpec) (env map[cluster.Task][]string, cleanup func(), err error) {
+	if !c.TLS {
+		return nil, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "tfdist-allreducebench-tls-")
+	if err != nil {
+		return nil, nil, err
+	}
+	cleanup = func() { _ = os.RemoveAll(dir) }
+	files, err := mtls.WriteTasks(dir, "allreducebench", spec.Tasks(), time.Hour)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	env = make(map[cluster.Task][]string, len(files))
+	for t, f := range files {
+		env[t] = f.Env(true)
+	}
+	return env, cleanup, nil
 }

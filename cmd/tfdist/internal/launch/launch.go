@@ -352,5 +352,5 @@ func (l *Launcher) tlsEnv(t cluster.Task) []string {
 	if !ok {
 		return nil
 	}
-	return []string{mtls.EnvCA + "=" + f.CA, mtls.EnvCert + "=" + f.Cert, mtls.EnvKey + "=" + f.Key, mtls.EnvRequire + "=1"}
+	return f.Env(true)
 }
