@@ -2,7 +2,14 @@ package mtls_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"net"
 	"net/url"
 	"os"
@@ -104,9 +111,15 @@ func TestLoadNamesWhatIsWrong(t *testing.T) {
 	}
 }
 
-// A certificate that names no task is refused at Load, naming the file.
+// A certificate that names no task is refused at Load, naming the file,
+// and so are malformed task names.
 func TestLoadRefusesACertificateThatNamesNoTask(t *testing.T) {
-	_, err := mtls.ParseIdentity(mustURL(t, "tfdist://job/worker"))
+	f := untaskedCertificate(t)
+	_, err := mtls.Load(f)
+	assert.ErrorContains(t, err, f.Cert)
+	assert.ErrorContains(t, err, `names no task: expected a URI SAN tfdist://<job>/<task type>/<task index>`)
+
+	_, err = mtls.ParseIdentity(mustURL(t, "tfdist://job/worker"))
 	assert.ErrorContains(t, err, "path has no task type and index")
 	_, err = mtls.ParseIdentity(mustURL(t, "tfdist://job/boss/1"))
 	assert.ErrorContains(t, err, `type "boss"`)
@@ -115,6 +128,32 @@ func TestLoadRefusesACertificateThatNamesNoTask(t *testing.T) {
 	id, err := mtls.ParseIdentity(mustURL(t, "tfdist://job-1/ps/3"))
 	require.NoError(t, err)
 	assert.Equal(t, mtls.Identity{Job: "job-1", Task: cluster.Task{Type: cluster.PS, Index: 3}}, id)
+}
+
+// untaskedCertificate writes a certificate signed by a job's CA, valid and
+// for both usages, that names a host but no task.
+func untaskedCertificate(t *testing.T) mtls.Files {
+	a := authority(t)
+	fs := issue(t, a, worker("job", 0))
+	caKey, err := a.KeyPEM()
+	require.NoError(t, err)
+	blk, _ := pem.Decode(caKey)
+	signer, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	require.NoError(t, err)
+	blk, _ = pem.Decode(a.CertPEM())
+	caCert, err := x509.ParseCertificate(blk.Bytes)
+	require.NoError(t, err)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "worker:0"},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, DNSNames: []string{"worker-0.job"}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, signer)
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	require.NoError(t, err)
+	return mtls.Files{CA: fs[0].CA, Cert: write(t, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))),
+		Key: write(t, string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})))}
 }
 
 func mustURL(t *testing.T, s string) *url.URL {
