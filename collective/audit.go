@@ -55,14 +55,14 @@ func (g *Group) auditLeft(c *peerConn, err error) {
 // secured is a connection after the TLS handshake, if any.
 type secured struct {
 	conn  net.Conn     // the connection to speak on
-	flush func() error // sends what conn gathered; nil without TLS
+	batch *batchedConn // under conn, with TLS
 	cert  mtls.Peer    // what the peer presented
 }
 
 // newPeerConn returns the peer connection over s.
 func (s secured) newPeerConn() *peerConn {
 	c := newPeerConn(s.conn)
-	c.flush, c.cert = s.flush, s.cert
+	c.batch, c.cert = s.batch, s.cert
 	return c
 }
 
@@ -81,7 +81,7 @@ func (g *Group) secureDialed(ctx context.Context, nc net.Conn, peer int) (secure
 		return secured{cert: p}, fmt.Errorf("%w: %w", errRetry, err)
 	}
 	bc.batch()
-	return secured{conn: tc, flush: bc.flush, cert: p}, nil
+	return secured{conn: tc, batch: bc, cert: p}, nil
 }
 
 // secureAccepted runs the server side of the TLS handshake on an accepted
@@ -98,7 +98,7 @@ func (g *Group) secureAccepted(nc net.Conn) (secured, error) {
 		return secured{cert: p}, err
 	}
 	bc.batch()
-	return secured{conn: tc, flush: bc.flush, cert: p}, nil
+	return secured{conn: tc, batch: bc, cert: p}, nil
 }
 
 // checkOwnIdentity checks that this member's certificate names it.

@@ -59,8 +59,21 @@ func (b *batchedConn) batch() {
 	b.on = true
 }
 
-// flush writes what was gathered.
+// passThrough sends what was gathered and turns batching off, before TLS
+// closes its side: crypto/tls sends its close_notify and then sets the
+// write deadline to now, so nothing gathered could be sent after it.
+func (b *batchedConn) passThrough() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.on = false
+	return b.flushLocked()
+}
+
+// flush writes what was gathered; nil b does nothing.
 func (b *batchedConn) flush() error {
+	if b == nil {
+		return nil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.flushLocked()

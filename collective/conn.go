@@ -22,7 +22,7 @@ type peerConn struct {
 	rank   int
 	member Member
 	cert   mtls.Peer    // the certificate the peer presented, under TLS
-	flush  func() error // under TLS, sends the records a write gathered
+	batch  *batchedConn // under TLS, gathers a frame's records
 	nc     net.Conn
 	br     *bufio.Reader
 	hbuf   []byte   // the reader's header scratch
@@ -98,19 +98,11 @@ func (c *peerConn) write(deadline time.Time, bufs *net.Buffers) error {
 		c.partial = true
 		return err
 	}
-	if err := c.flushWrites(); err != nil {
+	if err := c.batch.flush(); err != nil {
 		c.partial = true
 		return err
 	}
 	return nil
-}
-
-// flushWrites sends what a TLS connection gathered. Caller holds wmu.
-func (c *peerConn) flushWrites() error {
-	if c.flush == nil {
-		return nil
-	}
-	return c.flush()
 }
 
 // writeRaw sends one encoded frame, bounded by d.
@@ -124,7 +116,7 @@ func (c *peerConn) writeRaw(frame []byte, d time.Duration) error {
 	if _, err := c.nc.Write(frame); err != nil {
 		return err
 	}
-	return c.flushWrites()
+	return c.batch.flush()
 }
 
 // shutdown sends final (abort or goodbye) unless the stream is cut, then
@@ -139,8 +131,10 @@ func (c *peerConn) shutdown(final []byte, linger time.Duration) {
 		_ = c.nc.SetWriteDeadline(deadline)
 		_, _ = c.nc.Write(final)
 	}
+	if c.batch != nil {
+		_ = c.batch.passThrough()
+	}
 	closeWrite(c.nc)
-	_ = c.flushWrites()
 	c.wmu.Unlock()
 	_ = c.nc.SetReadDeadline(deadline)
 	close(c.shut)

@@ -97,7 +97,7 @@ func randomFloats(r *rand.Rand, n int) []byte {
 
 // Over TLS, 3 members' all-reduces give the same bits as in plaintext, on
 // the direct path and on the ring; every member records each peer joining,
-// with the peer's certificate.
+// with the peer's certificate, and leaving in order at Close.
 func TestTLSAllReduceEqualsPlaintext(t *testing.T) {
 	noLeaks(t)
 	core, logs := observer.New(zap.InfoLevel)
@@ -115,8 +115,11 @@ func TestTLSAllReduceEqualsPlaintext(t *testing.T) {
 			require.Equal(t, want[i], got[i], "%d elements, member %d", n, i)
 		}
 	}
+	closeAll(secure)
 	joined := logs.FilterLoggerName("audit").FilterMessage("peer joined")
 	require.Equal(t, 6, joined.Len(), "each of 3 members sees 2 peers join")
+	assert.Equal(t, 6, logs.FilterLoggerName("audit").FilterMessage("peer left").Len(), "each of 3 members sees 2 peers leave in order")
+	assert.Zero(t, logs.FilterMessage("peer lost").Len(), "no connection is lost: %v", logs.FilterMessage("peer lost").All())
 	for _, e := range joined.All() {
 		m := e.ContextMap()
 		assert.Equal(t, true, m["tls"])
