@@ -1,6 +1,6 @@
 // Package pyenv gives tests a Python with pinned packages — TensorBoard to
 // read our event files, TensorFlow and Keras to compute what our optimizers
-// should — installed with pip, once, into a virtual environment under the
+// should, dp_accounting to check the privacy accountant — installed with pip, once, into a virtual environment under the
 // tfdist cache and never into the system Python.
 //
 // An environment is keyed by a hash of its requirements file, so that
@@ -59,9 +59,27 @@ var tensorflowRequirements []byte
 // environment every test that compares tfdist with TensorFlow shares.
 func TensorFlow(t testing.TB) Runner {
 	t.Helper()
-	req := filepath.Join(t.TempDir(), "tensorflow-requirements.txt")
-	require.NoError(t, os.WriteFile(req, tensorflowRequirements, 0o644))
-	return Python(t, "tensorflow", req)
+	return pinned(t, "tensorflow", tensorflowRequirements)
+}
+
+//go:embed dp-accounting-requirements.txt
+var dpAccountingRequirements []byte
+
+// DPAccounting returns a Runner for Google's dp_accounting 0.6.0, pinned by
+// dp-accounting-requirements.txt beside this file, which the privacy
+// accountant's tests compare with.
+func DPAccounting(t testing.TB) Runner {
+	t.Helper()
+	return pinned(t, "dp-accounting", dpAccountingRequirements)
+}
+
+// pinned returns the Runner of the environment name whose requirements
+// file holds requirements.
+func pinned(t testing.TB, name string, requirements []byte) Runner {
+	t.Helper()
+	req := filepath.Join(t.TempDir(), name+"-requirements.txt")
+	require.NoError(t, os.WriteFile(req, requirements, 0o644))
+	return Python(t, name, req)
 }
 
 // Python returns a Runner for the packages that the pip requirements file
