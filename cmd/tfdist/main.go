@@ -5,6 +5,8 @@
 //	tfdist server [flags]                        serve this task's TensorFlow server
 //	tfdist config validate [--file FILE]         check a TF_CONFIG and show what it means
 //	tfdist cert --out DIR --job NAME             make a CA and a TLS certificate per task of a cluster
+//	tfdist privacy epsilon [flags]               the privacy (epsilon) that DP-SGD spends
+//	tfdist privacy noise [flags]                 the noise multiplier DP-SGD needs for a target epsilon
 //	tfdist demo [flags]                          train the digits classifier
 //	tfdist bench [flags]                         compare the strategies' speed on this machine
 //	tfdist bench allreduce [flags]               measure the all-reduce bandwidth between worker processes
@@ -43,7 +45,7 @@ type command struct {
 }
 
 // commands lists the commands in the order "tfdist help" shows them.
-var commands = []*command{launchCommand, serverCommand, configValidateCommand, certCommand, demoCommand, benchCommand, benchAllReduceCommand, soakCommand}
+var commands = []*command{launchCommand, serverCommand, configValidateCommand, certCommand, privacyEpsilonCommand, privacyNoiseCommand, demoCommand, benchCommand, benchAllReduceCommand, soakCommand}
 
 // Exit statuses of tfdist itself (launch passes on its tasks' statuses).
 const (
