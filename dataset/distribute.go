@@ -207,8 +207,10 @@ type Distributed struct {
 	ictx   InputContext
 	local  int
 	global int // nominal global batch; 0 when inferred from the first batch
-	fromFn bool
-	cfg    distConfig
+	// variable: the global batches are Poisson samples, of any size.
+	variable bool
+	fromFn   bool
+	cfg      distConfig
 }
 
 func newDistConfig(opts []DistributeOption) distConfig {
@@ -269,6 +271,10 @@ func Distribute(ds Dataset, ictx InputContext, localReplicas int, opts ...Distri
 	chain := pipeline(ds)
 	bi := findBatch(chain)
 	global := cfg.global
+	variable := findSample(chain)
+	if variable && global != 0 {
+		return nil, fmt.Errorf("dataset: Distribute: %w: WithGlobalBatchSize(%d), but the dataset's batches are Poisson samples, of varying size", ErrInvalidArgument, global)
+	}
 	if bi >= 0 {
 		size := chain[bi].(batcher).batchSize()
 		if global != 0 && global != size {
@@ -302,7 +308,7 @@ func Distribute(ds Dataset, ictx InputContext, localReplicas int, opts ...Distri
 	default:
 		return nil, fmt.Errorf("dataset: Distribute: %w: shard policy %v", ErrInvalidArgument, policy)
 	}
-	d := &Distributed{ds: ds, policy: policy, ictx: ictx, local: localReplicas, global: global, cfg: cfg}
+	d := &Distributed{ds: ds, policy: policy, ictx: ictx, local: localReplicas, global: global, variable: variable, cfg: cfg}
 	d.cfg.log = log
 	log.Info("distributed dataset",
 		zap.Stringer("policy", policy), zap.Int("workers", W), zap.Int("replicas_in_sync", ictx.NumReplicasInSync),
@@ -624,9 +630,32 @@ func (g *globalStepper) step1(ctx context.Context) (*Batch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dataset: step %d: %w", g.step, err)
 	}
+	if !d.variable { // a Poisson sample may have any size
+		if err := g.checkSize(n); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case W == 1:
+		return g.batch(e, 0, n, nil, n, true)
+	case d.policy == ShardData:
+		return g.dataShare(e, n, W, w)
+	case d.policy == ShardFile:
+		return g.batch(e, 0, n, nil, n+(W-1)*(g.nominal/W), false)
+	default: // ShardOff: the global batch becomes W consecutive steps
+		g.offCur, g.offB, g.offNext = e, evenSplit(n, W), 0
+		return g.offStep()
+	}
+}
+
+// checkSize infers the nominal global batch from the first one and
+// refuses a batch larger than it.
+func (g *globalStepper) checkSize(n int) error {
+	d := g.d
+	W := d.ictx.NumInputPipelines
 	if g.nominal == 0 {
 		if _, err := d.ictx.PerReplicaBatchSize(n); err != nil {
-			return nil, fmt.Errorf("dataset: global batch inferred from the first batch: %w (state it with WithGlobalBatchSize if that batch was partial)", err)
+			return fmt.Errorf("dataset: global batch inferred from the first batch: %w (state it with WithGlobalBatchSize if that batch was partial)", err)
 		}
 		g.nominal = n
 	}
@@ -635,29 +664,22 @@ func (g *globalStepper) step1(ctx context.Context) (*Batch, error) {
 		limit = g.nominal / W
 	}
 	if n > limit {
-		return nil, fmt.Errorf("dataset: step %d: %w: batch of %d examples, expected at most %d", g.step, ErrShape, n, limit)
+		return fmt.Errorf("dataset: step %d: %w: batch of %d examples, expected at most %d", g.step, ErrShape, n, limit)
 	}
-	switch {
-	case W == 1:
-		return g.batch(e, 0, n, nil, n, true)
-	case d.policy == ShardData:
-		var idx []int
-		for j := range n {
-			if (g.seen+int64(j))%int64(W) == int64(w) {
-				idx = append(idx, j)
-			}
+	return nil
+}
+
+// dataShare returns this worker's share of global batch e of n examples
+// under DATA sharding: the examples i of the pass with i mod W == w.
+func (g *globalStepper) dataShare(e hostElem, n, W, w int) (*Batch, error) {
+	idx := []int{}
+	for j := range n {
+		if (g.seen+int64(j))%int64(W) == int64(w) {
+			idx = append(idx, j)
 		}
-		if idx == nil {
-			idx = []int{}
-		}
-		g.seen += int64(n)
-		return g.batch(e, 0, 0, idx, n, true)
-	case d.policy == ShardFile:
-		return g.batch(e, 0, n, nil, n+(W-1)*(g.nominal/W), false)
-	default: // ShardOff: the global batch becomes W consecutive steps
-		g.offCur, g.offB, g.offNext = e, evenSplit(n, W), 0
-		return g.offStep()
 	}
+	g.seen += int64(n)
+	return g.batch(e, 0, 0, idx, n, true)
 }
 
 func (g *globalStepper) offStep() (*Batch, error) {

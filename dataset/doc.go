@@ -28,7 +28,9 @@
 // Dataset implemented elsewhere. Transformations: [Map], [Filter], [Shuffle],
 // [Repeat], [Batched], [PaddedBatch], [Unbatch], [Rebatch], [Window],
 // [Take], [Skip], [Shard], [ShardFiles], [Prefetch], [Cache], [Enumerate],
-// [FlatMap], [Interleave] and [ParseExamples], which parses tf.Example
+// [FlatMap], [Interleave], [PoissonSample] (batches that hold each example
+// independently with a given probability, as DP-SGD's accounting assumes)
+// and [ParseExamples], which parses tf.Example
 // records by a [FeatureSpec] of fixed-length features with optional
 // defaults, as tf.io.FixedLenFeature does. [Concatenate] and [Zip] combine
 // datasets. [EncodeExample] writes tf.Examples. Each follows the tf.data

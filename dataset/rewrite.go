@@ -66,6 +66,21 @@ func findBatch(chain []Dataset) int {
 	return -1
 }
 
+// findSample reports whether chain's global batches are PoissonSample's,
+// looking through the stages that pass batches along unchanged.
+func findSample(chain []Dataset) bool {
+	for _, d := range chain {
+		switch d.(type) {
+		case *poissonDS:
+			return true
+		case *prefetchDS, *takeDS, *skipDS, *repeatDS, *cacheDS:
+			continue
+		}
+		return false
+	}
+	return false
+}
+
 // fileList is a source of files that FILE sharding can divide: the
 // TFRecordFiles source, or the ListFiles below an Interleave.
 type fileList interface {

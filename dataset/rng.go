@@ -37,3 +37,6 @@ func (r *rng) intN(n int) int {
 		}
 	}
 }
+
+// float64 returns a uniform float in [0, 1) with 53 random bits.
+func (r *rng) float64() float64 { return float64(r.uint64()>>11) / (1 << 53) }
