@@ -255,6 +255,9 @@ func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []
 	if len(dense) > 0 && opt == nil {
 		return errors.New("Minimize: nil optimizer")
 	}
+	if _, ok := opt.(strategy.PrivateOptimizer); ok {
+		return fmt.Errorf("Minimize: optimizer %T is DP-SGD, which the parameter-server strategy does not support: its workers apply their updates asynchronously, each on its own batch, which the privacy accounting (one noisy sum per global step) does not cover; train with the default, mirrored or multiworker strategy", opt)
+	}
 	if _, ok := opt.(strategy.LossScaler); ok {
 		return fmt.Errorf("Minimize: optimizer %T scales the loss, which the parameter-server strategy does not support: its workers update asynchronously, so no scale holds for a whole step (as in tf.distribute); train mixed precision with bfloat16, which needs no loss scaling", opt)
 	}

@@ -138,6 +138,26 @@ type LossScaler interface {
 	LossScale(ac ApplyContext) (tf.Output, error)
 }
 
+// PrivateOptimizer is an Optimizer for differentially private SGD
+// (optimizer.DPSGD). Minimize takes its loss as one value per example of
+// the replica's batch (unscaled), differentiates each example's loss on
+// its own, has ClipExample clip each example's gradients, and sums the
+// clipped gradients over the replica's examples; the engine sums them
+// across all replicas, and Apply adds the noise, once per global step, and
+// divides by the expected batch. The parameter-server strategy refuses
+// one: its workers update asynchronously, which the privacy accounting
+// does not cover.
+type PrivateOptimizer interface {
+	Optimizer
+	// MaxExamples is the most examples one replica's batch may hold: the
+	// number of per-example gradients the step builds. A batch with more
+	// fails the step.
+	MaxExamples() int
+	// ClipExample builds, on s, one example's gradients clipped as the
+	// optimizer's privacy requires.
+	ClipExample(s *op.Scope, grads []tf.Output) []tf.Output
+}
+
 // SparseOptimizer updates only the rows of a variable that a step looked up
 // (Replica.Lookup), where the strategy moves rows rather than whole
 // variables: the parameter-server strategy.

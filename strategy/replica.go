@@ -222,11 +222,22 @@ func (rc *ReplicaContext) scopeName() string {
 // global batch (see AverageLoss). It is a merge point. Lookups are
 // differentiated like reads, so a sparse optimizer does not apply;
 // WithAccumulation does. An opt that is a LossScaler has the loss it
-// differentiates scaled.
+// differentiates scaled. An opt that is a PrivateOptimizer (DP-SGD) takes
+// loss as one unscaled value per example instead: see PrivateOptimizer.
 func (rc *ReplicaContext) Minimize(opt Optimizer, loss tf.Output, vars []Variable, opts ...MinimizeOption) error {
 	cfg, err := NewMinimizeConfig(opts...)
 	if err != nil {
 		return fmt.Errorf("Minimize: %w", err)
+	}
+	if po, ok := opt.(PrivateOptimizer); ok {
+		if cfg.Accumulation > 1 {
+			return fmt.Errorf("Minimize: DP-SGD with WithAccumulation(%d): accumulation is not supported with DP-SGD; use a larger batch", cfg.Accumulation)
+		}
+		grads, err := rc.privateGradients(po, loss, vars)
+		if err != nil {
+			return fmt.Errorf("Minimize: %w", err)
+		}
+		return rc.applyGradients(opt, grads, vars, cfg)
 	}
 	if ls, ok := opt.(LossScaler); ok {
 		if loss, err = rc.scaleLoss(ls, loss); err != nil {

@@ -66,8 +66,9 @@ func OptimizerFor(p nn.Policy, opt strategy.Optimizer) (strategy.Optimizer, erro
 
 // TrainStep returns the step that trains m with opt: the softmax
 // cross-entropy of its logits, averaged as the strategy averages losses,
-// minimised with opts (strategy.WithAccumulation, say). The step outputs
-// that average loss as "loss". An optimizer that cannot train under m's
+// minimised with opts (strategy.WithAccumulation, say); a DP-SGD optimizer
+// (strategy.PrivateOptimizer) minimises the per-example losses instead.
+// The step outputs that average loss as "loss". An optimizer that cannot train under m's
 // policy (one without loss scaling under mixed_float16: see OptimizerFor)
 // fails the step's Build.
 func TrainStep(m *nn.Sequential, opt strategy.Optimizer, opts ...strategy.MinimizeOption) strategy.ReplicaFn {
@@ -79,8 +80,13 @@ func TrainStep(m *nn.Sequential, opt strategy.Optimizer, opts ...strategy.Minimi
 		if err != nil {
 			return nil, err
 		}
-		loss := r.AverageLoss(nn.SparseSoftmaxCrossEntropy(r.Scope().SubScope("loss"), logits, in["y"], digits.Classes))
-		return strategy.Outputs{"loss": loss}, r.Minimize(opt, loss, m.Vars(), opts...)
+		perExample := nn.SparseSoftmaxCrossEntropy(r.Scope().SubScope("loss"), logits, in["y"], digits.Classes)
+		loss := r.AverageLoss(perExample)
+		minimized := loss
+		if _, ok := opt.(strategy.PrivateOptimizer); ok { // DP-SGD differentiates each example's loss
+			minimized = perExample
+		}
+		return strategy.Outputs{"loss": loss}, r.Minimize(opt, minimized, m.Vars(), opts...)
 	}
 }
 
