@@ -42,3 +42,21 @@ func TestLossScaleIsRefusedBfloat16Trains(t *testing.T) {
 	require.NoError(t, c.Join(ctx))
 	assert.GreaterOrEqual(t, accuracy(t, ctx, c, eval, test), 0.9, "held-out accuracy of bfloat16 after 200 steps")
 }
+
+// DP-SGD is refused when the step is built, saying why: workers apply
+// their updates asynchronously, which the privacy accounting does not
+// cover.
+func TestDPSGDIsRefused(t *testing.T) {
+	s := newInProcess(t, 1, 1)
+	var m *nn.Sequential
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) {
+		m, err = newMLP(sc, 64)
+		return err
+	}))
+	dp, err := optimizer.DPSGD(optimizer.NewSGD(nil), optimizer.DPConfig{ClipNorm: 1, NoiseMultiplier: 1, ExpectedBatch: 64, MaxExamples: 64})
+	require.NoError(t, err)
+	_, err = s.Build(models.Spec, models.TrainStep(m, dp))
+	var be *strategy.BuildError
+	require.ErrorAs(t, err, &be)
+	assert.ErrorContains(t, err, "is DP-SGD, which the parameter-server strategy does not support: its workers apply their updates asynchronously")
+}
