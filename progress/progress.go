@@ -54,6 +54,18 @@ func WithPrefix(prefix string) Option {
 	return func(r *Reporter) { r.prefix = prefix }
 }
 
+// WithMetric adds name's value at the step shown to every line, after the
+// loss (the privacy spent so far, say): "  ε 1.23".
+func WithMetric(name string, value func(step int) float64) Option {
+	return func(r *Reporter) { r.metrics = append(r.metrics, metric{name, value}) }
+}
+
+// metric is a value WithMetric adds to the lines.
+type metric struct {
+	name  string
+	value func(step int) float64
+}
+
 // WithInitialStep sets the step the run starts from (default 0), as when it
 // resumes from a checkpoint: the rate counts only the steps run since.
 func WithInitialStep(step int) Option {
@@ -115,6 +127,7 @@ type Reporter struct {
 	initial int
 	log     *zap.Logger
 	now     func() time.Time
+	metrics []metric
 
 	mu       sync.Mutex
 	start    time.Time
@@ -258,6 +271,9 @@ func (r *Reporter) line(now time.Time, final bool) string {
 	}
 	if r.updated {
 		fmt.Fprintf(&b, "  loss %.4f", st.Loss)
+	}
+	for _, m := range r.metrics {
+		fmt.Fprintf(&b, "  %s %.3g", m.name, m.value(st.Step))
 	}
 	if st.ExamplesPerSec > 0 {
 		fmt.Fprintf(&b, "  %.0f examples/s", st.ExamplesPerSec)

@@ -64,6 +64,20 @@ func TestPlainLines(t *testing.T) {
 	assert.NotContains(t, out.String(), "\r")
 }
 
+// WithMetric shows a value of the step after the loss, on every line.
+func TestMetric(t *testing.T) {
+	var out bytes.Buffer
+	clk := newClock()
+	r := progress.New(&out, 4, 8, progress.WithEvery(2), progress.WithClock(clk.Now),
+		progress.WithMetric("ε", func(step int) float64 { return 0.5 * float64(step) }))
+	for step := 1; step <= 4; step++ {
+		clk.Tick(time.Second)
+		r.Update(step, 1)
+	}
+	require.NoError(t, r.Close())
+	assert.Equal(t, "step 2/4  loss 1.0000  ε 1  8 examples/s  ETA 2s\nstep 4/4  loss 1.0000  ε 2  8 examples/s  elapsed 4s\n", out.String())
+}
+
 // On a terminal the status line is redrawn in place with a progress bar, at
 // most once per refresh interval, and Close ends it with a newline.
 func TestTerminalRedrawsOneLine(t *testing.T) {

@@ -104,6 +104,9 @@ type Config struct {
 	// AfterChunk, when set, runs after every chunk, once its checkpoint
 	// and progress line are done.
 	AfterChunk func(step int)
+	// Progress adds options to the progress lines (progress.WithMetric,
+	// say).
+	Progress []progress.Option
 }
 
 // Result is how a run ended.
@@ -120,7 +123,8 @@ func Run(ctx context.Context, t Trainer, c Config) (Result, error) {
 	var res Result
 	var report *progress.Reporter
 	if c.Log != nil && c.LogEvery > 0 {
-		report = progress.New(c.Log, c.Steps, c.GlobalBatch, progress.WithEvery(c.LogEvery), progress.WithInitialStep(c.Start))
+		opts := append([]progress.Option{progress.WithEvery(c.LogEvery), progress.WithInitialStep(c.Start)}, c.Progress...)
+		report = progress.New(c.Log, c.Steps, c.GlobalBatch, opts...)
 	}
 	start := time.Now()
 	for step := c.Start; step < c.Steps; {
