@@ -3,13 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
-	"github.com/tfdist/tfdist/internal/classifier"
 	"io"
 	"testing"
+
+	"github.com/tfdist/tfdist/internal/classifier"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tfdist/tfdist/accountant"
+	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/testmodel"
 )
 
@@ -102,6 +105,11 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-clip-norm", "-1"}, "-clip-norm -1"},
 		{[]string{"-lr", "NaN"}, "-lr NaN"},
 		{[]string{"-mixed-precision", "mixed_int8"}, `"mixed_int8"`},
+		{[]string{"-dp-clip", "-1"}, "-dp-clip -1: expected a positive norm"},
+		{[]string{"-dp-clip", "1", "-dp-noise", "-2"}, "-dp-noise -2: expected a finite noise multiplier >= 0"},
+		{[]string{"-dp-clip", "1", "-dp-delta", "2"}, "-dp-delta 2: expected a value in (0, 1)"},
+		{[]string{"-dp-clip", "1", "-strategy", "ps"}, "the parameter-server strategy's workers update asynchronously"},
+		{[]string{"-dp-clip", "1", "-clip-norm", "1"}, "DP-SGD clips each example; drop -clip-norm"},
 	} {
 		_, err := classifier.ParseFlags(c.args, io.Discard)
 		assert.ErrorContains(t, err, c.want)
@@ -118,6 +126,35 @@ func TestBadFlags(t *testing.T) {
 	t.Setenv(classifier.EnvCrashAtStep, "soon")
 	_, err = classifier.Run(ctx, options(t, "-strategy", "default"), io.Discard)
 	assert.ErrorContains(t, err, classifier.EnvCrashAtStep+`="soon"`)
+}
+
+// Under -dp-clip the classifier trains with DP-SGD on Poisson samples:
+// the privacy it reports is the accountant's for its rate, noise and
+// steps, shown in the progress lines too; the noise -dp-epsilon chooses
+// stays within it; a run that would exceed its target refuses to start;
+// and Mirrored on 2 devices trains the default strategy's model.
+func TestDifferentialPrivacy(t *testing.T) {
+	ctx := context.Background()
+	base := []string{"-dp-clip", "1", "-dp-noise", "1.1", "-steps", "20", "-log-every", "10", "-global-batch", "16"}
+	var log bytes.Buffer
+	want, err := classifier.Run(ctx, options(t, append(base, "-strategy", "default")...), &log)
+	require.NoError(t, err)
+	eps, _, err := accountant.Epsilon(16.0/float64(digits.Examples-297), 1.1, 20, 1e-5)
+	require.NoError(t, err)
+	assert.Equal(t, eps, want.Epsilon)
+	assert.Equal(t, 1e-5, want.Delta)
+	assert.Regexp(t, `step 20/20  loss [\d.]+  ε [\d.]+ `, log.String())
+	got, err := classifier.Run(ctx, options(t, append(base, "-strategy", "mirrored", "-devices", "2", "-log-every", "0")...), io.Discard)
+	require.NoError(t, err)
+	assert.Less(t, testmodel.RelDiff(want.ParamL2, got.ParamL2), 1e-5, "param_l2 %v vs %v", got.ParamL2, want.ParamL2)
+
+	target, err := classifier.Run(ctx, options(t, "-dp-clip", "1", "-dp-epsilon", "2", "-steps", "20", "-log-every", "0", "-global-batch", "16"), io.Discard)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, target.Epsilon, 2.0)
+	assert.Greater(t, target.Epsilon, 1.99)
+	_, err = classifier.Run(ctx, options(t, append(base, "-dp-epsilon", "0.3")...), io.Discard)
+	assert.ErrorContains(t, err, "-steps 20 with -dp-noise 1.1 spend epsilon")
+	assert.ErrorContains(t, err, "more than -dp-epsilon 0.3 allows")
 }
 
 // The tests' fault-injection hooks are environment variables, not flags:

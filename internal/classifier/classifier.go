@@ -22,6 +22,7 @@ import (
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/progress"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/summary"
 	"go.uber.org/zap"
@@ -57,6 +58,10 @@ type Options struct {
 	ClipNorm       float64
 	Accumulate     int
 	MixedPrecision nn.Policy
+
+	// Differential privacy: see dp.go.
+	DP DP
+	dp *privacy // set once the strategy is known
 }
 
 // Result is what a run reports (the -json line of the command).
@@ -71,6 +76,11 @@ type Result struct {
 	ParamL2        float64 `json:"param_l2"`
 	ExamplesPerSec float64 `json:"examples_per_sec"`
 	Chief          bool    `json:"chief"`
+	// Epsilon and Delta are, under -dp-clip, the privacy the run spent,
+	// and NoiseMultiplier the noise it trained with.
+	Epsilon         float64 `json:"epsilon,omitempty"`
+	Delta           float64 `json:"delta,omitempty"`
+	NoiseMultiplier float64 `json:"noise_multiplier,omitempty"`
 	// AppliedSteps is, under -strategy ps, how many updates the ps tasks applied.
 	AppliedSteps int64 `json:"applied_steps,omitempty"`
 }
@@ -99,6 +109,7 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.LogLevel, "log", "warn", "log the strategy's records at `LEVEL` or above to stderr: debug, info (with the audit trail of peers joining, leaving or refused), warn or error")
 	fs.StringVar(&o.Communication, "communication", "tfdist", "multiworker: who moves tensors between workers: tfdist (its own collective engine) or tensorflow (TensorFlow's ring collectives)")
 	registerLargeBatchFlags(fs, o)
+	registerPrivacyFlags(fs, &o.DP)
 	fs.DurationVar(&o.StatsEvery, "stats-every", 0, "print a line 'stats goroutines=N heap=BYTES' every `D` (0: never), for soak runs that watch the process")
 }
 
@@ -125,6 +136,9 @@ func (o Options) Check() error {
 		return fmt.Errorf("-communication %q: expected tfdist or tensorflow", o.Communication)
 	case o.StatsEvery < 0:
 		return fmt.Errorf("-stats-every %v: expected a positive duration, or 0 for none", o.StatsEvery)
+	}
+	if err := o.DP.check(o); err != nil {
+		return err
 	}
 	if _, err := o.logger(); err != nil {
 		return err
@@ -216,6 +230,8 @@ type session interface {
 	evaluate(ctx context.Context, test digits.Data) (float64, error)
 	// strategy returns the strategy that trains the model.
 	strategy() strategy.ValueReader
+	// privacy returns the run's DP-SGD accounting, nil without DP-SGD.
+	privacy() *privacy
 	// close releases the session.
 	close() error
 }
@@ -238,6 +254,12 @@ func trainModel(ctx context.Context, o Options, sess session, crash crashPlan, t
 	c := trainloop.Config{Steps: o.Steps, Start: start, MaxChunk: maxChunk, GlobalBatch: o.GlobalBatch,
 		LogEvery: o.LogEvery, Log: log, CheckpointEvery: o.CheckpointEvery,
 		OnLoss: func(step int, loss float64) error { return tb.Scalar(int64(step), "loss", loss) }}
+	if p := sess.privacy(); p != nil {
+		c.Progress = append(c.Progress, progress.WithMetric("ε", p.epsilon))
+		c.OnLoss = func(step int, loss float64) error {
+			return tb.Scalars(int64(step), map[string]float64{"loss": loss, "epsilon": p.epsilon(step)})
+		}
+	}
 	if o.CheckpointDir != "" {
 		c.Checkpoint = sess.checkpoint
 	}
@@ -249,6 +271,9 @@ func trainModel(ctx context.Context, o Options, sess session, crash crashPlan, t
 		return err
 	}
 	res.FinalLoss, res.ExamplesPerSec = out.Loss, out.ExamplesPerSec
+	if p := sess.privacy(); p != nil {
+		res.Epsilon, res.Delta, res.NoiseMultiplier = p.epsilon(o.Steps), p.Delta, p.Noise
+	}
 	return sess.finish(ctx, res, log)
 }
 

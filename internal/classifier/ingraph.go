@@ -95,6 +95,14 @@ func (g *inGraph) build(train digits.Data, chief bool) error {
 		return err
 	}
 	g.data = dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, train.Len(), g.o.Seed), -1), g.o.GlobalBatch, true)
+	if g.o.DP.on() {
+		if g.o.dp, err = newPrivacy(g.o, train.Len(), g.s.NumReplicasInSync()); err != nil {
+			return err
+		}
+		if g.data, err = g.o.dp.batches(train, g.o.Steps, g.o.Seed); err != nil {
+			return err
+		}
+	}
 	b, err := buildModel(g.o, g.s.Scope, g.s.Build, true)
 	if err != nil {
 		return err
@@ -154,6 +162,8 @@ func (g *inGraph) evaluate(ctx context.Context, test digits.Data) (float64, erro
 }
 
 func (g *inGraph) strategy() strategy.ValueReader { return g.s }
+
+func (g *inGraph) privacy() *privacy { return g.o.dp }
 
 func (g *inGraph) close() error {
 	if g.input != nil {

@@ -55,7 +55,8 @@ func (o Options) schedule() optimizer.Schedule {
 }
 
 // newOptimizer returns the optimizer the flags ask for: clipped with
-// -clip-norm, and with loss scaling under -mixed-precision mixed_float16.
+// -clip-norm, DP-SGD with -dp-clip, and with loss scaling under
+// -mixed-precision mixed_float16.
 func newOptimizer(o Options) (strategy.Optimizer, error) {
 	opt, err := baseOptimizer(o.Optimizer, o.schedule())
 	if err != nil {
@@ -64,6 +65,11 @@ func newOptimizer(o Options) (strategy.Optimizer, error) {
 	if o.ClipNorm > 0 {
 		if opt, err = optimizer.ClipByGlobalNorm(opt, float32(o.ClipNorm)); err != nil {
 			return nil, fmt.Errorf("-clip-norm: %w", err)
+		}
+	}
+	if o.dp != nil {
+		if opt, err = o.dp.optimizer(opt, o.Seed); err != nil {
+			return nil, fmt.Errorf("-dp-clip: %w", err)
 		}
 	}
 	return models.OptimizerFor(o.MixedPrecision, opt)

@@ -177,6 +177,8 @@ func sumOutputs(ctx context.Context, rvs []*paramserver.RemoteValue, name string
 
 func (p *ps) strategy() strategy.ValueReader { return p.s }
 
+func (p *ps) privacy() *privacy { return nil }
+
 func (p *ps) close() error {
 	if p.c != nil {
 		p.c.Done(context.Background())
