@@ -8,8 +8,6 @@ import (
 
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/mirrored"
-	"github.com/tfdist/tfdist/optimizer"
-	"github.com/tfdist/tfdist/strategy"
 )
 
 // DP-SGD on 2 and 4 devices trains the default strategy's model after 200
@@ -18,18 +16,12 @@ import (
 func TestDPSGDMatchesDefault(t *testing.T) {
 	plan := testmodel.Plan{Model: "mlp", Steps: 200, MicroBatches: []int{32}}
 	for _, sigma := range []float32{0, 1} {
-		private := func(perReplica int) strategy.Optimizer {
-			opt, err := optimizer.DPSGD(optimizer.NewSGD(optimizer.Constant(0.5)),
-				optimizer.DPConfig{ClipNorm: 1, NoiseMultiplier: sigma, ExpectedBatch: 32, MaxExamples: perReplica, Seed: 5})
-			require.NoError(t, err)
-			return opt
-		}
-		want, err := testmodel.TrainDefault(ctx, private(32), plan)
+		want, err := testmodel.TrainDefault(ctx, testmodel.PrivateSGD(t, sigma, 32), plan)
 		require.NoError(t, err)
 		for _, replicas := range []int{2, 4} {
 			s, err := mirrored.New(mirrored.WithLogicalCPUs(replicas))
 			require.NoError(t, err)
-			got, err := testmodel.TrainPlan(ctx, s, private(32/replicas), plan)
+			got, err := testmodel.TrainPlan(ctx, s, testmodel.PrivateSGD(t, sigma, 32/replicas), plan)
 			require.NoError(t, err)
 			d, at := testmodel.MaxParamDiff(want, got)
 			assert.Less(t, d, 1e-4, "σ %v, %d replicas: %s differs from the default strategy's by %v", sigma, replicas, at, d)

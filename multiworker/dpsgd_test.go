@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/internal/testmodel"
-	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -20,15 +19,9 @@ import (
 func TestDPSGDMatchesDefault(t *testing.T) {
 	plan := testmodel.Plan{Model: "mlp", Steps: 200, MicroBatches: []int{32}}
 	for _, sigma := range []float32{0, 1} {
-		private := func(perReplica int) strategy.Optimizer {
-			opt, err := optimizer.DPSGD(optimizer.NewSGD(optimizer.Constant(0.5)),
-				optimizer.DPConfig{ClipNorm: 1, NoiseMultiplier: sigma, ExpectedBatch: 32, MaxExamples: perReplica, Seed: 5})
-			require.NoError(t, err)
-			return opt
-		}
-		want, err := testmodel.TrainDefault(context.Background(), private(32), plan)
+		want, err := testmodel.TrainDefault(context.Background(), testmodel.PrivateSGD(t, sigma, 32), plan)
 		require.NoError(t, err)
-		got, _ := trainOnTwoWorkers(t, func() strategy.Optimizer { return private(8) }, plan)
+		got, _ := trainOnTwoWorkers(t, func() strategy.Optimizer { return testmodel.PrivateSGD(t, sigma, 8) }, plan)
 		d, at := testmodel.MaxParamDiff(want, got[0])
 		assert.Less(t, d, 1e-4, "σ %v: %s differs from the default strategy's by %v", sigma, at, d)
 	}
