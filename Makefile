@@ -39,12 +39,14 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-## bench: the benchmarks, as ratios measured in one run (the all-reduce on both backends: tfdist's engine and TensorFlow's ring).
+## bench: the benchmarks, as ratios measured in one run (the all-reduce on both backends: tfdist's engine and TensorFlow's ring; TLS against plaintext; DP-SGD against SGD).
 bench:
 	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 1x ./multiworker ./examples/classifier
 	@$(TFENV) dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && $(GO) build -o "$$dir/" ./cmd/tfdist && \
-	for backend in tfdist tensorflow; do "$$dir/tfdist" bench allreduce --workers 2 --backend $$backend && echo; done
-	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 200x ./mirrored ./dataset/...
+	for backend in tfdist tensorflow; do "$$dir/tfdist" bench allreduce --workers 2 --backend $$backend && echo; done; \
+	"$$dir/tfdist" bench allreduce --tls --sizes 16MiB,64MiB
+	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 200x ./mirrored ./dataset/... ./optimizer
+	@$(TFENV) $(GO) test -run '^$$' -bench 'AllReduceTLS' -benchtime 10x ./collective
 	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 30x ./nn
 
 ## soak: train 50,000 steps under every strategy and check that no process's threads, memory, files or goroutines grow (tens of minutes).
