@@ -203,3 +203,22 @@ func TestDPSGDMatchesPythonTensorFlow(t *testing.T) {
 	t.Logf("held-out accuracy, mean of %d seeds: tfdist %.4f, Python TensorFlow %.4f", len(seeds), goAcc, pyAcc)
 	assert.InDelta(t, pyAcc, goAcc, 0.03)
 }
+
+// A DP-SGD run resumed from its checkpoint ends with the model of an
+// uninterrupted run: the same Poisson batches, and the noise stream goes
+// on from the step count the checkpoint holds.
+func TestDPSGDResumesItsNoiseStream(t *testing.T) {
+	ctx := context.Background()
+	base := []string{"-dp-clip", "1", "-dp-noise", "1.1", "-global-batch", "16", "-log-every", "0", "-checkpoint-every", "10"}
+	want, err := classifier.Run(ctx, options(t, append(base, "-steps", "30")...), io.Discard)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	_, err = classifier.Run(ctx, options(t, append(base, "-steps", "20", "-checkpoint-dir", dir)...), io.Discard)
+	require.NoError(t, err)
+	var log bytes.Buffer
+	got, err := classifier.Run(ctx, options(t, append(base, "-steps", "30", "-checkpoint-dir", dir)...), &log)
+	require.NoError(t, err)
+	assert.Contains(t, log.String(), "resuming after step 20")
+	assert.Equal(t, want.ParamL2, got.ParamL2, "the resumed run's model")
+	assert.Equal(t, want.Epsilon, got.Epsilon)
+}
