@@ -21,8 +21,9 @@
 //
 // Sources: [FromSlices] (Go slices or tensors, sliced along their first
 // dimension), [FromTensors] (one element), [Range], [TFRecordFiles] (files,
-// directories or globs of TFRecord files, their framing and checksums
-// verified by package [github.com/tfdist/tfdist/dataset/tfrecord]),
+// directories or globs of TFRecord files, plain or GZIP or ZLIB compressed
+// ([WithCompression]), their framing and checksums verified by package
+// [github.com/tfdist/tfdist/dataset/tfrecord]),
 // [TFRecordFile] (one file, by its name), [ListFiles] (the names of files,
 // sorted or shuffled by [ShuffleFiles], for an [Interleave]), and any
 // Dataset implemented elsewhere. Transformations: [Map], [Filter], [Shuffle],

@@ -47,10 +47,11 @@ func (p CorruptPolicy) String() string {
 type RecordOption interface{ applyRecord(*recordConfig) }
 
 type recordConfig struct {
-	policy  CorruptPolicy
-	maxSize int64
-	log     *zap.Logger
-	counter *RecordCounter
+	policy      CorruptPolicy
+	compression tfrecord.Compression
+	maxSize     int64
+	log         *zap.Logger
+	counter     *RecordCounter
 }
 
 // newRecordConfig applies opts to the defaults, for the source named what.
@@ -61,6 +62,9 @@ func newRecordConfig(what string, opts []RecordOption) (recordConfig, error) {
 	}
 	if cfg.policy != FailOnCorrupt && cfg.policy != SkipCorrupt {
 		return cfg, fmt.Errorf("dataset: %s: %w: corrupt policy %v", what, ErrInvalidArgument, cfg.policy)
+	}
+	if cfg.compression != tfrecord.NoCompression && cfg.compression != tfrecord.GZIP && cfg.compression != tfrecord.ZLIB {
+		return cfg, fmt.Errorf("dataset: %s: %w: compression %v, expected none, GZIP or ZLIB", what, ErrInvalidArgument, cfg.compression)
 	}
 	return cfg, nil
 }
@@ -73,6 +77,16 @@ func (f recordOptionFunc) applyRecord(c *recordConfig) { f(c) }
 // FailOnCorrupt).
 func WithCorruptPolicy(p CorruptPolicy) RecordOption {
 	return recordOptionFunc(func(c *recordConfig) { c.policy = p })
+}
+
+// WithCompression reads files compressed with c (tfrecord.GZIP or
+// tfrecord.ZLIB), as tf.data.TFRecordDataset(files, compression_type=...)
+// does; every file of the source must be. Corrupt records are detected as
+// in plain files; damage to the compressed stream itself loses the rest of
+// the file (skipped under SkipCorrupt, and counted as one corrupt record
+// of no known size).
+func WithCompression(c tfrecord.Compression) RecordOption {
+	return recordOptionFunc(func(cfg *recordConfig) { cfg.compression = c })
 }
 
 // WithMaxRecordSize sets the largest record accepted (default
@@ -111,7 +125,9 @@ type RecordStats struct {
 	// Corrupt is the number of corrupt records skipped under SkipCorrupt
 	// (a damaged tail of a file counts as one).
 	Corrupt int64
-	// SkippedBytes is the number of bytes those corrupt records spanned.
+	// SkippedBytes is the number of bytes those corrupt records spanned
+	// (decompressed bytes in a compressed file, where the lost rest of a
+	// damaged stream counts none).
 	SkippedBytes int64
 }
 
@@ -428,7 +444,8 @@ func (it *recordIter) openNext() error {
 	if err != nil {
 		return fmt.Errorf("dataset: TFRecord file: %w", err)
 	}
-	it.f, it.r = f, tfrecord.NewReader(f, tfrecord.WithMaxRecordSize(it.d.cfg.maxSize))
+	it.f = f
+	it.r = tfrecord.NewReader(f, tfrecord.WithMaxRecordSize(it.d.cfg.maxSize), tfrecord.WithCompression(it.d.cfg.compression))
 	return nil
 }
 
@@ -443,7 +460,8 @@ func (it *recordIter) skip(err error) error {
 	}
 	skipped := it.r.Offset() - ce.Offset
 	if !ce.Recoverable {
-		if fi, err := it.f.Stat(); err == nil {
+		skipped = 0 // the lost rest of a compressed file has no known size
+		if fi, err := it.f.Stat(); err == nil && it.d.cfg.compression == tfrecord.NoCompression {
 			skipped = fi.Size() - ce.Offset
 		}
 	}

@@ -39,24 +39,35 @@ func WithBufferSize(n int) ReaderOption {
 // Reader reads framed records from an io.Reader, verifying both checksums of
 // every record. A Reader is not safe for concurrent use.
 type Reader struct {
-	r       *bufio.Reader
-	off     int64 // offset of the next record's header
-	max     int64
-	bufSize int
-	buf     []byte
-	hdr     [HeaderSize]byte // fields, not locals: passed to io.ReadFull they would escape
-	ftr     [FooterSize]byte
-	err     error // sticky, once framing is lost or the stream ended
+	src         io.Reader // the stream, until Next first reads it
+	compression Compression
+	r           *bufio.Reader
+	off         int64 // offset of the next record's header
+	max         int64
+	bufSize     int
+	buf         []byte
+	hdr         [HeaderSize]byte // fields, not locals: passed to io.ReadFull they would escape
+	ftr         [FooterSize]byte
+	err         error // sticky, once framing is lost or the stream ended
 }
 
 // NewReader returns a Reader of the records in r.
 func NewReader(r io.Reader, opts ...ReaderOption) *Reader {
-	rd := &Reader{max: DefaultMaxRecordSize, bufSize: 64 << 10}
+	rd := &Reader{src: r, max: DefaultMaxRecordSize, bufSize: 64 << 10}
 	for _, o := range opts {
 		o(rd)
 	}
-	rd.r = bufio.NewReaderSize(r, rd.bufSize)
 	return rd
+}
+
+// start opens the stream: its decompressor, if any, reads the header.
+func (r *Reader) start() error {
+	src, err := r.decompress(r.src)
+	if err != nil {
+		return r.fail(err)
+	}
+	r.r, r.src = bufio.NewReaderSize(src, r.bufSize), nil
+	return nil
 }
 
 // Offset returns the byte offset of the next record's header: after a
@@ -76,6 +87,11 @@ func (r *Reader) Offset() int64 { return r.off }
 func (r *Reader) Next() ([]byte, error) {
 	if r.err != nil {
 		return nil, r.err
+	}
+	if r.r == nil {
+		if err := r.start(); err != nil {
+			return nil, err
+		}
 	}
 	start := r.off
 	hdr := r.hdr[:]

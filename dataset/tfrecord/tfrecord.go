@@ -104,9 +104,10 @@ func AppendRecord(dst, data []byte) []byte {
 // footer); wrap a file in a bufio.Writer when writing many small records.
 // A Writer is not safe for concurrent use.
 type Writer struct {
-	w   io.Writer
-	n   int64
-	err error
+	w      io.Writer
+	closer io.Closer // the compressor, for NewCompressedWriter
+	n      int64
+	err    error
 }
 
 // NewWriter returns a Writer that frames records onto w.
