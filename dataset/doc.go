@@ -33,7 +33,8 @@
 // independently with a given probability, as DP-SGD's accounting assumes)
 // and [ParseExamples], which parses tf.Example
 // records by a [FeatureSpec] of fixed-length features with optional
-// defaults, as tf.io.FixedLenFeature does. [Concatenate] and [Zip] combine
+// defaults, as tf.io.FixedLenFeature does, and of variable-length ones
+// ([Feature].VarLen, tf.io.VarLenFeature), padded, beside their lengths. [Concatenate] and [Zip] combine
 // datasets. [EncodeExample] writes tf.Examples. Each follows the tf.data
 // operation of the same (snake_case) name; the README maps them.
 //

@@ -8,6 +8,7 @@ import (
 	"math"
 	"reflect"
 	"slices"
+	"strings"
 	"unicode/utf8"
 	"unsafe"
 
@@ -35,7 +36,22 @@ type Feature struct {
 	// float64 for tf.Float, int, int32 or int64 for tf.Int64 and tf.Int32,
 	// string or []byte for tf.String.
 	Default any
+	// VarLen makes the feature variable-length, as tf.io.VarLenFeature or
+	// a RaggedFeature of one ragged dimension: it may hold any number of
+	// values (none when absent), parsed into a 1-D tensor padded with
+	// Default (zero when nil) to MaxLen values when MaxLen > 0 (a feature
+	// with more is an error), or of its own length otherwise (PaddedBatch
+	// then pads each batch). The parser adds the number of values as an
+	// int32 scalar named LengthKey(name). Shape must be empty.
+	VarLen bool
+	// MaxLen is the length a VarLen feature is padded to; 0 leaves it
+	// unpadded.
+	MaxLen int
 }
+
+// LengthKey names the int32 scalar that holds the number of values of the
+// VarLen feature name: name + "_length".
+func LengthKey(name string) string { return name + "_length" }
 
 // FeatureSpec names the features to parse from each tf.Example. Features of
 // an Example that the spec does not name are ignored.
@@ -46,17 +62,19 @@ type FeatureSpec map[string]Feature
 // what proto.Unmarshal accepts, which its fuzz test checks) and allocates
 // only the values it returns. It is safe for concurrent use.
 type ExampleParser struct {
-	feats []compiledFeature
-	index map[string]int
+	feats     []compiledFeature
+	index     map[string]int
+	hasVarLen bool
 }
 
 type compiledFeature struct {
-	name  string
-	dtype tf.DataType
-	list  int8 // the Feature field that must hold the values
-	shape []int64
-	n     int
-	def   any // flat default of n values, or nil
+	name   string
+	dtype  tf.DataType
+	list   int8 // the Feature field that must hold the values
+	shape  []int64
+	n      int
+	def    any  // flat default of n values, or nil; a VarLen feature's padding value
+	varLen bool // n is then the padded length, 0 for none
 }
 
 // The fields of tensorflow.Feature's oneof, which are also the list kinds.
@@ -99,7 +117,11 @@ func NewExampleParser(spec FeatureSpec) (*ExampleParser, error) {
 			}
 		}
 		cf.n = int(numElements(f.Shape))
-		if f.Default != nil {
+		if f.VarLen {
+			if err := compileVarLen(&cf, f, spec); err != nil {
+				return nil, fmt.Errorf("dataset: feature spec: feature %q: %w", name, err)
+			}
+		} else if f.Default != nil {
 			def, err := compileDefault(f.Type, f.Default, cf.n)
 			if err != nil {
 				return nil, fmt.Errorf("dataset: feature spec: feature %q: default: %w", name, err)
@@ -108,8 +130,33 @@ func NewExampleParser(spec FeatureSpec) (*ExampleParser, error) {
 		}
 		p.index[name] = len(p.feats)
 		p.feats = append(p.feats, cf)
+		p.hasVarLen = p.hasVarLen || cf.varLen
 	}
 	return p, nil
+}
+
+// compileVarLen sets up a VarLen feature: its padded length and padding
+// value.
+func compileVarLen(cf *compiledFeature, f Feature, spec FeatureSpec) error {
+	switch {
+	case len(f.Shape) > 0:
+		return fmt.Errorf("%w: VarLen with shape %v, expected none (a VarLen feature is 1-D)", ErrInvalidArgument, f.Shape)
+	case f.MaxLen < 0:
+		return fmt.Errorf("%w: MaxLen %d, expected 0 (no padding) or more", ErrInvalidArgument, f.MaxLen)
+	}
+	if _, clash := spec[LengthKey(cf.name)]; clash {
+		return fmt.Errorf("%w: its length would be named %q, which the spec names too", ErrInvalidArgument, LengthKey(cf.name))
+	}
+	pad := f.Default
+	if pad == nil {
+		pad = map[tf.DataType]any{tf.Float: 0.0, tf.Int64: 0, tf.Int32: 0, tf.String: ""}[f.Type]
+	}
+	def, err := compileDefault(f.Type, pad, 1)
+	if err != nil {
+		return fmt.Errorf("padding value: %w", err)
+	}
+	cf.varLen, cf.n, cf.def, cf.shape = true, f.MaxLen, def, nil
+	return nil
 }
 
 // compileDefault converts a default value to flat data of n values.
@@ -252,13 +299,25 @@ func (p *ExampleParser) parse(b []byte) ([]namedColumn, error) {
 		}
 		b = b[n:]
 	}
-	cols := make([]namedColumn, len(p.feats)) // p.feats is sorted by name
+	cols := make([]namedColumn, 0, len(p.feats))
 	for i := range p.feats {
-		c, err := p.feats[i].column(&slots[i])
+		f := &p.feats[i]
+		if f.varLen {
+			vals, length, err := f.varColumns(&slots[i])
+			if err != nil {
+				return nil, err
+			}
+			cols = append(cols, namedColumn{f.name, vals}, namedColumn{LengthKey(f.name), length})
+			continue
+		}
+		c, err := f.column(&slots[i])
 		if err != nil {
 			return nil, err
 		}
-		cols[i] = namedColumn{p.feats[i].name, c}
+		cols = append(cols, namedColumn{f.name, c})
+	}
+	if p.hasVarLen { // keep the columns sorted by name, as without lengths
+		slices.SortFunc(cols, func(a, b namedColumn) int { return strings.Compare(a.name, b.name) })
 	}
 	return cols, nil
 }
@@ -484,26 +543,68 @@ func (f *compiledFeature) column(s *slot) (column, error) {
 		return column{}, fmt.Errorf("feature %q: %w: holds %d values, expected %d for shape %v",
 			f.name, ErrFeatureSize, got, f.n, f.shape)
 	}
-	c := column{dtype: f.dtype, shape: f.shape}
+	data, err := f.values(s, 0)
+	return column{dtype: f.dtype, shape: f.shape, data: data}, err
+}
+
+// values returns the slot's values as the feature's flat data, with pad
+// copies of the padding value after them.
+func (f *compiledFeature) values(s *slot, pad int) (any, error) {
 	switch f.dtype {
 	case tf.Float:
-		c.data = slices.Clip(s.floats)
+		return padded(s.floats, f.def, pad), nil
 	case tf.Int64:
-		c.data = slices.Clip(s.ints)
+		return padded(s.ints, f.def, pad), nil
 	case tf.Int32:
 		v, err := toInt32(s.ints)
 		if err != nil {
-			return column{}, fmt.Errorf("feature %q: %w", f.name, err)
+			return nil, fmt.Errorf("feature %q: %w", f.name, err)
 		}
-		c.data = v
-	case tf.String:
-		strs := make([]string, len(s.bytes))
-		for i, b := range s.bytes {
-			strs[i] = string(b)
-		}
-		c.data = strs
+		return padded(v, f.def, pad), nil
 	}
-	return c, nil
+	strs := make([]string, len(s.bytes))
+	for i, b := range s.bytes {
+		strs[i] = string(b)
+	}
+	return padded(strs, f.def, pad), nil
+}
+
+// padded returns vals (clipped, so that appending copies) followed by pad
+// copies of the one value in def.
+func padded[T any](vals []T, def any, pad int) []T {
+	vals = slices.Clip(vals)
+	if pad == 0 {
+		return vals
+	}
+	p := def.([]T)[0]
+	for range pad {
+		vals = append(vals, p)
+	}
+	return vals
+}
+
+// varColumns returns a VarLen feature's values, padded to its length when
+// it has one, and their number.
+func (f *compiledFeature) varColumns(s *slot) (vals, length column, err error) {
+	got := 0
+	if s.present && s.list != listNone {
+		if s.list != f.list {
+			return vals, length, fmt.Errorf("feature %q: %w: holds %s, expected %s for dtype %s",
+				f.name, ErrFeatureType, listNames[s.list], listNames[f.list], graphutil.DTypeName(f.dtype))
+		}
+		got = len(s.floats) + len(s.ints) + len(s.bytes)
+	}
+	if f.n > 0 && got > f.n {
+		return vals, length, fmt.Errorf("feature %q: %w: holds %d values, more than MaxLen %d", f.name, ErrFeatureSize, got, f.n)
+	}
+	pad := 0
+	if f.n > 0 {
+		pad = f.n - got
+	}
+	data, err := f.values(s, pad)
+	vals = column{dtype: f.dtype, shape: []int64{int64(got + pad)}, data: data}
+	length = column{dtype: tf.Int32, data: []int32{int32(got)}}
+	return vals, length, err
 }
 
 // ParseExamples returns a dataset of the tf.Examples held by the RecordKey
