@@ -49,6 +49,14 @@
 // own SaveV2 into a temporary prefix, merged by MergeV2Checkpoints. The
 // default is one shard written from the host device.
 //
+// # Warm start
+//
+// WarmStart restores a model's variables from a checkpoint another program
+// wrote — Python's tf.train.Checkpoint (object-based keys) or TensorFlow
+// 1's Saver (name-based) — through a NameMap from variable names to
+// checkpoint keys, checked as Restore checks; CompareNames lists both
+// sides and what the map leaves unmatched.
+//
 // # Manager
 //
 // A Manager keeps a run's checkpoints in one directory, as

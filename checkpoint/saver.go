@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -173,7 +174,7 @@ func (s *Saver) Restore(ctx context.Context, prefix string) (Metadata, error) {
 	}
 	var mdKeys []string
 	var mdTypes []tf.DataType
-	for _, name := range sortedNames(ix.entries) {
+	for _, name := range slices.Sorted(maps.Keys(ix.entries)) {
 		if key, ok := strings.CutPrefix(name, MetadataPrefix); ok {
 			mdKeys = append(mdKeys, key)
 			mdTypes = append(mdTypes, ix.entries[name].DType)
@@ -234,7 +235,7 @@ func (s *Saver) plan(prefix string, ix *index, items []strategy.Saveable) ([]str
 		}
 		restore = append(restore, v)
 	}
-	for _, name := range sortedNames(ix.entries) {
+	for _, name := range slices.Sorted(maps.Keys(ix.entries)) {
 		if !taken[name] && !strings.HasPrefix(name, MetadataPrefix) {
 			merr.Unused = append(merr.Unused, name)
 		}
@@ -436,13 +437,4 @@ func signature(items []strategy.Saveable, keys []string, dtypes []tf.DataType) s
 		fmt.Fprintf(&b, "%q:%d,", k, dtypes[i])
 	}
 	return b.String()
-}
-
-func sortedNames(m map[string]Entry) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
