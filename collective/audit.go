@@ -2,7 +2,9 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 
 	"go.uber.org/zap"
@@ -78,6 +80,9 @@ func (g *Group) secureDialed(ctx context.Context, nc net.Conn, peer int) (secure
 	tc, p, err := g.cfg.tls.Client(hctx, bc, g.members[peer].Name)
 	if err != nil {
 		g.auditRefused(nc.RemoteAddr(), g.members[peer].Name, p, err.Error())
+		if errors.Is(err, io.EOF) {
+			err = fmt.Errorf("%w (it closed the connection during the TLS handshake: does it run without TLS?)", err)
+		}
 		return secured{cert: p}, fmt.Errorf("%w: %w", errRetry, err)
 	}
 	bc.batch()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 )
@@ -74,6 +75,9 @@ func (g *Group) greet(sc secured, peer int) (*peerConn, error) {
 	}
 	h, err := c.readHeader()
 	if err != nil {
+		if errors.Is(err, io.EOF) && g.cfg.tls == nil {
+			err = fmt.Errorf("%w (it closed the connection without answering: does it require TLS, which this member does not use?)", err)
+		}
 		return nil, fmt.Errorf("%w: reading hello: %w", errRetry, err)
 	}
 	if fatal, err := g.checkHello(&h, peer); err != nil {

@@ -371,3 +371,42 @@ func (p *proxy) close() []byte {
 	p.wg.Wait()
 	return p.rec.Bytes()
 }
+
+// A group whose members disagree on TLS fails to form, and the error
+// suggests why: the plaintext member's peer closed without answering, the
+// TLS member's peer closed during the handshake.
+func TestTLSMismatchIsExplained(t *testing.T) {
+	noLeaks(t)
+	creds := jobCredentials(t, newAuthority(t), 2)
+	errs := formMixed(t, creds, []bool{true, false})
+	require.Error(t, errs[1])
+	assert.ErrorContains(t, errs[1], "does it require TLS, which this member does not use?")
+	errs = formMixed(t, creds, []bool{false, true})
+	require.Error(t, errs[1])
+	assert.ErrorContains(t, errs[1], "does it run without TLS?")
+}
+
+// formMixed tries to form a group whose member i uses TLS when secure[i],
+// and returns each member's New error.
+func formMixed(t *testing.T, creds []*mtls.Credentials, secure []bool) []error {
+	lns, members := listeners(t, len(secure))
+	errs := make([]error, len(secure))
+	var wg sync.WaitGroup
+	for i := range secure {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			opts := []Option{WithListener(lns[i]), WithStartupTimeout(time.Second), func(c *config) { c.helloTimeout = 500 * time.Millisecond }}
+			if secure[i] {
+				opts = append(opts, WithTLS(creds[i]))
+			}
+			g, err := New(context.Background(), members, i, opts...)
+			if g != nil {
+				_ = g.Close(context.Background())
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	return errs
+}
