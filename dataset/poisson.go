@@ -85,13 +85,9 @@ func (p *population) load(ctx context.Context, in Dataset) ([]hostElem, error) {
 		if err != nil {
 			return nil, err
 		}
-		he := hostElem{cols: make([]namedColumn, len(e.cols)), origin: e.origin}
-		for j, c := range e.cols {
-			h, err := c.host()
-			if err != nil {
-				return nil, fmt.Errorf("dataset: PoissonSample: feature %q: %w", c.name, err)
-			}
-			he.cols[j] = namedColumn{c.name, h}
+		he, err := hostCopy(e)
+		if err != nil {
+			return nil, fmt.Errorf("dataset: PoissonSample: %w", err)
 		}
 		elems = append(elems, he)
 	}

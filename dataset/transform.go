@@ -695,15 +695,25 @@ func (it *fillIter) next(ctx context.Context) (hostElem, error) {
 		return hostElem{}, it.s.fail(ctx, err)
 	}
 	// Cache host values, so replays neither hold nor re-read tensors.
+	he, err := hostCopy(e)
+	if err != nil {
+		return hostElem{}, it.s.fail(ctx, fmt.Errorf("dataset: Cache: %w", err))
+	}
+	it.elems = append(it.elems, he)
+	return he, nil
+}
+
+// hostCopy returns e with every value in Go memory, for stages that hold
+// elements across passes (Cache, PoissonSample).
+func hostCopy(e hostElem) (hostElem, error) {
 	he := hostElem{cols: make([]namedColumn, len(e.cols)), origin: e.origin}
 	for j, c := range e.cols {
 		h, err := c.host()
 		if err != nil {
-			return hostElem{}, it.s.fail(ctx, fmt.Errorf("dataset: Cache: feature %q: %w", c.name, err))
+			return hostElem{}, fmt.Errorf("feature %q: %w", c.name, err)
 		}
 		he.cols[j] = namedColumn{c.name, h}
 	}
-	it.elems = append(it.elems, he)
 	return he, nil
 }
 
