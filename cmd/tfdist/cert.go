@@ -49,10 +49,10 @@ Examples
 		file := fs.String("file", "", "read the TF_CONFIG from `FILE` (\"-\" for standard input) instead of the environment")
 		lifetime := fs.Duration("lifetime", mtls.DefaultLifetime, "the certificates' lifetime `D`")
 		return func(e *env, args []string) int {
+			if code, ok := noArgs(e, "cert", args); !ok {
+				return code
+			}
 			switch {
-			case len(args) > 0:
-				fmt.Fprintf(e.stderr, "tfdist cert: unexpected arguments %q\n", args)
-				return exitUsage
 			case *out == "" || *job == "":
 				fmt.Fprint(e.stderr, "tfdist cert: --out and --job are required\nRun 'tfdist cert -h' for help.\n")
 				return exitUsage

@@ -42,9 +42,8 @@ Examples
 		fs.Lookup("devices").DefValue = "2"
 		o.Strategy, o.Devices = "mirrored", 2
 		return func(e *env, args []string) int {
-			if len(args) > 0 {
-				fmt.Fprintf(e.stderr, "tfdist demo: unexpected arguments %q\n", args)
-				return exitUsage
+			if code, ok := noArgs(e, "demo", args); !ok {
+				return code
 			}
 			if err := o.Check(); err != nil {
 				fmt.Fprintf(e.stderr, "tfdist demo: %v\n", err)

@@ -63,6 +63,16 @@ func main() {
 	os.Exit(run(os.Args[1:], &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, lookupEnv: os.LookupEnv}))
 }
 
+// noArgs reports, for a command that takes no arguments, whether args is
+// empty; otherwise it says so on stderr and returns the usage status.
+func noArgs(e *env, name string, args []string) (int, bool) {
+	if len(args) > 0 {
+		fmt.Fprintf(e.stderr, "tfdist %s: unexpected arguments %q\n", name, args)
+		return exitUsage, false
+	}
+	return exitOK, true
+}
+
 // run runs the tfdist command line args and returns the exit status.
 func run(args []string, e *env) int {
 	if len(args) == 0 {

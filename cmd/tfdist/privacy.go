@@ -91,14 +91,6 @@ Examples
 	},
 }
 
-func noArgs(e *env, name string, args []string) (int, bool) {
-	if len(args) > 0 {
-		fmt.Fprintf(e.stderr, "tfdist %s: unexpected arguments %q\n", name, args)
-		return exitUsage, false
-	}
-	return exitOK, true
-}
-
 // privacyFailed reports a parameter the accountant refused.
 func privacyFailed(e *env, name string, err error) int {
 	fmt.Fprintf(e.stderr, "tfdist %s: %v\nRun 'tfdist %s -h' for help.\n", name, err, name)

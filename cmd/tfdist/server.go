@@ -45,9 +45,8 @@ Examples
 		devices := fs.Int("devices", 1, "show `N` logical CPU devices, /device:CPU:0 ... N-1, that share the machine's cores")
 		threads := fs.Int("threads", 0, "size `N` of the intra-op and inter-op thread pools; 0 means TensorFlow's default")
 		return func(e *env, args []string) int {
-			if len(args) > 0 {
-				fmt.Fprintf(e.stderr, "tfdist server: unexpected arguments %q\n", args)
-				return exitUsage
+			if code, ok := noArgs(e, "server", args); !ok {
+				return code
 			}
 			if *devices < 1 || *threads < 0 {
 				fmt.Fprintf(e.stderr, "tfdist server: --devices %d --threads %d: expected devices >= 1 and threads >= 0\n", *devices, *threads)

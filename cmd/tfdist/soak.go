@@ -61,9 +61,8 @@ Examples
 		gGrowth := fs.Int("max-goroutine-growth", soak.DefaultBounds.MaxGoroutineGrowth, "goroutines a process may gain from a tenth of the run to its end")
 		verbose := fs.Bool("v", false, "show every task's output and the launcher's events")
 		return func(e *env, args []string) int {
-			if len(args) > 0 {
-				fmt.Fprintf(e.stderr, "tfdist soak: unexpected arguments %q\n", args)
-				return exitUsage
+			if code, ok := noArgs(e, "soak", args); !ok {
+				return code
 			}
 			var setups []soak.Setup
 			for _, name := range strings.Split(*strategies, ",") {
