@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/tfdist/tfdist/accountant"
 	"github.com/tfdist/tfdist/dataset"
@@ -59,6 +60,12 @@ type privacy struct {
 	rate        float64 // each step takes each example with this probability
 	expected    float64 // the expected global batch: rate × examples
 	maxExamples int     // per replica
+
+	// The last epsilon computed: each logged step asks for it twice
+	// (TensorBoard and the progress line).
+	mu       sync.Mutex
+	lastStep int
+	lastEps  float64
 }
 
 // newPrivacy settles the noise multiplier for a run of o on examples
@@ -94,10 +101,16 @@ func newPrivacy(o Options, examples, replicas int) (*privacy, error) {
 
 // epsilon returns the epsilon spent after steps steps.
 func (p *privacy) epsilon(steps int) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if steps == p.lastStep && steps > 0 {
+		return p.lastEps
+	}
 	eps, _, err := accountant.Epsilon(p.rate, p.Noise, steps, p.Delta)
 	if err != nil {
-		return math.NaN()
+		eps = math.NaN()
 	}
+	p.lastStep, p.lastEps = steps, eps
 	return eps
 }
 
