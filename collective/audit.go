@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -71,34 +72,37 @@ func (s secured) newPeerConn() *peerConn {
 // secureDialed runs the client side of the TLS handshake with peer on nc,
 // when the group uses TLS.
 func (g *Group) secureDialed(ctx context.Context, nc net.Conn, peer int) (secured, error) {
+	sc, err := g.secure(ctx, nc, func(ctx context.Context, c net.Conn) (*tls.Conn, mtls.Peer, error) {
+		return g.cfg.tls.Client(ctx, c, g.members[peer].Name)
+	})
+	if err != nil {
+		g.auditRefused(nc.RemoteAddr(), g.members[peer].Name, sc.cert, err.Error())
+		if errors.Is(err, io.EOF) {
+			err = fmt.Errorf("%w (it closed the connection during the TLS handshake: does it run without TLS?)", err)
+		}
+		return sc, fmt.Errorf("%w: %w", errRetry, err)
+	}
+	return sc, nil
+}
+
+// secureAccepted runs the server side of the TLS handshake on an accepted
+// nc, when the group uses TLS.
+func (g *Group) secureAccepted(nc net.Conn) (secured, error) {
+	return g.secure(context.Background(), nc, g.cfg.tls.Server)
+}
+
+// secure runs handshake on nc, over a batchedConn and within the hello
+// timeout, when the group uses TLS; on failure the result holds only what
+// the peer presented.
+func (g *Group) secure(ctx context.Context, nc net.Conn,
+	handshake func(context.Context, net.Conn) (*tls.Conn, mtls.Peer, error)) (secured, error) {
 	if g.cfg.tls == nil {
 		return secured{conn: nc}, nil
 	}
 	hctx, cancel := context.WithTimeout(ctx, g.cfg.helloTimeout)
 	defer cancel()
 	bc := newBatchedConn(nc)
-	tc, p, err := g.cfg.tls.Client(hctx, bc, g.members[peer].Name)
-	if err != nil {
-		g.auditRefused(nc.RemoteAddr(), g.members[peer].Name, p, err.Error())
-		if errors.Is(err, io.EOF) {
-			err = fmt.Errorf("%w (it closed the connection during the TLS handshake: does it run without TLS?)", err)
-		}
-		return secured{cert: p}, fmt.Errorf("%w: %w", errRetry, err)
-	}
-	bc.batch()
-	return secured{conn: tc, batch: bc, cert: p}, nil
-}
-
-// secureAccepted runs the server side of the TLS handshake on an accepted
-// nc, when the group uses TLS.
-func (g *Group) secureAccepted(nc net.Conn) (secured, error) {
-	if g.cfg.tls == nil {
-		return secured{conn: nc}, nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.helloTimeout)
-	defer cancel()
-	bc := newBatchedConn(nc)
-	tc, p, err := g.cfg.tls.Server(ctx, bc)
+	tc, p, err := handshake(hctx, bc)
 	if err != nil {
 		return secured{cert: p}, err
 	}
