@@ -168,6 +168,22 @@ func WriteTasks(dir, job string, tasks []cluster.Task, lifetime time.Duration) (
 	return out, nil
 }
 
+// WriteTempTasks is WriteTasks into a new private directory named by
+// pattern (as os.MkdirTemp names one), for a run that needs certificates
+// only while it lasts: remove deletes the directory.
+func WriteTempTasks(pattern, job string, tasks []cluster.Task, lifetime time.Duration) (files map[cluster.Task]Files, dir string, remove func(), err error) {
+	dir, err = os.MkdirTemp("", pattern)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("mtls: %w", err)
+	}
+	remove = func() { _ = os.RemoveAll(dir) }
+	if files, err = WriteTasks(dir, job, tasks, lifetime); err != nil {
+		remove()
+		return nil, "", nil, err
+	}
+	return files, dir, remove, nil
+}
+
 // Write issues a certificate for each of ids, valid from notBefore to
 // notAfter, and writes under dir (created with mode 0700) the CA
 // certificate, ca.crt, and each task's <type>-<index>.crt and .key, every

@@ -281,14 +281,8 @@ func certificates(c Config, spec cluster.ClusterSpec) (env map[cluster.Task][]st
 	if !c.TLS {
 		return nil, func() {}, nil
 	}
-	dir, err := os.MkdirTemp("", "tfdist-allreducebench-tls-")
+	files, _, cleanup, err := mtls.WriteTempTasks("tfdist-allreducebench-tls-", "allreducebench", spec.Tasks(), time.Hour)
 	if err != nil {
-		return nil, nil, err
-	}
-	cleanup = func() { _ = os.RemoveAll(dir) }
-	files, err := mtls.WriteTasks(dir, "allreducebench", spec.Tasks(), time.Hour)
-	if err != nil {
-		cleanup()
 		return nil, nil, err
 	}
 	env = make(map[cluster.Task][]string, len(files))

@@ -331,17 +331,12 @@ func boolInt(b bool) int {
 // makeCertificates writes a CA and every task's certificate, for a job
 // named after the run, in a new private directory; cleanup removes it.
 func (l *Launcher) makeCertificates() (cleanup func(), err error) {
-	dir, err := os.MkdirTemp("", "tfdist-launch-tls-")
-	if err != nil {
-		return nil, fmt.Errorf("TLS certificates: %w", err)
-	}
-	cleanup = func() { _ = os.RemoveAll(dir) }
 	job := "launch-" + uuid.NewString()[:8]
-	l.tlsFiles, err = mtls.WriteTasks(dir, job, l.Tasks(), max(mtls.DefaultLifetime, l.timeout))
+	files, dir, cleanup, err := mtls.WriteTempTasks("tfdist-launch-tls-", job, l.Tasks(), max(mtls.DefaultLifetime, l.timeout))
 	if err != nil {
-		cleanup()
 		return nil, fmt.Errorf("TLS certificates: %w", err)
 	}
+	l.tlsFiles = files
 	l.log.Info("TLS certificates made for the run", zap.String("job", job), zap.String("dir", dir))
 	return cleanup, nil
 }
