@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/internal/fsutil"
 )
 
 // Manager keeps the checkpoints of a training run in one directory, as
@@ -170,11 +172,11 @@ func (m *Manager) Save(ctx context.Context, step int64, md Metadata) (string, er
 		return "", fmt.Errorf("checkpoint: save %s: the written checkpoint: %w", base, err)
 	}
 	for _, f := range files {
-		if err := syncFile(f); err != nil {
+		if err := fsutil.SyncFile(f); err != nil {
 			return "", fmt.Errorf("checkpoint: save %s: %w", base, err)
 		}
 	}
-	if err := syncDir(tmpDir); err != nil {
+	if err := fsutil.SyncDir(tmpDir); err != nil {
 		return "", fmt.Errorf("checkpoint: save %s: %w", base, err)
 	}
 
@@ -213,7 +215,7 @@ func (m *Manager) Save(ctx context.Context, step int64, md Metadata) (string, er
 			}
 		}
 	}
-	if err := syncDir(m.dir); err != nil {
+	if err := fsutil.SyncDir(m.dir); err != nil {
 		return "", fmt.Errorf("checkpoint: save %s: %w", base, err)
 	}
 	if err := m.stage("renamed"); err != nil {
@@ -342,7 +344,7 @@ func (m *Manager) writeState(kept []keptCheckpoint) error {
 		st.latest = kept[len(kept)-1].path
 		st.lastPreserved = kept[0].time
 	}
-	if err := writeFileAtomic(filepath.Join(m.dir, StateFile), st.marshal()); err != nil {
+	if err := fsutil.WriteFileAtomic(filepath.Join(m.dir, StateFile), st.marshal()); err != nil {
 		return fmt.Errorf("checkpoint: write state: %w", err)
 	}
 	return nil
@@ -410,7 +412,7 @@ func complete(prefix string) error {
 // removeCheckpointFiles deletes a checkpoint: its index first, so that it
 // stops being a checkpoint, then its data files.
 func removeCheckpointFiles(prefix string) error {
-	if err := removeIfExists(IndexFile(prefix)); err != nil {
+	if err := fsutil.RemoveIfExists(IndexFile(prefix)); err != nil {
 		return err
 	}
 	dir, base := filepath.Split(prefix)
@@ -423,7 +425,7 @@ func removeCheckpointFiles(prefix string) error {
 	}
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), base+".data-") {
-			if err := removeIfExists(filepath.Join(dir, e.Name())); err != nil {
+			if err := fsutil.RemoveIfExists(filepath.Join(dir, e.Name())); err != nil {
 				return err
 			}
 		}
@@ -435,7 +437,7 @@ func removeCheckpointFiles(prefix string) error {
 // leaves src in place.
 func replaceKeeping(src, dst string) error {
 	tmp := filepath.Join(filepath.Dir(dst), "."+filepath.Base(dst)+".link-"+strconv.FormatInt(time.Now().UnixNano(), 36))
-	if err := linkOrCopy(src, tmp); err != nil {
+	if err := fsutil.LinkOrCopy(src, tmp); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, dst); err != nil {

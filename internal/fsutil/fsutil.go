@@ -1,4 +1,6 @@
-package checkpoint
+// Package fsutil writes files so that a crash leaves either the old or the
+// new content: synced files and directories, atomic replacement.
+package fsutil
 
 import (
 	"errors"
@@ -9,8 +11,8 @@ import (
 	"path/filepath"
 )
 
-// syncFile flushes a file's contents to stable storage.
-func syncFile(name string) error {
+// SyncFile flushes a file's contents to stable storage.
+func SyncFile(name string) error {
 	f, err := os.Open(name)
 	if err != nil {
 		return err
@@ -25,9 +27,9 @@ func syncFile(name string) error {
 	return nil
 }
 
-// syncDir flushes a directory's entries (renames, creations) to stable
+// SyncDir flushes a directory's entries (renames, creations) to stable
 // storage. File systems that cannot sync a directory are tolerated.
-func syncDir(dir string) error {
+func SyncDir(dir string) error {
 	f, err := os.Open(dir)
 	if err != nil {
 		return err
@@ -39,10 +41,10 @@ func syncDir(dir string) error {
 	return nil
 }
 
-// writeFileAtomic replaces name with data: a temporary file in the same
+// WriteFileAtomic replaces name with data: a temporary file in the same
 // directory is written, synced and renamed over name, and the directory is
 // synced. A crash leaves either the old or the new content.
-func writeFileAtomic(name string, data []byte) error {
+func WriteFileAtomic(name string, data []byte) error {
 	dir := filepath.Dir(name)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp-")
 	if err != nil {
@@ -73,12 +75,12 @@ func writeFileAtomic(name string, data []byte) error {
 		return err
 	}
 	ok = true
-	return syncDir(dir)
+	return SyncDir(dir)
 }
 
-// linkOrCopy makes dst a second name of src (a hard link), or a synced copy
+// LinkOrCopy makes dst a second name of src (a hard link), or a synced copy
 // where the file system has no hard links. dst must not exist.
-func linkOrCopy(src, dst string) error {
+func LinkOrCopy(src, dst string) error {
 	if err := os.Link(src, dst); err == nil {
 		return nil
 	}
@@ -102,8 +104,8 @@ func linkOrCopy(src, dst string) error {
 	return out.Close()
 }
 
-// removeIfExists removes name, ignoring its absence.
-func removeIfExists(name string) error {
+// RemoveIfExists removes name, ignoring its absence.
+func RemoveIfExists(name string) error {
 	if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
