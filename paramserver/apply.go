@@ -6,6 +6,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -79,7 +80,7 @@ func (s *Strategy) slot(key slotKey, dtype tf.DataType, shape []int64, init stra
 	}
 	p.shared = "ps_slot/" + p.name
 	sc := s.newScope0("slot/" + p.name)
-	err := safely(func() error {
+	err := graphutil.Safely(func() error {
 		ds := sc.WithDevice(p.device)
 		p.h0 = op.VarHandleOp(ds, dtype, tf.MakeShape(shape...), op.VarHandleOpSharedName(p.shared))
 		val, err := init.Build(ds.SubScope("initial_value"), dtype, shape)

@@ -7,6 +7,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -48,7 +49,7 @@ func (p psState) Extend(name string, build func(sc *op.Scope) error) error {
 		return ErrClosed
 	}
 	sc := s.newScope0(name)
-	return safely(func() error {
+	return graphutil.Safely(func() error {
 		if err := build(sc); err != nil {
 			return err
 		}

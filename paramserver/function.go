@@ -11,6 +11,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 	"go.uber.org/zap"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -127,7 +128,7 @@ func (s *Strategy) trace(f *Function, w *workerGraph, fn strategy.ReplicaFn) (*w
 		return nil, nil, false, err
 	}
 	var out strategy.Outputs
-	err := safely(func() (err error) { out, err = fn(rc, in); return err })
+	err := graphutil.Safely(func() (err error) { out, err = fn(rc, in); return err })
 	if err != nil {
 		if serr := root.Err(); serr != nil {
 			return nil, nil, false, fmt.Errorf("%w; the graph reports: %v", err, firstLine(serr))

@@ -114,7 +114,7 @@ func (rc *replicaContext) Read(vv strategy.Variable) (tf.Output, error) {
 	}
 	s := rc.scope.SubScope("read_" + sanitize(v.name))
 	r := &denseRead{}
-	err = safely(func() error {
+	err = graphutil.Safely(func() error {
 		for k, sh := range v.shards {
 			r.parts = append(r.parts, op.ReadVariableOp(s.SubScope(fmt.Sprintf("part_%d", k)).WithDevice(sh.device), rc.w.handle(sh), v.dtype))
 		}
@@ -142,15 +142,12 @@ func (rc *replicaContext) Lookup(vv strategy.Variable, ids tf.Output) (tf.Output
 	if err != nil {
 		return tf.Output{}, err
 	}
-	if len(v.shape) == 0 {
-		return tf.Output{}, fmt.Errorf("Lookup %q: the variable is a scalar; expected one with rows", v.name)
-	}
-	if dt := ids.DataType(); dt != tf.Int32 && dt != tf.Int64 {
-		return tf.Output{}, fmt.Errorf("Lookup %q: ids are %s, expected int32 or int64", v.name, graphutil.DTypeName(dt))
+	if err := graphutil.CheckLookup(v.name, v.shape, ids); err != nil {
+		return tf.Output{}, err
 	}
 	s := rc.scope.SubScope("lookup_" + sanitize(v.name))
 	l := &lookup{v: v, rowShape: v.shape[1:]}
-	err = safely(func() error {
+	err = graphutil.Safely(func() error {
 		// Check the ids on the worker, so that a bad one fails the step
 		// with its value rather than with a shard's index.
 		flat := graphutil.CheckedIDs(s.SubScope("ids"), v.name, v.shape[0], ids)
@@ -189,7 +186,7 @@ func (rc *replicaContext) Lookup(vv strategy.Variable, ids tf.Output) (tf.Output
 		return s.Err()
 	})
 	if err != nil {
-		return tf.Output{}, fmt.Errorf("Lookup %q: %w", v.name, err)
+		return tf.Output{}, graphutil.WrapLookup(v.name, err)
 	}
 	rc.lookups[v] = append(rc.lookups[v], l)
 	return l.out, nil
@@ -285,7 +282,7 @@ func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []
 		}
 		ac := &applyContext{s: rc.s, scope: s.SubScope("dense"), handle: rc.w.handle}
 		var up *tf.Operation
-		if err := safely(func() (err error) { up, err = opt.Apply(ac, switched, views); return err }); err != nil {
+		if err := graphutil.Safely(func() (err error) { up, err = opt.Apply(ac, switched, views); return err }); err != nil {
 			return fmt.Errorf("Minimize: optimizer: %w", err)
 		}
 		rc.applies = append(rc.applies, up)
@@ -307,7 +304,7 @@ func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []
 			_, ids := op.Switch(ks.SubScope("guard_ids"), l.ids[k], pred)
 			_, vals := op.Switch(ks.SubScope("guard_values"), parts[k], pred)
 			var up *tf.Operation
-			if err := safely(func() (err error) {
+			if err := graphutil.Safely(func() (err error) {
 				up, err = mc.Sparse.ApplySparse(ks.SubScope("update"), rc.w.handle(sh), ids, vals, l.v.dtype)
 				return err
 			}); err != nil {

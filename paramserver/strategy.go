@@ -14,6 +14,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/ctxsync"
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/strategy"
@@ -329,7 +330,7 @@ func (s *Strategy) Scope(fn func(strategy.Scope) error) error {
 		return ErrClosed
 	}
 	sc := &scope{s: s}
-	err := safely(func() error { return fn(sc) })
+	err := graphutil.Safely(func() error { return fn(sc) })
 	sc.closed = true
 	if err != nil {
 		return err
@@ -398,7 +399,7 @@ func (s *Strategy) Value(ctx context.Context, vv strategy.Variable) (*tf.Tensor,
 	}
 	sc := s.newScope0("value/" + v.name)
 	var out tf.Output
-	err = safely(func() error {
+	err = graphutil.Safely(func() error {
 		parts := make([]tf.Output, len(v.shards))
 		for k, sh := range v.shards {
 			parts[k] = op.ReadVariableOp(sc.SubScope(fmt.Sprintf("read_%d", k)).WithDevice(sh.device), sh.h0, v.dtype)

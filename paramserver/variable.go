@@ -275,7 +275,7 @@ func (s *Strategy) newVariable(name string, dtype tf.DataType, shape []int64, in
 		offsets, sizes = shardLayout(shape[0], n)
 	}
 	sc := s.newScope0("ps_var/" + name)
-	err = safely(func() error {
+	err = graphutil.Safely(func() error {
 		val, err := init.Build(sc.SubScope("initial_value").WithDevice(s.host), dtype, shape)
 		if err != nil {
 			return err
@@ -312,15 +312,4 @@ func (s *Strategy) newVariable(name string, dtype tf.DataType, shape []int64, in
 		s.pending = append(s.pending, pendingInit{op: sh.init, done: func() { sh.inited = true }, inited: func() bool { return sh.inited }})
 	}
 	return v, nil
-}
-
-// safely runs fn and turns a panic (graft panics on ops built from a failed
-// scope) into an error.
-func safely(fn func() error) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("panic while building the graph: %v", p)
-		}
-	}()
-	return fn()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 )
@@ -27,7 +28,7 @@ func (e *InGraph) hostReducerLocked(kind string, dtype tf.DataType, rank int, bu
 	}
 	s := e.namespace("host_" + kind)
 	h := &hostReducer{}
-	err := callSafely(func() error {
+	err := graphutil.Safely(func() error {
 		dims := make([]int64, rank)
 		for i := range dims {
 			dims[i] = -1

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/internal/ctxsync"
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/logging"
 )
@@ -210,7 +211,7 @@ func (e *InGraph) Scope(fn func(Scope) error) error {
 		return errors.New("strategy: closed")
 	}
 	sc := &scope{g: e}
-	err := callSafely(func() error { return fn(sc) })
+	err := graphutil.Safely(func() error { return fn(sc) })
 	sc.closed = true
 	if err != nil {
 		return err
@@ -264,7 +265,7 @@ func (e *InGraph) newVariable(name string, dtype tf.DataType, shape []int64, ini
 		agg: cfg.Aggregation, trainable: cfg.Trainable, owner: e}
 	s := e.namespace("var/" + name)
 	var assigns []*tf.Operation
-	err = callSafely(func() error {
+	err = graphutil.Safely(func() error {
 		val, err := init.Build(s.SubScope("initial_value").WithDevice(e.cfg.Devices[0]), dtype, shape)
 		if err != nil {
 			return err
@@ -403,7 +404,7 @@ func (e *InGraph) readerLocked(v *variable) (*hostReducer, error) {
 	}
 	s := e.namespace("read/" + v.name)
 	h := &hostReducer{}
-	err := callSafely(func() (err error) {
+	err := graphutil.Safely(func() (err error) {
 		if h.out, h.all, err = e.aggregate(s, v); err != nil {
 			return err
 		}
@@ -449,17 +450,6 @@ func (e *InGraph) Close() error {
 	}
 	e.closed = true
 	return e.sess.Close()
-}
-
-// callSafely runs fn and turns a panic (graft panics on ops built from a
-// failed scope) into an error.
-func callSafely(fn func() error) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("panic while building the graph: %v", p)
-		}
-	}()
-	return fn()
 }
 
 func sortedKeys[M ~map[string]V, V any](m M) []string {
@@ -529,7 +519,7 @@ func (e *InGraph) Assign(ctx context.Context, vv Variable, value *tf.Tensor) err
 		s := e.namespace("assign/" + v.name)
 		h = &hostReducer{in: []tf.Output{op.Placeholder(s.SubScope("value").WithDevice(e.cfg.HostDevice), v.dtype,
 			op.PlaceholderShape(tf.MakeShape(v.shape...)))}}
-		if err := callSafely(func() error { h.all = e.writeCopies(s, v, h.in[0]); return nil }); err != nil {
+		if err := graphutil.Safely(func() error { h.all = e.writeCopies(s, v, h.in[0]); return nil }); err != nil {
 			return fmt.Errorf("strategy: Assign %q: %w", v.name, err)
 		}
 		if err := s.Err(); err != nil {

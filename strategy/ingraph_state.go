@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 )
@@ -51,7 +52,7 @@ func (s engineState) Extend(name string, build func(sc *op.Scope) error) error {
 		return errors.New("strategy: closed")
 	}
 	sc := e.namespace(name)
-	return callSafely(func() error {
+	return graphutil.Safely(func() error {
 		if err := build(sc); err != nil {
 			return err
 		}

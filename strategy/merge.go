@@ -3,6 +3,8 @@ package strategy
 import (
 	"errors"
 	"fmt"
+
+	"github.com/tfdist/tfdist/internal/graphutil"
 )
 
 // merger runs replica functions one at a time, tf.distribute's way: each
@@ -54,7 +56,7 @@ func (m *merger) run(body func(r int) error) error {
 	errs := make([]error, m.n)
 	start := func(r int) mergeEvent {
 		go func() {
-			err := callSafely(func() error { return body(r) })
+			err := graphutil.Safely(func() error { return body(r) })
 			errs[r] = err
 			m.events <- mergeEvent{replica: r, done: true}
 		}()
@@ -103,7 +105,7 @@ func (m *merger) run(body func(r int) error) error {
 				args[r] = ev.arg
 			}
 			var vals []any
-			err := callSafely(func() error {
+			err := graphutil.Safely(func() error {
 				var err error
 				vals, err = pending[0].fn(args)
 				return err

@@ -88,29 +88,11 @@ func (rc *ReplicaContext) Read(vv Variable) (tf.Output, error) {
 // read of v, so that Minimize differentiates it like any read and updates
 // the whole variable.
 func (rc *ReplicaContext) Lookup(v Variable, ids tf.Output) (tf.Output, error) {
-	shape := v.Shape()
-	if len(shape) == 0 {
-		return tf.Output{}, fmt.Errorf("Lookup %q: the variable is a scalar; expected one with rows", v.Name())
-	}
-	if dt := ids.DataType(); dt != tf.Int32 && dt != tf.Int64 {
-		return tf.Output{}, fmt.Errorf("Lookup %q: ids are %s, expected int32 or int64", v.Name(), graphutil.DTypeName(dt))
-	}
 	val, err := rc.Read(v)
 	if err != nil {
 		return tf.Output{}, err
 	}
-	s := rc.scope.SubScope("lookup_" + sanitize(v.Name()))
-	var out tf.Output
-	err = callSafely(func() error {
-		flat := graphutil.CheckedIDs(s.SubScope("ids"), v.Name(), shape[0], ids)
-		rows := op.GatherV2(s.SubScope("gather"), val, flat, op.Const(s.SubScope("axis"), int32(0)))
-		out = op.Reshape(s.SubScope("out"), rows, graphutil.RowsShape(s.SubScope("shape"), ids, shape[1:]))
-		return s.Err()
-	})
-	if err != nil {
-		return tf.Output{}, fmt.Errorf("Lookup %q: %w", v.Name(), err)
-	}
-	return out, nil
+	return graphutil.LookupRows(rc.scope.SubScope("lookup_"+sanitize(v.Name())), v.Name(), v.Shape(), val, ids)
 }
 
 // AddTarget makes op run every step (a metric update, say).

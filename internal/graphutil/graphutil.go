@@ -74,3 +74,54 @@ func DTypeName(dt tf.DataType) string {
 	}
 	return fmt.Sprintf("DataType(%d)", int(dt))
 }
+
+// Safely runs fn and turns a panic (graft panics on ops built from a failed
+// scope, and strategy.MustRead on a variable of another strategy) into an
+// error.
+func Safely(fn func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic while building the graph: %v", p)
+		}
+	}()
+	return fn()
+}
+
+// CheckLookup returns the error of Replica.Lookup of the variable name,
+// of the given shape, with ids; nil when they fit.
+func CheckLookup(name string, shape []int64, ids tf.Output) error {
+	if len(shape) == 0 {
+		return fmt.Errorf("%s: the variable is a scalar; expected one with rows", lookupOf(name))
+	}
+	if dt := ids.DataType(); dt != tf.Int32 && dt != tf.Int64 {
+		return fmt.Errorf("%s: ids are %s, expected int32 or int64", lookupOf(name), DTypeName(dt))
+	}
+	return nil
+}
+
+// lookupOf names a Lookup of the variable name in errors, after the
+// Replica method.
+func lookupOf(name string) string { return fmt.Sprintf("Lookup %q", name) }
+
+// WrapLookup wraps err, of building a Lookup of the variable name.
+func WrapLookup(name string, err error) error { return fmt.Errorf("%s: %w", lookupOf(name), err) }
+
+// LookupRows returns the rows of value, the value of the variable name of
+// the given shape, that ids (int32 or int64, any shape) name: shape
+// ids.shape + shape[1:]. An id out of range fails the step naming the
+// variable.
+func LookupRows(s *op.Scope, name string, shape []int64, value, ids tf.Output) (out tf.Output, err error) {
+	if err := CheckLookup(name, shape, ids); err != nil {
+		return tf.Output{}, err
+	}
+	err = Safely(func() error {
+		flat := CheckedIDs(s.SubScope("ids"), name, shape[0], ids)
+		rows := op.GatherV2(s.SubScope("gather"), value, flat, op.Const(s.SubScope("axis"), int32(0)))
+		out = op.Reshape(s.SubScope("out"), rows, RowsShape(s.SubScope("shape"), ids, shape[1:]))
+		return s.Err()
+	})
+	if err != nil {
+		return tf.Output{}, WrapLookup(name, err)
+	}
+	return out, nil
+}
