@@ -66,6 +66,7 @@ type Strategy struct {
 	closed    bool
 
 	nextClosure atomic.Int64
+	scoping     atomic.Bool // a Scope function runs
 }
 
 // pendingInit is an initialiser of g0 not run yet.
@@ -330,7 +331,9 @@ func (s *Strategy) Scope(fn func(strategy.Scope) error) error {
 		return ErrClosed
 	}
 	sc := &scope{s: s}
+	s.scoping.Store(true)
 	err := graphutil.Safely(func() error { return fn(sc) })
+	s.scoping.Store(false)
 	sc.closed = true
 	if err != nil {
 		return err
@@ -421,6 +424,9 @@ func (s *Strategy) Value(ctx context.Context, vv strategy.Variable) (*tf.Tensor,
 // lock locks the strategy for a call bounded by ctx: a call that waits for
 // another (a run blocked on a ps task, say) gives up when ctx ends.
 func (s *Strategy) lock(ctx context.Context) error {
+	if s.scoping.Load() {
+		return fmt.Errorf("paramserver: %w", strategy.ErrInScope)
+	}
 	if err := s.mu.LockContext(ctx); err != nil {
 		return fmt.Errorf("paramserver: waiting for another call of the strategy to end: %w", err)
 	}

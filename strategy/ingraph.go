@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
@@ -70,6 +71,7 @@ type InGraph struct {
 	sess  *tfrt.Session
 
 	mu       ctxsync.Mutex // serialises graph building and step runs
+	scoping  atomic.Bool   // a Scope function runs
 	vars     []*variable
 	byName   map[string]*variable
 	scopes   map[string]int // namespace counters
@@ -211,7 +213,9 @@ func (e *InGraph) Scope(fn func(Scope) error) error {
 		return errors.New("strategy: closed")
 	}
 	sc := &scope{g: e}
+	e.scoping.Store(true)
 	err := graphutil.Safely(func() error { return fn(sc) })
+	e.scoping.Store(false)
 	sc.closed = true
 	if err != nil {
 		return err
@@ -427,6 +431,9 @@ func reduceOpOf(a Aggregation) ReduceOp {
 // lock locks the engine for a call bounded by ctx: a call that waits for
 // another (a run blocked on a peer, say) gives up when ctx ends.
 func (e *InGraph) lock(ctx context.Context) error {
+	if e.scoping.Load() {
+		return fmt.Errorf("strategy: %w", ErrInScope)
+	}
 	if err := e.mu.LockContext(ctx); err != nil {
 		return fmt.Errorf("strategy: waiting for another call of the strategy to end: %w", err)
 	}
