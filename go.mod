@@ -3,6 +3,7 @@ module github.com/tfdist/tfdist
 go 1.23
 
 require (
+	github.com/google/uuid v1.6.0
 	github.com/stretchr/testify v1.12.1
 	github.com/wamuir/graft v0.10.0
 	go.uber.org/goleak v1.3.0
@@ -11,7 +12,6 @@ require (
 )
 
 require (
-	github.com/google/uuid v1.6.0 // indirect
 	go.uber.org/multierr v1.10.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )
