@@ -15,6 +15,7 @@ import (
 	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
+	"github.com/tfdist/tfdist/savedmodel"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -106,6 +107,20 @@ func EvalStep(m *nn.Sequential, acc *metrics.Accuracy) strategy.ReplicaFn {
 		}
 		s := r.Scope().SubScope("accuracy")
 		return strategy.Outputs{"correct": graphutil.SumAll(s.SubScope("sum"), nn.Correct(s, logits, in["y"]))}, nil
+	}
+}
+
+// ServingSignature is the digits models' serving_default signature: it
+// takes x (float32, [batch, 64]) and returns the logits of m in inference
+// behaviour (float32, [batch, 10]).
+func ServingSignature(m *nn.Sequential) savedmodel.Signature {
+	return savedmodel.Signature{
+		Name:   savedmodel.DefaultSignature,
+		Inputs: strategy.InputSpec{"x": Spec["x"]},
+		Fn: func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+			logits, err := m.Apply(r, in["x"], false)
+			return strategy.Outputs{"logits": logits}, err
+		},
 	}
 }
 
