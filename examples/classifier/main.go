@@ -5,6 +5,12 @@
 //	classifier -strategy mirrored -devices 2
 //	classifier -strategy default -steps 200 -json
 //	tfdist launch --workers 2 -- classifier -strategy multiworker -devices 2
+//	classifier -strategy mirrored -devices 2 -export-dir /models/digits -export-version -1
+//
+// -export-dir writes the trained model as a SavedModel (package
+// savedmodel) whose serving_default signature takes x (float32, [batch,
+// 64]) and returns logits (float32, [batch, 10]); -export-version writes
+// TensorFlow Serving's layout, DIR/N.
 //
 // With the same seed, data order and global batch, every synchronous
 // strategy ends with the same model as the default strategy, up to float

@@ -112,6 +112,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-dp-clip", "1", "-dp-delta", "2"}, "-dp-delta 2: expected a value in (0, 1)"},
 		{[]string{"-dp-clip", "1", "-strategy", "ps"}, "the parameter-server strategy's workers update asynchronously"},
 		{[]string{"-dp-clip", "1", "-clip-norm", "1"}, "DP-SGD clips each example; drop -clip-norm"},
+		{[]string{"-export-dir", "m", "-export-version", "-2"}, "-export-version -2: expected a positive version, 0 for none or -1 for the next"},
+		{[]string{"-export-version", "3"}, "-export-version 3: expected -export-dir too"},
 	} {
 		_, err := classifier.ParseFlags(c.args, io.Discard)
 		assert.ErrorContains(t, err, c.want)

@@ -101,8 +101,9 @@ func TestLaunchTwoWorkersMatchesDefault(t *testing.T) {
 	needBinaries(t)
 	args := []string{"-steps", "200", "-global-batch", "32", "-lr", "0.1"}
 	want := defaultRun(t, args...)
+	export := t.TempDir()
 	out, err := launch(t, 3*time.Minute, []string{"--workers", "2"},
-		append(args, "-strategy", "multiworker", "-devices", "2", "-json", "-log-every", "0")...)
+		append(args, "-strategy", "multiworker", "-devices", "2", "-json", "-log-every", "0", "-export-dir", export, "-export-version", "7")...)
 	require.NoError(t, err, out)
 	got := results(t, out)
 	require.Len(t, got, 2, out)
@@ -114,6 +115,9 @@ func TestLaunchTwoWorkersMatchesDefault(t *testing.T) {
 	}
 	assert.True(t, got["worker:0"].Chief)
 	assert.False(t, got["worker:1"].Chief)
+	assert.Equal(t, filepath.Join(export, "7"), got["worker:0"].ExportDir, "the chief exports")
+	assert.Empty(t, got["worker:1"].ExportDir)
+	assert.Equal(t, want.Accuracy, exportAccuracy(t, filepath.Join(export, "7"), 297, 1), "the export is the trained model")
 }
 
 // A worker dies between two checkpoints: the survivor fails within the

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
-	"github.com/tfdist/tfdist/internal/classifier"
 	"io"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tfdist/tfdist/internal/classifier"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,8 +21,9 @@ import (
 // cleanly when it is done.
 func TestLaunchParameterServerReachesNinetyPercent(t *testing.T) {
 	needBinaries(t)
+	export := filepath.Join(t.TempDir(), "digits")
 	out, err := launch(t, 3*time.Minute, []string{"--chief", "--workers", "2", "--ps", "2"},
-		"-strategy", "ps", "-steps", "300", "-global-batch", "64", "-json", "-log-every", "100")
+		"-strategy", "ps", "-steps", "300", "-global-batch", "64", "-json", "-log-every", "100", "-export-dir", export)
 	require.NoError(t, err, out)
 	got := results(t, out)
 	require.Len(t, got, 1, out)
@@ -31,6 +34,8 @@ func TestLaunchParameterServerReachesNinetyPercent(t *testing.T) {
 	assert.Equal(t, 2, r.Workers)
 	assert.True(t, r.Chief)
 	assert.Regexp(t, `\[chief:0\] step +300/300`, out)
+	assert.Equal(t, export, r.ExportDir)
+	assert.Equal(t, r.Accuracy, exportAccuracy(t, export, 297, 1), "the chief exports the model it evaluated")
 }
 
 // The LeNet CNN (-model lenet, what examples/lenet trains) under tfdist

@@ -23,6 +23,7 @@ import (
 	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/progress"
+	"github.com/tfdist/tfdist/savedmodel"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/summary"
 	"go.uber.org/zap"
@@ -52,6 +53,8 @@ type Options struct {
 	Communication     string
 	StatsEvery        time.Duration
 	LogLevel          string
+	ExportDir         string
+	ExportVersion     int64
 
 	// Large-batch training: see optim.go.
 	WarmupSteps    int
@@ -83,6 +86,9 @@ type Result struct {
 	NoiseMultiplier float64 `json:"noise_multiplier,omitempty"`
 	// AppliedSteps is, under -strategy ps, how many updates the ps tasks applied.
 	AppliedSteps int64 `json:"applied_steps,omitempty"`
+	// ExportDir is, under -export-dir, the directory of the SavedModel
+	// this task wrote ("" on a worker other than the chief).
+	ExportDir string `json:"export_dir,omitempty"`
 }
 
 // RegisterFlags defines the classifier's flags on fs, storing into o.
@@ -102,6 +108,8 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.IntVar(&o.LogEvery, "log-every", 50, "print progress every N steps (0: never)")
 	fs.BoolVar(&o.JSON, "json", false, "end with one JSON line of results on stdout")
 	fs.StringVar(&o.LogDir, "logdir", "", "write TensorBoard event files (loss, accuracy, examples/s) into this directory; the chief only")
+	fs.StringVar(&o.ExportDir, "export-dir", "", "at the end, export the model as a SavedModel into `DIR` (signature serving_default: x float32 [batch, 64] to logits float32 [batch, 10]); the chief only")
+	fs.Int64Var(&o.ExportVersion, "export-version", 0, "with -export-dir: write TensorFlow Serving's layout DIR/`N` (0: the SavedModel in DIR itself; -1: one more than the largest version in DIR)")
 	fs.StringVar(&o.CheckpointDir, "checkpoint-dir", "", "checkpoint here every -checkpoint-every steps and resume from the latest checkpoint on start")
 	fs.IntVar(&o.CheckpointEvery, "checkpoint-every", 50, "steps between checkpoints")
 	fs.DurationVar(&o.CollectiveTimeout, "collective-timeout", 60*time.Second, "multiworker: how long a step waits for its peers before failing and naming a dead or silent one (0: forever)")
@@ -134,6 +142,10 @@ func (o Options) Check() error {
 		return fmt.Errorf("-step-timeout %v: expected a positive duration, or 0 for none", o.StepTimeout)
 	case o.Communication != "tfdist" && o.Communication != "tensorflow":
 		return fmt.Errorf("-communication %q: expected tfdist or tensorflow", o.Communication)
+	case o.ExportVersion < -1:
+		return fmt.Errorf("-export-version %d: expected a positive version, 0 for none or -1 for the next", o.ExportVersion)
+	case o.ExportVersion != 0 && o.ExportDir == "":
+		return fmt.Errorf("-export-version %d: expected -export-dir too", o.ExportVersion)
 	case o.StatsEvery < 0:
 		return fmt.Errorf("-stats-every %v: expected a positive duration, or 0 for none", o.StatsEvery)
 	}
@@ -205,9 +217,27 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	if err := tb.Scalars(int64(o.Steps), map[string]float64{"accuracy": res.Accuracy, "examples_per_sec": res.ExamplesPerSec}); err != nil {
 		return res, err
 	}
+	if res.ExportDir, err = export(ctx, o, sess); err != nil {
+		return res, err
+	}
 	vals, err := strategy.ReadVariables(ctx, sess.strategy(), sess.model().Vars())
 	res.ParamL2 = strategy.GlobalNorm(vals)
 	return res, err
+}
+
+// export writes the trained model as a SavedModel, under -export-dir.
+func export(ctx context.Context, o Options, sess session) (string, error) {
+	if o.ExportDir == "" {
+		return "", nil
+	}
+	var opts []savedmodel.Option
+	switch {
+	case o.ExportVersion == -1:
+		opts = append(opts, savedmodel.WithNextVersion())
+	case o.ExportVersion > 0:
+		opts = append(opts, savedmodel.WithVersion(o.ExportVersion))
+	}
+	return savedmodel.Export(ctx, sess.strategy(), o.ExportDir, []savedmodel.Signature{models.ServingSignature(sess.model())}, opts...)
 }
 
 // session is one strategy's part of a run: its model, steps, checkpoints

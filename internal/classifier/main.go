@@ -39,6 +39,9 @@ func Main(prog, model string, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "final loss %.4f, held-out accuracy %.2f%% (%d replicas, %.0f examples/s)\n",
 		res.FinalLoss, 100*res.Accuracy, res.Replicas, res.ExamplesPerSec)
+	if res.ExportDir != "" {
+		fmt.Fprintf(stdout, "SavedModel in %s (signature serving_default: x float32 [batch, 64] -> logits float32 [batch, 10])\n", res.ExportDir)
+	}
 	if o.JSON {
 		line, _ := json.Marshal(res)
 		fmt.Fprintln(stdout, string(line))
