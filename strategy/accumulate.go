@@ -141,8 +141,13 @@ func (ab *accumBuild) accumulates() bool { return ab.k > 1 }
 // the CrossDeviceOps, or, in a step that accumulates, with
 // reduceAccumulated, which averages them over the accumulated examples.
 func (e *InGraph) reduceGradients(s *op.Scope, ab *accumBuild, vars []*variable, vals [][]tf.Output) ([][]tf.Output, error) {
-	if !ab.accumulates() {
+	switch gr := e.cfg.GradientReducer; {
+	case !ab.accumulates() && gr != nil:
+		return gr.ReduceGradients(s, vals, e.cfg.Devices)
+	case !ab.accumulates():
 		return e.cfg.CrossDeviceOps.BatchReduce(s, Sum, vals, e.cfg.Devices)
+	case gr != nil:
+		return nil, fmt.Errorf("WithAccumulation(%d): the strategy's aggregation rule combines each step's gradients as they are; it cannot accumulate them", ab.k)
 	}
 	accs := make([]*variable, len(vars))
 	for i, v := range vars {

@@ -39,6 +39,10 @@ type Config struct {
 	NumWorkers, WorkerID int
 	// CrossDeviceOps reduces values across replicas; required.
 	CrossDeviceOps CrossDeviceOps
+	// GradientReducer, when set, sums the gradients of a step in place of
+	// CrossDeviceOps (a robust aggregation rule); a step that accumulates
+	// gradients (WithAccumulation) then fails to build.
+	GradientReducer GradientReducer
 	// Target is the session target: "" for the in-process runtime, or a
 	// server's target such as grpc://localhost:2222.
 	Target string

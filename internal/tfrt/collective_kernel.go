@@ -20,7 +20,7 @@ import (
 	"github.com/tfdist/tfdist/collective"
 )
 
-var kinds = [...]string{kindAllReduce: "all-reduce", kindAllGather: "all-gather", kindBroadcast: "broadcast"}
+var kinds = [...]string{kindAllReduce: "all-reduce", kindAllGather: "all-gather", kindBroadcast: "broadcast", kindAggregate: "aggregate"}
 
 // call is one execution of a collective op's kernel. It owns the input and
 // output tensors until it runs TensorFlow's done callback, exactly once.
@@ -80,6 +80,14 @@ func (c *call) start() error {
 		go c.gather()
 		return nil
 	}
+	if c.k.kind == kindAggregate { // a new output: the votes are read while it is written
+		c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_TensorType(c.in), dimsPtr(c.dims), C.int(len(c.dims)), C.TF_TensorByteSize(c.in), st)
+		if err := statusError(st, "allocate output"); err != nil {
+			return err
+		}
+		go c.aggregate()
+		return nil
+	}
 	idx, fwd := C.int(0), C.int(-1)
 	c.out = C.TF_ForwardInputOrAllocateOutput(c.ctx, &idx, 1, 0, dimsPtr(c.dims), C.int(len(c.dims)), &fwd, st)
 	if err := statusError(st, "allocate output"); err != nil {
@@ -90,6 +98,35 @@ func (c *call) start() error {
 	}
 	go c.reduceOrBroadcast()
 	return nil
+}
+
+// aggregate gathers every member's input and has the call's Aggregator
+// write their combination into the output.
+func (c *call) aggregate() {
+	agg, ok := aggregators.Load(c.k.agg)
+	if !ok {
+		c.finish(&Error{Code: FailedPrecondition, Msg: fmt.Sprintf("no aggregator %s in this process (was its strategy closed?)", c.k.agg)})
+		return
+	}
+	if c.dt != collective.Float32 {
+		c.finish(&Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate of %s: expected float32 votes", c.dt)})
+		return
+	}
+	in := float32s(tensorBytes(c.in))
+	blocks, err := c.g.AllGather(context.Background(), c.k.name, c.dt, tensorBytes(c.in), c.shape())
+	if err != nil {
+		c.finish(err)
+		return
+	}
+	votes := make([][]float32, len(blocks))
+	for r, b := range blocks {
+		if len(b) != 4*len(in) {
+			c.finish(&Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate: %s sent %d bytes, expected %d", c.g.Members()[r], len(b), 4*len(in))})
+			return
+		}
+		votes[r] = float32s(b)
+	}
+	c.finish(agg.(Aggregator)(votes, float32s(tensorBytes(c.out))))
 }
 
 // reduceOrBroadcast runs the call's all-reduce (from the input into the
@@ -206,6 +243,20 @@ func dimsPtr(dims []C.int64_t) *C.int64_t {
 		return nil
 	}
 	return &dims[0]
+}
+
+// float32s views b as float32s, or copies it into aligned memory when it is
+// not aligned for them.
+func float32s(b []byte) []float32 {
+	if len(b) == 0 {
+		return nil
+	}
+	if uintptr(unsafe.Pointer(unsafe.SliceData(b)))%4 != 0 {
+		out := make([]float32, len(b)/4)
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(out))), len(b)), b)
+		return out
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
 }
 
 // tensorBytes views t's buffer, which TensorFlow owns, as bytes.

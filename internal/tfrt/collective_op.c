@@ -11,8 +11,8 @@
 #include "_cgo_export.h"
 #include "collective_queue.h"
 
-// The second argument is the kernel's kind: kindAllReduce, kindAllGather
-// and kindBroadcast in collective_op.go.
+// The second argument is the kernel's kind: kindAllReduce, kindAllGather,
+// kindBroadcast and kindAggregate in collective_op.go.
 static void* tfdist_create_allreduce(TF_OpKernelConstruction* ctx) {
   return (void*)tfdistKernelCreate(ctx, 0);
 }
@@ -21,6 +21,9 @@ static void* tfdist_create_allgather(TF_OpKernelConstruction* ctx) {
 }
 static void* tfdist_create_broadcast(TF_OpKernelConstruction* ctx) {
   return (void*)tfdistKernelCreate(ctx, 2);
+}
+static void* tfdist_create_aggregate(TF_OpKernelConstruction* ctx) {
+  return (void*)tfdistKernelCreate(ctx, 3);
 }
 
 void* tfdist_keep_done(void* done);
@@ -118,4 +121,7 @@ void tfdist_register_ops(TF_Status* st) {
   if (TF_GetCode(st) != TF_OK) return;
   tfdist_register("TfdistBroadcast", "root: int", 1, tfdist_create_broadcast,
                   st);
+  if (TF_GetCode(st) != TF_OK) return;
+  tfdist_register("TfdistAggregate", "aggregator: string", 1,
+                  tfdist_create_aggregate, st);
 }

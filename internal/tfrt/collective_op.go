@@ -26,12 +26,14 @@ const (
 	opAllReduce = "TfdistAllReduce"
 	opAllGather = "TfdistAllGather"
 	opBroadcast = "TfdistBroadcast"
+	opAggregate = "TfdistAggregate"
 )
 
 var (
 	registerOnce sync.Once
 	registerErr  error
 	groups       sync.Map // group id → *collective.Group
+	aggregators  sync.Map // aggregator id → Aggregator
 )
 
 // registerOps registers the collective ops and their kernels with
@@ -71,6 +73,18 @@ func RegisterGroup(g *collective.Group) (id string, unregister func()) {
 	return id, func() { groups.Delete(id) }
 }
 
+// Aggregator combines the members' votes, gathered in rank order, into out
+// (of a vote's length), the same on every member; an error fails the step.
+type Aggregator func(votes [][]float32, out []float32) error
+
+// RegisterAggregator makes agg reachable from the Aggregate ops of this
+// process under the returned id, until unregister is called.
+func RegisterAggregator(agg Aggregator) (id string, unregister func()) {
+	id = uuid.NewString()
+	aggregators.Store(id, agg)
+	return id, func() { aggregators.Delete(id) }
+}
+
 func addCollective(s *op.Scope, typ string, in tf.Output, attrs map[string]any) tf.Output {
 	if err := registerOps(); err != nil {
 		s.UpdateErr(typ, err)
@@ -102,12 +116,20 @@ func Broadcast(s *op.Scope, in tf.Output, group, name string, root int) tf.Outpu
 	return addCollective(s, opBroadcast, in, map[string]any{"group": group, "tensor_name": name, "root": int64(root)})
 }
 
+// Aggregate adds an op that gathers every member's in (float32, any shape)
+// and combines the votes with the Aggregator registered as aggregator; the
+// output has in's shape.
+func Aggregate(s *op.Scope, in tf.Output, group, name, aggregator string) tf.Output {
+	return addCollective(s, opAggregate, in, map[string]any{"group": group, "tensor_name": name, "aggregator": aggregator})
+}
+
 // The kinds of collective kernel, as collective_op.c's create functions
 // pass them.
 const (
 	kindAllReduce C.int = iota
 	kindAllGather
 	kindBroadcast
+	kindAggregate
 )
 
 // kernel is one collective op node's kernel: its attributes.
@@ -117,6 +139,7 @@ type kernel struct {
 	name  string
 	red   collective.Reduction
 	root  int
+	agg   string // the Aggregator's id
 }
 
 var reductions = map[string]collective.Reduction{"sum": collective.Sum, "min": collective.Min, "max": collective.Max}
@@ -134,6 +157,9 @@ func tfdistKernelCreate(ctx *C.TF_OpKernelConstruction, kind C.int) C.uintptr_t 
 		var r string
 		r, err = stringAttr(ctx, "reduction", st)
 		k.red = reductions[r]
+	}
+	if err == nil && kind == kindAggregate {
+		k.agg, err = stringAttr(ctx, "aggregator", st)
 	}
 	if err == nil && kind == kindBroadcast {
 		var root C.int64_t
