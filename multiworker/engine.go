@@ -26,9 +26,10 @@ import (
 // Op names are handed out in build order, so workers that build the same
 // program match their ops without talking.
 type engineOps struct {
-	group    string // the group's id in tfrt's registry
-	host     string // this worker's host CPU
-	replicas int    // replicas in sync across every worker
+	group      string // the group's id in tfrt's registry
+	aggregator string // the voter's id in tfrt's registry, with WithAggregation
+	host       string // this worker's host CPU
+	replicas   int    // replicas in sync across every worker
 
 	mu   sync.Mutex
 	next int
@@ -169,6 +170,18 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	s := &Strategy{resolver: c.resolver, task: w.task, workerID: w.workerID, workers: w.workers,
 		group: g, unregister: unregister, closeTimeout: c.closeTimeout(), log: w.log}
+	var reducer strategy.GradientReducer
+	if c.aggregation != nil {
+		names := make([]string, len(w.workers))
+		for i, t := range w.workers {
+			names[i] = t.String()
+		}
+		s.voter = newVoter(c.aggregation, names, w.log)
+		var unregisterVoter func()
+		cdo.aggregator, unregisterVoter = tfrt.RegisterAggregator(s.voter.aggregate)
+		s.unregister = func() { unregister(); unregisterVoter() }
+		reducer = cdo
+	}
 	e, err := strategy.NewInGraph(strategy.Config{
 		Name:              "multiworker",
 		Devices:           devices,
@@ -177,13 +190,14 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		NumWorkers:        len(w.workers),
 		WorkerID:          w.workerID,
 		CrossDeviceOps:    cross,
+		GradientReducer:   reducer,
 		SessionOptions:    w.sessionOptions(c, tfrt.WithoutThreadSpinning()),
 		Logger:            w.log,
 		DiagnoseRunError:  s.diagnose,
 		AbortPeers:        g.Abort,
 	})
 	if err != nil {
-		unregister()
+		s.unregister()
 		cctx, cancel := context.WithTimeout(context.Background(), s.closeTimeout)
 		defer cancel()
 		return nil, errors.Join(fmt.Errorf("multiworker: %w", err), g.Close(cctx))

@@ -28,6 +28,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 	"go.uber.org/zap"
 
+	"github.com/tfdist/tfdist/aggregate"
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/collective"
 	"github.com/tfdist/tfdist/internal/tfrt"
@@ -58,6 +59,8 @@ type Strategy struct {
 	// collective ops.
 	group      *collective.Group
 	unregister func()
+	// With WithAggregation: the rule's state.
+	voter *voter
 	// closeTimeout bounds Close's barrier.
 	closeTimeout time.Duration
 
@@ -75,6 +78,7 @@ type config struct {
 	intra, inter   int
 	tls            mtls.Files
 	requireTLS     bool
+	aggregation    aggregate.Rule
 	log            *zap.Logger
 }
 
@@ -157,6 +161,9 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	task := cluster.TaskOf(c.resolver)
 	log := logging.OrNop(c.log)
 	if spec.IsEmpty() || spec.WorkerCount() <= 1 && spec.NumTasks(cluster.PS) == 0 {
+		if err := c.checkAggregation(1); err != nil {
+			return nil, err
+		}
 		return newLocal(c, task, log)
 	}
 	if task.Type != cluster.Chief && task.Type != cluster.Worker {
@@ -174,6 +181,9 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	}
 	if workerID < 0 {
 		return nil, fmt.Errorf("multiworker: task %s is not in the cluster", task)
+	}
+	if err := c.checkAggregation(len(workers)); err != nil {
+		return nil, err
 	}
 	log = logging.ForTask(log, string(task.Type), task.Index)
 	if c.timeout == 0 {
