@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"time"
 
@@ -55,6 +56,7 @@ type Options struct {
 	LogLevel          string
 	ExportDir         string
 	ExportVersion     int64
+	Aggregation       string
 
 	// Large-batch training: see optim.go.
 	WarmupSteps    int
@@ -86,6 +88,10 @@ type Result struct {
 	NoiseMultiplier float64 `json:"noise_multiplier,omitempty"`
 	// AppliedSteps is, under -strategy ps, how many updates the ps tasks applied.
 	AppliedSteps int64 `json:"applied_steps,omitempty"`
+	// Aggregation is the rule of -aggregation, and DiscardedVotes counts,
+	// per worker, the steps whose gradient did not count fully.
+	Aggregation    string  `json:"aggregation,omitempty"`
+	DiscardedVotes []int64 `json:"discarded_votes,omitempty"`
 	// ExportDir is, under -export-dir, the directory of the SavedModel
 	// this task wrote ("" on a worker other than the chief).
 	ExportDir string `json:"export_dir,omitempty"`
@@ -118,6 +124,7 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.Communication, "communication", "tfdist", "multiworker: who moves tensors between workers: tfdist (its own collective engine) or tensorflow (TensorFlow's ring collectives)")
 	registerLargeBatchFlags(fs, o)
 	registerPrivacyFlags(fs, &o.DP)
+	registerRobustFlags(fs, o)
 	fs.DurationVar(&o.StatsEvery, "stats-every", 0, "print a line 'stats goroutines=N heap=BYTES' every `D` (0: never), for soak runs that watch the process")
 }
 
@@ -150,6 +157,9 @@ func (o Options) Check() error {
 		return fmt.Errorf("-stats-every %v: expected a positive duration, or 0 for none", o.StatsEvery)
 	}
 	if err := o.DP.check(o); err != nil {
+		return err
+	}
+	if _, err := o.aggregation(); err != nil {
 		return err
 	}
 	if _, err := o.logger(); err != nil {
@@ -186,6 +196,11 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	if err != nil {
 		return res, err
 	}
+	disarm, err := armVoteAttack()
+	if err != nil {
+		return res, err
+	}
+	defer disarm()
 	data, err := digits.Load()
 	if err != nil {
 		return res, err
@@ -283,7 +298,11 @@ func trainModel(ctx context.Context, o Options, sess session, crash crashPlan, t
 	}
 	c := trainloop.Config{Steps: o.Steps, Start: start, MaxChunk: maxChunk, GlobalBatch: o.GlobalBatch,
 		LogEvery: o.LogEvery, Log: log, CheckpointEvery: o.CheckpointEvery,
-		OnLoss: func(step int, loss float64) error { return tb.Scalar(int64(step), "loss", loss) }}
+		OnLoss: func(step int, loss float64) error {
+			scalars := map[string]float64{"loss": loss}
+			maps.Copy(scalars, aggregationResult(sess.strategy(), res))
+			return tb.Scalars(int64(step), scalars)
+		}}
 	if p := sess.privacy(); p != nil {
 		c.Progress = append(c.Progress, progress.WithMetric("ε", p.epsilon))
 		c.OnLoss = func(step int, loss float64) error {
@@ -301,6 +320,7 @@ func trainModel(ctx context.Context, o Options, sess session, crash crashPlan, t
 		return err
 	}
 	res.FinalLoss, res.ExamplesPerSec = out.Loss, out.ExamplesPerSec
+	aggregationResult(sess.strategy(), res)
 	if p := sess.privacy(); p != nil {
 		res.Epsilon, res.Delta, res.NoiseMultiplier = p.epsilon(o.Steps), p.Delta, p.Noise
 	}

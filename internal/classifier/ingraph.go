@@ -46,8 +46,12 @@ func newStrategy(ctx context.Context, o Options) (engine, bool, int, error) {
 		if err != nil {
 			return nil, false, 0, err
 		}
-		s, err := multiworker.New(ctx, multiworker.WithLogicalCPUs(o.Devices), multiworker.WithCollectiveTimeout(o.CollectiveTimeout),
-			multiworker.WithCommunication(comm), multiworker.WithLogger(log))
+		robust, err := o.robustOptions()
+		if err != nil {
+			return nil, false, 0, err
+		}
+		s, err := multiworker.New(ctx, append(robust, multiworker.WithLogicalCPUs(o.Devices), multiworker.WithCollectiveTimeout(o.CollectiveTimeout),
+			multiworker.WithCommunication(comm), multiworker.WithLogger(log))...)
 		if err != nil {
 			return nil, false, 0, err
 		}

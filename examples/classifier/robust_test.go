@@ -1,0 +1,102 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/internal/classifier"
+)
+
+// robustTau is the centered clipping radius the tests use: about the
+// distance between two honest workers' gradients on the digits MLP.
+const robustTau = "centered_clip(0.1,3)"
+
+// robustLaunch trains the classifier on 5 worker processes under launch
+// with rule, worker 4 faulty as attack says ("" for none): 300 steps with
+// a faulty worker, 600 without (Krum, which keeps one vote of five, needs
+// them to pass 92%).
+func robustLaunch(t *testing.T, rule, attack string) (string, error) {
+	t.Helper()
+	needBinaries(t)
+	t.Setenv(classifier.EnvVoteAttack, attack)
+	steps := "300"
+	if attack == "" {
+		steps = "600"
+	}
+	return launch(t, 3*time.Minute, []string{"--workers", "5"}, "-strategy", "multiworker", "-aggregation", rule,
+		"-steps", steps, "-global-batch", "80", "-json", "-log-every", "0")
+}
+
+// robustRun is robustLaunch of a run that succeeds: it returns the
+// workers' results, which must agree.
+func robustRun(t *testing.T, rule, attack string) classifier.Result {
+	t.Helper()
+	out, err := robustLaunch(t, rule, attack)
+	require.NoError(t, err, out)
+	got := results(t, out)
+	require.Len(t, got, 5, out)
+	r := got["worker:0"]
+	for task, g := range got {
+		assert.Equal(t, r.ParamL2, g.ParamL2, "%s: every worker holds the same model", task)
+		assert.Equal(t, r.Accuracy, g.Accuracy, task)
+		assert.Equal(t, r.DiscardedVotes, g.DiscardedVotes, task)
+	}
+	return r
+}
+
+const (
+	signFlip = "worker=4,kind=signflip,scale=100"
+	noise    = "worker=4,kind=noise,scale=100"
+)
+
+// One faulty worker of 5 steers the mean: Gaussian noise (100 times the
+// honest gradients' scale) below 30% held-out accuracy, and the sign flip
+// (×100) to NaN within a few steps, which fails the run naming the
+// workers; the median, the trimmed mean, Krum and centered clipping keep
+// at least 90%.
+func TestRobustRulesWithstandAFaultyWorker(t *testing.T) {
+	out, err := robustLaunch(t, "mean", signFlip)
+	require.Error(t, err)
+	assert.Contains(t, out, "aggregation mean: [worker:0 worker:1 worker:2 worker:3 worker:4] sent a gradient holding NaN or Inf")
+	r := robustRun(t, "mean", noise)
+	assert.Less(t, r.Accuracy, 0.30, "mean under noise")
+	for _, attack := range []string{signFlip, noise} {
+		kind := strings.Split(attack, ",")[1]
+		for _, rule := range []string{"median", "trimmed_mean(1)", "krum(1)", robustTau} {
+			r := robustRun(t, rule, attack)
+			assert.GreaterOrEqual(t, r.Accuracy, 0.90, "%s under %s", rule, kind)
+			if rule != "median" { // the median discards no vote: it takes a middle value of each coordinate
+				assert.NotZero(t, r.DiscardedVotes[4], "%s under %s: the faulty vote is set aside", rule, kind)
+			}
+			t.Logf("%s under %s: %.2f%%, discarded %v", rule, kind, 100*r.Accuracy, r.DiscardedVotes)
+		}
+	}
+}
+
+// With no faulty worker every robust rule still trains: at least 92%.
+func TestRobustRulesTrainWithoutFaults(t *testing.T) {
+	for _, rule := range []string{"median", "trimmed_mean(1)", "krum(1)", "multi_krum(1,3)", robustTau} {
+		r := robustRun(t, rule, "")
+		assert.GreaterOrEqual(t, r.Accuracy, 0.92, rule)
+		assert.Equal(t, rule, r.Aggregation)
+		t.Logf("%s: %.2f%%", rule, 100*r.Accuracy)
+	}
+}
+
+func TestAggregationFlagErrors(t *testing.T) {
+	for _, c := range [][2]string{
+		{"-strategy=mirrored -aggregation=median", "-aggregation median: only -strategy multiworker combines votes"},
+		{"-strategy=ps -aggregation=krum(1)", "-strategy ps cannot honour it"},
+		{"-strategy=multiworker -aggregation=krum(-1)", "f must be >= 0"},
+		{"-strategy=multiworker -aggregation=bogus", `-aggregation: `},
+	} {
+		_, err := classifier.ParseFlags(strings.Fields(c[0]), io.Discard)
+		assert.ErrorContains(t, err, c[1], fmt.Sprint(c))
+	}
+}

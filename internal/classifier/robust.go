@@ -1,0 +1,73 @@
+package classifier
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/tfdist/tfdist/aggregate"
+	"github.com/tfdist/tfdist/internal/faults"
+	"github.com/tfdist/tfdist/multiworker"
+)
+
+// EnvVoteAttack gives the run a faulty worker for the robust-aggregation
+// tests (faults.ParseVoteAttack's form), like the crash hooks: an
+// environment variable, not a flag.
+const EnvVoteAttack = faults.EnvVoteAttack
+
+func registerRobustFlags(fs *flag.FlagSet, o *Options) {
+	fs.StringVar(&o.Aggregation, "aggregation", "", "multiworker: combine the workers' gradients with `RULE` instead of summing them: mean, median, trimmed_mean(f), krum(f), multi_krum(f,m) or centered_clip(tau,iterations)")
+}
+
+// aggregation returns the rule of -aggregation, nil without one.
+func (o Options) aggregation() (aggregate.Rule, error) {
+	if o.Aggregation == "" {
+		return nil, nil
+	}
+	r, err := aggregate.Parse(o.Aggregation)
+	if err != nil {
+		return nil, fmt.Errorf("-aggregation: %w", err)
+	}
+	if o.Strategy != "multiworker" {
+		return nil, fmt.Errorf("-aggregation %s: only -strategy multiworker combines votes, one per worker (-strategy %s cannot honour it)", r, o.Strategy)
+	}
+	return r, nil
+}
+
+// robustOptions returns the multiworker options of -aggregation.
+func (o Options) robustOptions() ([]multiworker.Option, error) {
+	r, err := o.aggregation()
+	if err != nil || r == nil {
+		return nil, err
+	}
+	return []multiworker.Option{multiworker.WithAggregation(r)}, nil
+}
+
+// armVoteAttack sets the vote attack of EnvVoteAttack, if any, for the
+// process's run and returns the function that removes it.
+func armVoteAttack() (func(), error) {
+	v := os.Getenv(EnvVoteAttack)
+	if v == "" {
+		return func() {}, nil
+	}
+	a, err := faults.ParseVoteAttack(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", EnvVoteAttack, err)
+	}
+	return faults.SetVoteAttack(a), nil
+}
+
+// aggregationResult adds what the aggregation rule did to res, and returns
+// the scalars TensorBoard records of it.
+func aggregationResult(s any, res *Result) map[string]float64 {
+	mw, ok := s.(*multiworker.Strategy)
+	if !ok {
+		return nil
+	}
+	st := mw.AggregationStats()
+	if st.Rule == "" {
+		return nil
+	}
+	res.Aggregation, res.DiscardedVotes = st.Rule, st.Discarded
+	return map[string]float64{"aggregation/discarded_votes": float64(len(st.LastDiscarded))}
+}
