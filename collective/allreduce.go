@@ -29,24 +29,37 @@ func (g *Group) AllReduceTo(ctx context.Context, name string, red Reduction, dt 
 	if len(dst) != len(src) {
 		return fmt.Errorf("collective: all-reduce %q: %d bytes into %d", name, len(src), len(dst))
 	}
-	if len(g.members) == 1 || len(src) <= g.cfg.directMax {
-		copyIfDistinct(dst, src)
-	}
-	if len(g.members) == 1 {
-		return g.Err()
-	}
 	h, err := withOptions(header{op: opAllReduce, dtype: dt, red: red, count: uint64(len(src) / dt.Size())}, opts)
 	if err != nil {
 		return fmt.Errorf("collective: all-reduce %q: %w", name, err)
+	}
+	if len(g.members) == 1 {
+		copyIfDistinct(dst, src)
+		return g.Err()
+	}
+	if h.wire != 0 && !(aligned(dst, 4) && aligned(src, 4)) {
+		return g.allReduceAligned(ctx, name, red, dst, src, opts)
 	}
 	o, err := g.start(ctx, name, h)
 	if err != nil {
 		return err
 	}
 	if len(src) <= g.cfg.directMax {
+		copyIfDistinct(dst, src)
 		return o.end(o.directReduce(dst))
 	}
 	return o.end(o.ringReduce(dst, src))
+}
+
+// allReduceAligned runs a compressed all-reduce of unaligned buffers through
+// an aligned copy.
+func (g *Group) allReduceAligned(ctx context.Context, name string, red Reduction, dst, src []byte, opts []CallOption) error {
+	c := alignedCopy(src)
+	if err := g.AllReduce(ctx, name, red, Float32, c, opts...); err != nil {
+		return err
+	}
+	copy(dst, c)
+	return nil
 }
 
 // copyIfDistinct copies src into dst unless they are the same buffer.
@@ -74,11 +87,19 @@ func checkArgs(kind opKind, name string, dt DType, data []byte) error {
 
 // directReduce sends data to every peer, receives every peer's buffer and
 // reduces all of them in rank order, so every member computes the same
-// bits.
+// bits. Compressed, data is first rounded to what the peers will receive.
 func (o *op) directReduce(data []byte) error {
 	g := o.g
+	out := data
+	if o.self.wire != 0 {
+		b := getBuf(len(data) / 2)
+		defer putBuf(b)
+		out = *b
+		encodeHalf(o.self.wire, view[uint16](out), view[float32](data))
+		decodeHalf(o.self.wire, view[float32](data), view[uint16](out))
+	}
 	for _, p := range g.peers {
-		if err := o.send(p, 0, 0, 0, data); err != nil {
+		if err := o.send(p, 0, 0, 0, out); err != nil {
 			return err
 		}
 	}
@@ -94,12 +115,23 @@ func (o *op) directReduce(data []byte) error {
 		if err != nil {
 			return err
 		}
-		if int(f.h.length) != len(data) {
-			return o.protocolErr(p, "%d bytes, want %d", f.h.length, len(data))
+		if int(f.h.length) != len(out) {
+			return o.protocolErr(p, "%d bytes, want %d", f.h.length, len(out))
+		}
+		if o.self.wire != 0 {
+			o.widen(&frames[p])
 		}
 	}
 	o.combineInRankOrder(data, frames)
 	return nil
+}
+
+// widen replaces a compressed frame's payload with its float32 values.
+func (o *op) widen(f *frame) {
+	b := getBuf(2 * len(f.payload()))
+	decodeHalf(o.self.wire, view[float32](*b), view[uint16](f.payload()))
+	f.release()
+	f.buf = b
 }
 
 // combineInRankOrder computes ((x0 ∘ x1) ∘ x2)… into data, where x_rank is

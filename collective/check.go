@@ -20,6 +20,8 @@ func (o *op) check(peer int, h *header) error {
 		return o.mismatch(peer, h, describeReduction)
 	case h.root != s.root:
 		return o.mismatch(peer, h, describeRoot)
+	case h.wire != s.wire:
+		return o.mismatch(peer, h, describeWire)
 	}
 	return nil
 }
@@ -73,6 +75,13 @@ func describeReduction(h *header) string {
 }
 
 func describeRoot(h *header) string { return fmt.Sprintf("root %d", h.root) }
+
+func describeWire(h *header) string {
+	if h.wire == 0 {
+		return describeShape(h) + " uncompressed"
+	}
+	return fmt.Sprintf("%s compressed to %v", describeShape(h), h.wire)
+}
 
 // protocolErr reports a frame from peer that cannot follow from a correct
 // peer running the same call.

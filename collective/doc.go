@@ -25,18 +25,18 @@
 // in different orders on different members. Every frame header carries
 // magic, version, frame kind, epoch, sequence number, operation kind,
 // tensor name, dtype, element count, the shape when the caller gave one
-// (Shape), reduction, root, chunk offset, step, chunk index and payload
-// length. One reader goroutine per connection
+// (Shape), reduction, root, the wire type (Compress), chunk offset, step,
+// chunk index and payload length. One reader goroutine per connection
 // demultiplexes frames into per-operation mailboxes, buffering frames of an
 // operation not started locally yet; it never waits for an operation.
 // Writers send whole frames (header and payload with one writev) under a
 // per-connection mutex, so frames of concurrent operations interleave whole.
 //
 // A receiver compares each header with its own call. If the members
-// disagree (kind, dtype, length, shape, reduction or root) the call fails with a
-// *MismatchError naming the operation, the tensor and both members with
-// what each has, and an abort frame carries the error to every peer so all
-// members fail promptly.
+// disagree (kind, dtype, length, shape, reduction, root or wire type) the
+// call fails with a *MismatchError naming the operation, the tensor and
+// both members with what each has, and an abort frame carries the error to
+// every peer so all members fail promptly.
 //
 // # Algorithms
 //
@@ -53,6 +53,29 @@
 // a broadcast's receivers also tell the root they agree on the call.
 // Barrier is an all-gather of nothing. A group of one does everything
 // locally.
+//
+// # Compression
+//
+// With Compress(Float16) or Compress(BFloat16), a float32 all-reduce sends
+// 16-bit floats: each frame carries its chunk's elements rounded to the
+// wire type (to nearest, ties to even), half the bytes; its header names
+// the wire type (a field added in protocol version 3) and its offset and
+// length count bytes on the wire. The ring cuts chunks in elements, so a
+// compressed frame still carries at most 1 MiB. Sums are kept in float32:
+// around the ring a member decodes the partial sum it receives, adds its
+// own float32 values and rounds the result once to send it on, so
+// precision is lost once per transfer, never accumulated in 16 bits. The
+// member completing a segment divides for Mean, rounds, keeps the decoded
+// rounded values and sends the same 16 bits, which the all-gather forwards
+// unchanged: every member decodes the same bits. On the direct path each
+// member first rounds its own buffer as its peers will receive it, so all
+// reduce the same float32 inputs in rank order. A sum of n members' values
+// lies within about n·2^-11 (float16) or n·2^-8 (bfloat16) of the exact
+// sum, relative to the sum of magnitudes; float16 overflows to infinity
+// beyond 65504. A group of one rounds nothing. Converting costs CPU, a few
+// nanoseconds an element per hop, so compression pays when the network,
+// not the processor, bounds the all-reduce; over loopback, where sending
+// costs little more than a copy, it does not.
 //
 // Buffers are read in host byte order, which must be little-endian on
 // every member (as on amd64 and arm64); aligned buffers are reduced in

@@ -10,8 +10,8 @@ import (
 // Wire constants. All integers are little-endian.
 const (
 	frameMagic   uint32 = 0x43444654 // "TFDC"
-	frameVersion uint8  = 2          // 2 added kindClosing
-	fixedLen            = 56         // bytes of a header before the name
+	frameVersion uint8  = 3          // 2 added kindClosing, 3 the wire type
+	fixedLen            = 64         // bytes of a header before the name
 	maxNameLen          = 4096       // longest tensor name
 	maxRank             = 32         // most dimensions a shape may have
 	maxPayload          = 4 << 20    // largest payload of any frame
@@ -65,9 +65,10 @@ func (k opKind) String() string {
 //
 //	0 magic u32 | 4 version u8 | 5 kind u8 | 6 op u8 | 7 dtype u8
 //	8 reduction u8 | 9 rank u8 | 10 name length u16 | 12 epoch u32
-//	16 seq u64 | 24 element count u64 | 32 chunk byte offset u64
+//	16 seq u64 | 24 element count u64 | 32 chunk offset u64 (wire bytes)
 //	40 root u32 | 44 step u32 | 48 chunk index u32 | 52 payload length u32
-//	56 name, then rank dimensions u64 (the shape, when the caller gave one)
+//	56 wire type u8 (0: the dtype itself) | 57 reserved (7 bytes, sent as zero)
+//	64 name, then rank dimensions u64 (the shape, when the caller gave one)
 type header struct {
 	kind   frameKind
 	op     opKind
@@ -81,6 +82,7 @@ type header struct {
 	step   uint32
 	chunk  uint32
 	length uint32
+	wire   DType // the type data travels as (Compress); 0 for dtype itself
 	name   []byte
 	dims   []uint64 // the tensor's shape; none when the caller gave none
 }
@@ -99,6 +101,7 @@ func appendHeader(dst []byte, h *header) []byte {
 	dst = le.AppendUint32(dst, h.step)
 	dst = le.AppendUint32(dst, h.chunk)
 	dst = le.AppendUint32(dst, h.length)
+	dst = append(dst, byte(h.wire), 0, 0, 0, 0, 0, 0, 0)
 	dst = append(dst, h.name...)
 	for _, d := range h.dims {
 		dst = le.AppendUint64(dst, d)
@@ -124,7 +127,7 @@ func parseFixed(b []byte) (header, int, int, error) {
 	nameLen := int(le.Uint16(b[10:]))
 	h.epoch, h.seq, h.count = le.Uint32(b[12:]), le.Uint64(b[16:]), le.Uint64(b[24:])
 	h.offset, h.root, h.step = le.Uint64(b[32:]), le.Uint32(b[40:]), le.Uint32(b[44:])
-	h.chunk, h.length = le.Uint32(b[48:]), le.Uint32(b[52:])
+	h.chunk, h.length, h.wire = le.Uint32(b[48:]), le.Uint32(b[52:]), DType(b[56])
 	rank := int(b[9])
 	if rank > maxRank {
 		return h, 0, 0, fmt.Errorf("%w: shape of %d dimensions", errProtocol, rank)

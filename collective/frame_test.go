@@ -11,7 +11,7 @@ import (
 
 func TestHeaderRoundTrip(t *testing.T) {
 	h := header{kind: kindData, op: opBroadcast, dtype: BFloat16, red: Max, epoch: 3, seq: 1 << 40,
-		count: 12345, offset: 678, root: 2, step: 5, chunk: 9, length: 4096, name: []byte("grads/pack_0")}
+		count: 12345, offset: 678, root: 2, step: 5, chunk: 9, length: 4096, wire: Float16, name: []byte("grads/pack_0")}
 	b := appendHeader(nil, &h)
 	require.Len(t, b, fixedLen+len(h.name))
 	got, n, err := decodeHeader(append(b, 0xff))
@@ -47,6 +47,7 @@ func TestAbortRoundTrip(t *testing.T) {
 
 func FuzzDecodeHeader(f *testing.F) {
 	f.Add(appendHeader(nil, &header{kind: kindData, op: opAllReduce, dtype: Float32, red: Sum, count: 10, length: 40, name: []byte("x")}))
+	f.Add(appendHeader(nil, &header{kind: kindData, op: opAllReduce, dtype: Float32, red: Mean, count: 10, length: 20, wire: BFloat16, name: []byte("g")}))
 	f.Add(appendHeader(nil, &header{kind: kindHello, seq: 0xfeed, root: 1, count: 2}))
 	f.Add(appendHeader(nil, &header{kind: kindAbort, length: 7}))
 	f.Add(appendHeader(nil, &header{kind: kindData, op: opAllGather, dtype: Int64, count: 6, name: []byte("rows"), dims: []uint64{3, 2}}))

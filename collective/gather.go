@@ -12,14 +12,14 @@ func (g *Group) AllGather(ctx context.Context, name string, dt DType, data []byt
 	if err := checkArgs(opAllGather, name, dt, data); err != nil {
 		return nil, err
 	}
+	h, err := withOptions(header{op: opAllGather, dtype: dt, count: uint64(len(data) / dt.Size())}, opts)
+	if err != nil {
+		return nil, fmt.Errorf("collective: all-gather %q: %w", name, err)
+	}
 	out := make([][]byte, len(g.members))
 	out[g.rank] = append([]byte{}, data...)
 	if len(g.members) == 1 {
 		return out, g.Err()
-	}
-	h, err := withOptions(header{op: opAllGather, dtype: dt, count: uint64(len(data) / dt.Size())}, opts)
-	if err != nil {
-		return nil, fmt.Errorf("collective: all-gather %q: %w", name, err)
 	}
 	o, err := g.start(ctx, name, h)
 	if err != nil {
@@ -53,12 +53,12 @@ func (g *Group) Broadcast(ctx context.Context, name string, root int, dt DType, 
 	if root < 0 || root >= len(g.members) {
 		return fmt.Errorf("collective: broadcast %q: root %d out of range for %d members", name, root, len(g.members))
 	}
-	if len(g.members) == 1 {
-		return g.Err()
-	}
 	h, err := withOptions(header{op: opBroadcast, dtype: dt, count: uint64(len(data) / dt.Size()), root: uint32(root)}, opts)
 	if err != nil {
 		return fmt.Errorf("collective: broadcast %q: %w", name, err)
+	}
+	if len(g.members) == 1 {
+		return g.Err()
 	}
 	o, err := g.start(ctx, name, h)
 	if err != nil {

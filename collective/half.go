@@ -1,6 +1,15 @@
 package collective
 
-import "math"
+import (
+	"math"
+	"sync"
+)
+
+// Conversions between float32 and the 16-bit floats: exact to float32,
+// rounding to nearest, ties to even, from it. The bulk forms are what the
+// engine uses (Float16 and BFloat16 reductions, Compress); they are written
+// for speed: a table lookup per half decoded, and encoding loops whose
+// common case is a few integer operations and one predictable branch.
 
 // f16ToF32 converts an IEEE 754 half-precision value to float32 exactly.
 func f16ToF32(h uint16) float32 {
@@ -17,57 +26,106 @@ func f16ToF32(h uint16) float32 {
 	return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
 }
 
-// f32ToF16 rounds f to the nearest half-precision value, ties to even.
-func f32ToF16(f float32) uint16 {
-	b := math.Float32bits(f)
-	sign := uint16(b>>16) & 0x8000
-	exp := int(b>>23) & 0xff
-	mant := b & 0x7fffff
-	if exp == 0xff {
-		if mant != 0 {
-			return sign | 0x7e00 | uint16(mant>>13)
+// f16Table holds the float32 value of every half, built on first use.
+var f16Table = sync.OnceValue(func() *[1 << 16]float32 {
+	t := new([1 << 16]float32)
+	for h := range t {
+		t[h] = f16ToF32(uint16(h))
+	}
+	return t
+})
+
+// decodeF16 converts the halves in src to float32 into dst.
+func decodeF16(dst []float32, src []uint16) {
+	t := f16Table()
+	src = src[:len(dst)]
+	for i, h := range src {
+		dst[i] = t[h]
+	}
+}
+
+// encodeF16 rounds src to half precision into dst.
+func encodeF16(dst []uint16, src []float32) {
+	s := bits32(src[:len(dst)])
+	for i, u := range s {
+		a, sign := u&0x7fffffff, uint16(u>>16)&0x8000
+		if a-(127-14)<<23 < (127+16-(127-14))<<23 {
+			// A normal half: rebias the exponent, round off 13 bits.
+			dst[i] = sign | uint16((a-(127-15)<<23+0xfff+a>>13&1)>>13)
+			continue
 		}
-		return sign | 0x7c00
+		dst[i] = sign | uint16(f16Edge(a))
 	}
-	e := exp - 127 + 15
-	if e >= 0x1f {
-		return sign | 0x7c00
-	}
-	if e <= 0 {
-		return sign | f16Subnormal(mant|0x800000, e)
-	}
-	return sign | uint16(roundShift(uint32(e)<<23|mant, 13))
 }
 
-// f16Subnormal rounds the 24-bit significand m of a float32 whose half
-// exponent e <= 0 to a half subnormal (which may round up to the smallest
-// normal).
-func f16Subnormal(m uint32, e int) uint16 {
-	if e < -10 {
-		return 0
+// f16Edge encodes a float32 magnitude a outside the normal halves' range:
+// zero or a subnormal half (a float addition rounds it), inf on overflow,
+// or a quiet nan keeping the top of the payload.
+func f16Edge(a uint32) uint32 {
+	switch {
+	case a < (127-14)<<23:
+		return math.Float32bits(math.Float32frombits(a)+0.5) - 0x3f000000
+	case a > 0x7f800000:
+		return 0x7e00 | a>>13&0x3ff
 	}
-	return uint16(roundShift(m, uint(14-e)))
+	return 0x7c00
 }
 
-// roundShift returns x >> s rounded to nearest, ties to even (0 < s < 32).
-func roundShift(x uint32, s uint) uint32 {
-	q := x >> s
-	rem := x & (1<<s - 1)
-	half := uint32(1) << (s - 1)
-	if rem > half || (rem == half && q&1 == 1) {
-		q++
+// bf16 rounds the float32 bits u to bfloat16; a nan stays a nan.
+func bf16(u uint32) uint16 {
+	if u&0x7fffffff > 0x7f800000 {
+		return uint16(u>>16) | 0x40
 	}
-	return q
+	return uint16((u + 0x7fff + u>>16&1) >> 16)
 }
 
-// bf16ToF32 converts a bfloat16 value to float32 exactly.
-func bf16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+// Two float32s in a uint64, one per 32-bit lane.
+const (
+	lanes   = 0x0000_0001_0000_0001
+	laneTop = 0x8000_0000 * lanes
+)
 
-// f32ToBF16 rounds f to the nearest bfloat16 value, ties to even.
-func f32ToBF16(f float32) uint16 {
-	b := math.Float32bits(f)
-	if b&0x7fffffff > 0x7f800000 { // nan: keep it quiet
-		return uint16(b>>16) | 0x40
+// encodeBF16 rounds src to bfloat16 into dst, two elements per 64-bit
+// operation while neither is a nan.
+func encodeBF16(dst []uint16, src []float32) {
+	s := bits32(src[:len(dst)])
+	i := 0
+	for ; i+1 < len(s); i += 2 {
+		x := uint64(s[i]) | uint64(s[i+1])<<32
+		if (x&(0x7fffffff*lanes)+0x007fffff*lanes)&laneTop != 0 { // a nan
+			dst[i], dst[i+1] = bf16(s[i]), bf16(s[i+1])
+			continue
+		}
+		x += 0x7fff*lanes + x>>16&lanes
+		dst[i], dst[i+1] = uint16(x>>16), uint16(x>>48)
 	}
-	return uint16(roundShift(b, 16))
+	if i < len(s) {
+		dst[i] = bf16(s[i])
+	}
+}
+
+// decodeBF16 converts the bfloat16s in src to float32 into dst.
+func decodeBF16(dst []float32, src []uint16) {
+	src = src[:len(dst)]
+	for i, h := range src {
+		dst[i] = math.Float32frombits(uint32(h) << 16)
+	}
+}
+
+// encodeHalf rounds src into dst in wire, Float16 or BFloat16.
+func encodeHalf(wire DType, dst []uint16, src []float32) {
+	if wire == BFloat16 {
+		encodeBF16(dst, src)
+		return
+	}
+	encodeF16(dst, src)
+}
+
+// decodeHalf converts src, in wire (Float16 or BFloat16), into dst.
+func decodeHalf(wire DType, dst []float32, src []uint16) {
+	if wire == BFloat16 {
+		decodeBF16(dst, src)
+		return
+	}
+	decodeF16(dst, src)
 }

@@ -44,27 +44,72 @@ func TestFloat16SpecialValues(t *testing.T) {
 	assert.True(t, math.IsNaN(float64(f16ToF32(0x7c01))), "signalling NaN stays NaN")
 }
 
+// The scalar conversions are one-element calls of the bulk ones.
+
+func f32ToF16(f float32) uint16 {
+	var h [1]uint16
+	encodeF16(h[:], []float32{f})
+	return h[0]
+}
+
+func bf16ToF32(h uint16) float32 {
+	var f [1]float32
+	decodeBF16(f[:], []uint16{h})
+	return f[0]
+}
+
+func f32ToBF16(f float32) uint16 {
+	var h [1]uint16
+	encodeBF16(h[:], []float32{f})
+	return h[0]
+}
+
 func isNaN16(h uint16) bool { return h&0x7c00 == 0x7c00 && h&0x3ff != 0 }
 
+func isNaNBF16(h uint16) bool { return h&0x7f80 == 0x7f80 && h&0x7f != 0 }
+
+// roundTrip decodes every 16-bit value of wire in bulk and encodes the
+// results back.
+func roundTrip(wire DType) (all, back []uint16, f []float32) {
+	all, back, f = make([]uint16, 1<<16), make([]uint16, 1<<16), make([]float32, 1<<16)
+	for i := range all {
+		all[i] = uint16(i)
+	}
+	decodeHalf(wire, f, all)
+	encodeHalf(wire, back, f)
+	return all, back, f
+}
+
 func TestFloat16RoundTripsEveryValue(t *testing.T) {
-	for i := range 1 << 16 {
-		h := uint16(i)
-		got := f32ToF16(f16ToF32(h))
+	all, back, f := roundTrip(Float16)
+	for i, h := range all {
+		require.Equal(t, math.Float32bits(f16ToF32(h)), math.Float32bits(f[i]), "%#04x decodes as f16ToF32 does", h)
 		if isNaN16(h) {
-			require.True(t, isNaN16(got), "%#04x", h)
+			require.True(t, isNaN16(back[i]), "%#04x", h)
 			continue
 		}
-		require.Equal(t, h, got, "%#04x → %g", h, f16ToF32(h))
+		require.Equal(t, h, back[i], "%#04x → %g", h, f[i])
 	}
+}
+
+// randomBits returns n float32s of random bits masked by mask.
+func randomBits(seed uint64, n int, mask uint32) []float32 {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	xs := make([]float32, n)
+	for i := range xs {
+		xs[i] = math.Float32frombits(rng.Uint32() & mask)
+	}
+	return xs
 }
 
 // TestFloat16RoundsToNearestEven checks random float32s against the two
 // neighbouring halves: the result is the nearer one, the even one on a tie.
 func TestFloat16RoundsToNearestEven(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 200000 {
-		x := math.Float32frombits(rng.Uint32() & 0xc77fffff) // |x| < 65536, either sign
-		checkNearest(t, float64(x), f32ToF16(x), f16ToF32)
+	xs := randomBits(2, 200001, 0xc77fffff) // |x| < 65536, either sign
+	hs := make([]uint16, len(xs))
+	encodeF16(hs, xs)
+	for i, x := range xs {
+		checkNearest(t, float64(x), hs[i], f16ToF32)
 	}
 }
 
@@ -95,16 +140,31 @@ func TestBFloat16(t *testing.T) {
 	assert.Equal(t, uint16(0x3f82), f32ToBF16(math.Float32frombits(0x3f818000)), "tie to even up")
 	assert.True(t, math.IsNaN(float64(bf16ToF32(f32ToBF16(float32(math.NaN()))))))
 	assert.True(t, math.IsNaN(float64(bf16ToF32(f32ToBF16(math.Float32frombits(0x7f800001))))), "low-payload NaN stays NaN")
-	for i := range 1 << 16 {
-		h := uint16(i)
-		if h&0x7f80 == 0x7f80 && h&0x7f != 0 {
-			continue
+	all, back, _ := roundTrip(BFloat16)
+	for i, h := range all {
+		if !isNaNBF16(h) {
+			require.Equal(t, h, back[i], "%#04x", h)
 		}
-		require.Equal(t, h, f32ToBF16(bf16ToF32(h)), "%#04x", h)
 	}
-	rng := rand.New(rand.NewPCG(3, 4))
-	for range 200000 {
-		x := math.Float32frombits(rng.Uint32() & 0xff7fffff)
-		checkNearest(t, float64(x), f32ToBF16(x), bf16ToF32)
+	xs := randomBits(4, 200001, 0xff7fffff)
+	hs := make([]uint16, len(xs))
+	encodeBF16(hs, xs)
+	for i, x := range xs {
+		checkNearest(t, float64(x), hs[i], bf16ToF32)
 	}
+}
+
+// Encoding two bfloat16s at a time gives what one at a time gives, nans
+// among them included.
+func TestBFloat16InBulk(t *testing.T) {
+	nan, quiet := math.Float32frombits(0x7f800001), float32(math.NaN())
+	xs := []float32{1.5, nan, -quiet, 3, nan, quiet, float32(math.Inf(-1)), 0x1p-130, -2.75}
+	for n := range len(xs) + 1 {
+		hs := make([]uint16, n)
+		encodeBF16(hs, xs[:n])
+		for i, x := range xs[:n] {
+			require.Equal(t, f32ToBF16(x), hs[i], "element %d of %d", i, n)
+		}
+	}
+	assert.True(t, isNaNBF16(f32ToBF16(nan)))
 }

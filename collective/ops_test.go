@@ -2,6 +2,7 @@ package collective
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -31,7 +32,16 @@ type reduceCase struct {
 	name string
 	dt   DType
 	red  Reduction
+	wire DType    // Compress's wire type; 0 for none
 	ins  [][]byte // per member
+}
+
+// opts returns the call options of the case.
+func (c reduceCase) opts() []CallOption {
+	if c.wire == 0 {
+		return nil
+	}
+	return []CallOption{Compress(c.wire)}
 }
 
 func TestAllReduceMatchesReference(t *testing.T) {
@@ -77,7 +87,7 @@ func runConcurrently(t *testing.T, gs []*Group, cases []reduceCase) [][][]byte {
 			go func() {
 				defer wg.Done()
 				c := cases[i]
-				if err := g.AllReduce(context.Background(), c.name, c.red, c.dt, outs[i][m]); err != nil {
+				if err := g.AllReduce(context.Background(), c.name, c.red, c.dt, outs[i][m], c.opts()...); err != nil {
 					errs <- fmt.Errorf("member %d %s: %w", m, c.name, err)
 				}
 			}()
@@ -92,7 +102,8 @@ func runConcurrently(t *testing.T, gs []*Group, cases []reduceCase) [][][]byte {
 }
 
 // checkReduced checks one case: identical bits on every member, integers
-// and min/max exact, float sums within rounding of a float64 reference.
+// and min/max exact, float sums within rounding of a float64 reference
+// (rounding to the wire type, when the case compresses).
 func checkReduced(t *testing.T, c reduceCase, outs [][]byte) {
 	t.Helper()
 	for m := range outs {
@@ -108,7 +119,7 @@ func checkReduced(t *testing.T, c reduceCase, outs [][]byte) {
 		for _, in := range c.ins {
 			ins = append(ins, floats(c.dt, in))
 		}
-		want, tol := floatReference(c.dt, c.red, ins)
+		want, tol := floatReference(cmp.Or(c.wire, c.dt), c.red, ins)
 		got := floats(c.dt, outs[0])
 		for i := range want {
 			if math.Abs(want[i]-got[i]) > tol[i] || (tol[i] == 0 && want[i] != got[i]) {

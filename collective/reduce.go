@@ -21,6 +21,11 @@ func view[T number | uint16](b []byte) []T {
 	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)
 }
 
+// bits32 returns the bits of f's elements, sharing its memory.
+func bits32(f []float32) []uint32 {
+	return unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(f))), len(f))
+}
+
 func aligned(b []byte, size int) bool {
 	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(size) == 0
 }
@@ -45,10 +50,8 @@ func reduceInto(red Reduction, dt DType, dst, src []byte) {
 		reduceTyped(red, view[int32](dst), view[int32](src))
 	case Int64:
 		reduceTyped(red, view[int64](dst), view[int64](src))
-	case Float16:
-		reduceHalf(red, view[uint16](dst), view[uint16](src), f16ToF32, f32ToF16)
-	case BFloat16:
-		reduceHalf(red, view[uint16](dst), view[uint16](src), bf16ToF32, f32ToBF16)
+	case Float16, BFloat16:
+		reduceHalf(red, dt, view[uint16](dst), view[uint16](src))
 	}
 }
 
@@ -117,29 +120,22 @@ func maxInto[T number](dst, src []T) {
 	}
 }
 
-// reduceHalf reduces 16-bit floats in float32 and rounds each result back.
-func reduceHalf(red Reduction, dst, src []uint16, up func(uint16) float32, down func(float32) uint16) {
-	src = src[:len(dst)]
-	for i, s := range src {
-		dst[i] = down(combine(red, up(dst[i]), up(s)))
-	}
-}
+// halfBlock is how many 16-bit floats are widened to float32 at a time,
+// in scratch on the stack.
+const halfBlock = 256
 
-// combine returns a ∘ b, with NaN winning Min and Max like minInto.
-func combine(red Reduction, a, b float32) float32 {
-	switch red {
-	case Min:
-		if b < a || b != b {
-			return b
-		}
-		return a
-	case Max:
-		if b > a || b != b {
-			return b
-		}
-		return a
+// reduceHalf reduces 16-bit floats of type dt in float32 and rounds each
+// result back.
+func reduceHalf(red Reduction, dt DType, dst, src []uint16) {
+	var a, b [halfBlock]float32
+	for lo := 0; lo < len(dst); lo += halfBlock {
+		d, s := dst[lo:min(lo+halfBlock, len(dst))], src[lo:]
+		x, y := a[:len(d)], b[:len(d)]
+		decodeHalf(dt, x, d)
+		decodeHalf(dt, y, s)
+		reduceTyped(red, x, y)
+		encodeHalf(dt, d, x)
 	}
-	return a + b
 }
 
 // scale divides every element of buf by n (the second half of Mean).
@@ -162,10 +158,8 @@ func scale(dt DType, buf []byte, n int) {
 		divide(view[int32](buf), int32(n))
 	case Int64:
 		divide(view[int64](buf), int64(n))
-	case Float16:
-		divideHalf(view[uint16](buf), float32(n), f16ToF32, f32ToF16)
-	case BFloat16:
-		divideHalf(view[uint16](buf), float32(n), bf16ToF32, f32ToBF16)
+	case Float16, BFloat16:
+		divideHalf(dt, view[uint16](buf), float32(n))
 	}
 }
 
@@ -175,8 +169,35 @@ func divide[T number](buf []T, n T) {
 	}
 }
 
-func divideHalf(buf []uint16, n float32, up func(uint16) float32, down func(float32) uint16) {
-	for i, v := range buf {
-		buf[i] = down(up(v) / n)
+// divideHalf divides 16-bit floats of type dt by n in float32.
+func divideHalf(dt DType, buf []uint16, n float32) {
+	var a [halfBlock]float32
+	for lo := 0; lo < len(buf); lo += halfBlock {
+		b := buf[lo:min(lo+halfBlock, len(buf))]
+		x := a[:len(b)]
+		decodeHalf(dt, x, b)
+		divide(x, n)
+		encodeHalf(dt, b, x)
+	}
+}
+
+// reduceWire reduces a compressed chunk w (16-bit floats of type wire) with
+// local in float32 and rounds the result back into w. When out is given (the
+// last step of a segment's reduction), Mean's division by n comes before the
+// rounding, and out receives the rounded result in float32.
+func reduceWire(red Reduction, wire DType, w []uint16, local, out []float32, n int) {
+	var a [halfBlock]float32
+	for lo := 0; lo < len(w); lo += halfBlock {
+		b := w[lo:min(lo+halfBlock, len(w))]
+		x := a[:len(b)]
+		decodeHalf(wire, x, b)
+		reduceTyped(red, x, local[lo:])
+		if out != nil && red == Mean {
+			divide(x, float32(n))
+		}
+		encodeHalf(wire, b, x)
+		if out != nil {
+			decodeHalf(wire, out[lo:lo+len(b)], b)
+		}
 	}
 }

@@ -4,14 +4,15 @@ package collective
 // member, sizes differing by at most one element), each cut into the same
 // number of chunks.
 type ring struct {
-	n, elem, chunks int
-	elems           int // elements in the buffer
+	n, chunks int
+	elems     int // elements in the buffer
 }
 
-func newRing(bytes, n, elem, chunkBytes int) ring {
-	r := ring{n: n, elem: elem, elems: bytes / elem}
-	maxSeg := (r.elems + n - 1) / n * elem
-	r.chunks = max(1, (maxSeg+chunkBytes-1)/chunkBytes)
+// newRing partitions elems elements into chunks of at most chunkElems.
+func newRing(elems, n, chunkElems int) ring {
+	r := ring{n: n, elems: elems}
+	maxSeg := (elems + n - 1) / n
+	r.chunks = max(1, (maxSeg+chunkElems-1)/chunkElems)
 	return r
 }
 
@@ -21,10 +22,10 @@ func (r ring) segment(s int) (start, n int) {
 	return s*q + min(s, rem), q + btoi(s < rem)
 }
 
-// chunk returns the byte range of chunk c of segment s.
+// chunk returns the element range of chunk c of segment s.
 func (r ring) chunk(s, c int) (lo, hi int) {
 	start, n := r.segment(s)
-	return (start + n*c/r.chunks) * r.elem, (start + n*(c+1)/r.chunks) * r.elem
+	return start + n*c/r.chunks, start + n*(c+1)/r.chunks
 }
 
 func btoi(b bool) int {
@@ -43,33 +44,28 @@ func mod(a, n int) int { return ((a % n) + n) % n }
 // member send chunk c of step k+1 at once, and a window of step-0 chunks
 // keeps the ring busy. Each element is reduced along one fixed path and
 // then copied, so every member ends with the same bits. Step 0 sends from
-// src; every other segment is written into dst before it is sent, so dst
-// needs no copy of src first.
+// src; later steps send what the member has just reduced or received, so
+// dst needs no copy of src first. Chunks are cut in elements so that a
+// frame's payload on the wire, compressed or not, is at most chunkBytes.
 func (o *op) ringReduce(dst, src []byte) error {
 	g := o.g
 	n, rank := len(g.members), g.rank
 	next, prev := mod(rank+1, n), mod(rank-1, n)
-	r := newRing(len(dst), n, o.self.dtype.Size(), g.cfg.chunkBytes)
-	steps := 2 * (n - 1)
+	r := newRing(len(dst)/o.self.dtype.Size(), n, max(1, g.cfg.chunkBytes/o.wireSize()))
 	expect := make([]int, r.chunks) // next step expected per chunk
 	sent0 := 0
 	for ; sent0 < min(g.cfg.ringWindow, r.chunks); sent0++ {
-		if err := o.sendChunk(next, r, src, 0, sent0); err != nil {
+		if err := o.sendSource(next, r, src, sent0); err != nil {
 			return err
 		}
 	}
-	for range steps * r.chunks {
-		k, c, err := o.ringRecv(prev, r, dst, src, expect)
+	for range 2 * (n - 1) * r.chunks {
+		k, err := o.ringStep(prev, next, r, dst, src, expect)
 		if err != nil {
 			return err
 		}
-		if k+1 < steps {
-			if err := o.sendChunk(next, r, dst, k+1, c); err != nil {
-				return err
-			}
-		}
 		if k == 0 && sent0 < r.chunks {
-			if err := o.sendChunk(next, r, src, 0, sent0); err != nil {
+			if err := o.sendSource(next, r, src, sent0); err != nil {
 				return err
 			}
 			sent0++
@@ -78,46 +74,91 @@ func (o *op) ringReduce(dst, src []byte) error {
 	return nil
 }
 
-// sendChunk sends chunk c of step k (segment rank-k).
-func (o *op) sendChunk(to int, r ring, data []byte, k, c int) error {
-	lo, hi := r.chunk(mod(o.g.rank-k, r.n), c)
-	return o.send(to, k, c, lo, data[lo:hi])
+// wireSize returns the bytes an element takes on the wire.
+func (o *op) wireSize() int {
+	if o.self.wire != 0 {
+		return o.self.wire.Size()
+	}
+	return o.self.dtype.Size()
 }
 
-// ringRecv receives the next chunk from prev, checks that it is the one the
-// schedule allows, and reduces it with src's chunk or copies it into dst.
-func (o *op) ringRecv(prev int, r ring, dst, src []byte, expect []int) (k, c int, err error) {
+// sendSource sends chunk c of step 0 (this member's own segment) from src,
+// compressed through a pooled buffer if the call compresses.
+func (o *op) sendSource(to int, r ring, src []byte, c int) error {
+	lo, hi := r.chunk(o.g.rank, c)
+	size, w := o.self.dtype.Size(), o.wireSize()
+	data := src[lo*size : hi*size]
+	if o.self.wire != 0 {
+		b := getBuf((hi - lo) * w)
+		defer putBuf(b)
+		encodeHalf(o.self.wire, view[uint16](*b), view[float32](data))
+		data = *b
+	}
+	return o.send(to, 0, c, lo*w, data)
+}
+
+// ringStep receives the next chunk from prev, checks that it is the one the
+// schedule allows, reduces it with src's chunk or copies it into dst, and
+// sends next what follows from it (chunk c of step k+1). It returns k.
+func (o *op) ringStep(prev, next int, r ring, dst, src []byte, expect []int) (int, error) {
 	f, err := o.recv(prev, nil)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	defer f.release()
-	k, c = int(f.h.step), int(f.h.chunk)
-	if c >= r.chunks || expect[c] != k || k >= 2*(r.n-1) {
-		return 0, 0, o.protocolErr(prev, "unexpected step %d chunk %d", k, c)
+	k, c := int(f.h.step), int(f.h.chunk)
+	steps := 2 * (r.n - 1)
+	if c >= r.chunks || expect[c] != k || k >= steps {
+		return 0, o.protocolErr(prev, "unexpected step %d chunk %d", k, c)
 	}
 	expect[c]++
 	lo, hi := r.chunk(mod(o.g.rank-k-1, r.n), c)
-	if f.h.offset != uint64(lo) || int(f.h.length) != hi-lo {
-		return 0, 0, o.protocolErr(prev, "chunk at %d+%d, want %d+%d", f.h.offset, f.h.length, lo, hi-lo)
+	size, w := o.self.dtype.Size(), o.wireSize()
+	if f.h.offset != uint64(lo*w) || int(f.h.length) != (hi-lo)*w {
+		return 0, o.protocolErr(prev, "chunk at %d+%d, want %d+%d", f.h.offset, f.h.length, lo*w, (hi-lo)*w)
 	}
-	o.ringApply(k, dst[lo:hi], src[lo:hi], f.payload())
-	return k, c, nil
+	out := o.ringApply(k, dst[lo*size:hi*size], src[lo*size:hi*size], f.payload())
+	if k+1 < steps {
+		return k, o.send(next, k+1, c, lo*w, out)
+	}
+	return k, nil
 }
 
 // ringApply reduces (reduce-scatter: dst = local ∘ recv, where local is
 // src's chunk, as each segment is received once then) or copies (all-gather)
-// one chunk; the member that completes a segment's reduction applies Mean's
-// division.
-func (o *op) ringApply(k int, dst, local, recv []byte) {
+// one chunk, and returns what to send on; the member that completes a
+// segment's reduction applies Mean's division.
+func (o *op) ringApply(k int, dst, local, recv []byte) []byte {
+	if o.self.wire != 0 {
+		return o.ringApplyWire(k, dst, local, recv)
+	}
 	n := len(o.g.members)
 	if k >= n-1 {
 		copy(dst, recv)
-		return
+		return dst
 	}
 	copyIfDistinct(dst, local)
 	reduceInto(o.self.red, o.self.dtype, dst, recv)
 	if k == n-2 && o.self.red == Mean {
 		scale(o.self.dtype, dst, n)
 	}
+	return dst
+}
+
+// ringApplyWire is ringApply for a compressed chunk, which it works on in
+// place and sends on. A reduce-scatter step rounds the float32 reduction
+// back into the chunk; the member that completes a segment also keeps the
+// decoded rounded values, the very values every other member decodes from
+// the 16 bits it forwards unchanged in the all-gather.
+func (o *op) ringApplyWire(k int, dst, local, recv []byte) []byte {
+	n, wire, w := len(o.g.members), o.self.wire, view[uint16](recv)
+	switch {
+	case k >= n-1:
+		decodeHalf(wire, view[float32](dst), w)
+	case k == n-2:
+		reduceWire(o.self.red, wire, w, view[float32](local), view[float32](dst), n)
+	default:
+		reduceWire(o.self.red, wire, w, view[float32](local), nil, n)
+	}
+	return recv
 }

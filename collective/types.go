@@ -101,6 +101,19 @@ func Shape(dims ...int64) CallOption {
 	}
 }
 
+// Compress sends a Float32 all-reduce's data over the wire as wire
+// (Float16 or BFloat16), halving the bytes sent: every member converts
+// what it sends to wire's 16 bits, rounding to nearest even, and converts
+// what it receives back to float32, reducing in float32 at every hop.
+// Precision is lost once per transfer, never accumulated in 16 bits, and
+// every member still ends with the same bits. Float16 overflows to
+// infinity beyond 65504; BFloat16 keeps float32's range with 8 bits of
+// precision. Every member's call must compress to the same type, or none:
+// a call that differs fails on every member with a *MismatchError. Other
+// dtypes, operations and wire types are errors; Compress(0) sends the data
+// as it is.
+func Compress(wire DType) CallOption { return func(h *header) { h.wire = wire } }
+
 // withOptions applies opts to h and checks the result.
 func withOptions(h header, opts []CallOption) (header, error) {
 	for _, o := range opts {
@@ -115,6 +128,9 @@ func withOptions(h header, opts []CallOption) (header, error) {
 	}
 	if len(h.dims) > 0 && n != h.count {
 		return h, fmt.Errorf("shape %v has %d elements, the buffer %d", h.dims, n, h.count)
+	}
+	if h.wire != 0 && (h.op != opAllReduce || h.dtype != Float32 || h.wire.Size() != 2) {
+		return h, fmt.Errorf("cannot compress %v to %v: only float32 all-reduces compress, to float16 or bfloat16", h.dtype, h.wire)
 	}
 	return h, nil
 }
