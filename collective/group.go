@@ -45,6 +45,7 @@ type Group struct {
 	closeErr  error
 
 	started [opBarrier + 1]atomic.Int64 // operations started, by kind
+	sent    atomic.Int64                // payload bytes of data frames written
 }
 
 // Stats counts the operations a member has started, by kind: those that
@@ -52,6 +53,9 @@ type Group struct {
 // complete locally. Close's barrier counts among the barriers.
 type Stats struct {
 	AllReduces, AllGathers, Broadcasts, Barriers int64
+	// BytesSent counts the payload bytes of the operations' frames this
+	// member wrote: what compression reduces.
+	BytesSent int64
 }
 
 // Stats returns the operations this member has started since the group
@@ -62,6 +66,7 @@ func (g *Group) Stats() Stats {
 		AllGathers: g.started[opAllGather].Load(),
 		Broadcasts: g.started[opBroadcast].Load(),
 		Barriers:   g.started[opBarrier].Load(),
+		BytesSent:  g.sent.Load(),
 	}
 }
 

@@ -95,6 +95,7 @@ func (o *op) send(peer int, step, chunk, offset int, payload []byte) error {
 	o.bufs = o.vec[:]
 	err := o.g.conns[peer].write(o.deadline, &o.bufs)
 	if err == nil {
+		o.g.sent.Add(int64(len(payload)))
 		return nil
 	}
 	if gerr := o.g.Err(); gerr != nil {

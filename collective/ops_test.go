@@ -188,7 +188,9 @@ func TestSingleMemberOpsAreLocal(t *testing.T) {
 	assert.Equal(t, Stats{}, g.Stats(), "a member alone sends nothing")
 }
 
-// Stats counts every operation a member started, by kind.
+// Stats counts every operation a member started, by kind, and the payload
+// bytes it sent: 4 per all-reduce, all-gather and (from the root)
+// broadcast to its one peer.
 func TestStatsCountOperations(t *testing.T) {
 	gs := newGroups(t, 2)
 	ctx := context.Background()
@@ -208,7 +210,11 @@ func TestStatsCountOperations(t *testing.T) {
 		return g.Barrier(ctx, "barrier")
 	}))
 	for i, g := range gs {
-		assert.Equal(t, Stats{AllReduces: 3, AllGathers: 1, Broadcasts: 1, Barriers: 1}, g.Stats(), "member %d", i)
+		sent := int64(4 * (3 + 1))
+		if i == 0 {
+			sent += 4 // the broadcast's root
+		}
+		assert.Equal(t, Stats{AllReduces: 3, AllGathers: 1, Broadcasts: 1, Barriers: 1, BytesSent: sent}, g.Stats(), "member %d", i)
 	}
 }
 
