@@ -26,20 +26,25 @@ import (
 // Op names are handed out in build order, so workers that build the same
 // program match their ops without talking.
 type engineOps struct {
-	group      string // the group's id in tfrt's registry
-	aggregator string // the voter's id in tfrt's registry, with WithAggregation
-	host       string // this worker's host CPU
-	replicas   int    // replicas in sync across every worker
+	group      string           // the group's id in tfrt's registry
+	aggregator string           // the voter's id in tfrt's registry, with WithAggregation
+	wire       collective.DType // what float32 all-reduces travel as, 0: themselves
+	host       string           // this worker's host CPU
+	replicas   int              // replicas in sync across every worker
+	names      *opNames         // shared by the copies WithCompression makes
+}
 
+// opNames hands out op names in build order.
+type opNames struct {
 	mu   sync.Mutex
 	next int
 }
 
 func (c *engineOps) name(kind string) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.next++
-	return fmt.Sprintf("%s_%d", kind, c.next)
+	c.names.mu.Lock()
+	defer c.names.mu.Unlock()
+	c.names.next++
+	return fmt.Sprintf("%s_%d", kind, c.names.next)
 }
 
 // check names the first value whose dtype the engine cannot combine.
@@ -94,7 +99,7 @@ func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]t
 		name := c.name("allreduce")
 		hs := s.SubScope(name).WithDevice(c.host)
 		sum := local(hs.SubScope("local"), values, k, op.AddN)
-		v := tfrt.AllReduce(hs.SubScope("engine"), sum, c.group, name, collective.Sum)
+		v := tfrt.AllReduce(hs.SubScope("engine"), sum, c.group, name, collective.Sum, c.wireFor(sum))
 		if red == strategy.Mean {
 			n := op.Cast(hs.SubScope("n"), op.Const(hs.SubScope("replicas"), int32(c.replicas)), v.DataType())
 			v = op.Div(hs.SubScope("mean"), v, n)
@@ -163,11 +168,8 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	for j := range w.nLocal {
 		devices = append(devices, strategy.LocalCPU(j))
 	}
-	cdo := &engineOps{group: id, host: strategy.LocalCPU(0), replicas: w.nLocal * len(w.workers)}
-	var cross strategy.CrossDeviceOps = cdo
-	if c.bytesPerPack > 0 {
-		cross = strategy.Packed{Inner: cdo, BytesPerPack: c.bytesPerPack, Reverse: true}
-	}
+	cdo := &engineOps{group: id, host: strategy.LocalCPU(0), replicas: w.nLocal * len(w.workers), names: &opNames{}}
+	cross := c.packed(cdo)
 	s := &Strategy{resolver: c.resolver, task: w.task, workerID: w.workerID, workers: w.workers,
 		group: g, unregister: unregister, closeTimeout: c.closeTimeout(), log: w.log}
 	var reducer strategy.GradientReducer
@@ -181,6 +183,9 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		cdo.aggregator, unregisterVoter = tfrt.RegisterAggregator(s.voter.aggregate)
 		s.unregister = func() { unregister(); unregisterVoter() }
 		reducer = cdo
+	}
+	if c.compression != None {
+		reducer = compressed{c.packed(cdo.compressing(c.compression))}
 	}
 	e, err := strategy.NewInGraph(strategy.Config{
 		Name:              "multiworker",

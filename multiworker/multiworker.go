@@ -79,6 +79,7 @@ type config struct {
 	tls            mtls.Files
 	requireTLS     bool
 	aggregation    aggregate.Rule
+	compression    Compression
 	log            *zap.Logger
 }
 
@@ -164,6 +165,9 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		if err := c.checkAggregation(1); err != nil {
 			return nil, err
 		}
+		if err := c.checkCompression(); err != nil {
+			return nil, err
+		}
 		return newLocal(c, task, log)
 	}
 	if task.Type != cluster.Chief && task.Type != cluster.Worker {
@@ -183,6 +187,9 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		return nil, fmt.Errorf("multiworker: task %s is not in the cluster", task)
 	}
 	if err := c.checkAggregation(len(workers)); err != nil {
+		return nil, err
+	}
+	if err := c.checkCompression(); err != nil {
 		return nil, err
 	}
 	log = logging.ForTask(log, string(task.Type), task.Index)

@@ -135,7 +135,11 @@ func (c *call) reduceOrBroadcast() {
 	ctx := context.Background()
 	shape := c.shape()
 	if c.k.kind == kindAllReduce {
-		c.finish(c.g.AllReduceTo(ctx, c.k.name, c.k.red, c.dt, tensorBytes(c.out), tensorBytes(c.in), shape))
+		opts := []collective.CallOption{shape}
+		if c.k.wire != 0 {
+			opts = append(opts, collective.Compress(c.k.wire))
+		}
+		c.finish(c.g.AllReduceTo(ctx, c.k.name, c.k.red, c.dt, tensorBytes(c.out), tensorBytes(c.in), opts...))
 		return
 	}
 	c.finish(c.g.Broadcast(ctx, c.k.name, c.k.root, c.dt, tensorBytes(c.out), shape))

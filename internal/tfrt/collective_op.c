@@ -92,7 +92,7 @@ static void tfdist_unknown_shape(TF_ShapeInferenceContext* ctx, TF_Status* st) {
 }
 
 static void tfdist_register(const char* name, const char* extra_attr,
-                            int same_shape,
+                            const char* extra_attr2, int same_shape,
                             void* (*create)(TF_OpKernelConstruction*),
                             TF_Status* st) {
   TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder(name);
@@ -103,6 +103,7 @@ static void tfdist_register(const char* name, const char* extra_attr,
   TF_OpDefinitionBuilderAddAttr(b, "group: string");
   TF_OpDefinitionBuilderAddAttr(b, "tensor_name: string");
   if (extra_attr != NULL) TF_OpDefinitionBuilderAddAttr(b, extra_attr);
+  if (extra_attr2 != NULL) TF_OpDefinitionBuilderAddAttr(b, extra_attr2);
   TF_OpDefinitionBuilderSetIsStateful(b, 1);
   TF_OpDefinitionBuilderSetShapeInferenceFunction(
       b, same_shape ? tfdist_same_shape : tfdist_unknown_shape);
@@ -114,14 +115,15 @@ static void tfdist_register(const char* name, const char* extra_attr,
 }
 
 void tfdist_register_ops(TF_Status* st) {
-  tfdist_register("TfdistAllReduce", "reduction: {'sum', 'min', 'max'}", 1,
+  tfdist_register("TfdistAllReduce", "reduction: {'sum', 'min', 'max'}",
+                  "wire: {'none', 'float16', 'bfloat16'} = 'none'", 1,
                   tfdist_create_allreduce, st);
   if (TF_GetCode(st) != TF_OK) return;
-  tfdist_register("TfdistAllGather", NULL, 0, tfdist_create_allgather, st);
+  tfdist_register("TfdistAllGather", NULL, NULL, 0, tfdist_create_allgather, st);
   if (TF_GetCode(st) != TF_OK) return;
-  tfdist_register("TfdistBroadcast", "root: int", 1, tfdist_create_broadcast,
+  tfdist_register("TfdistBroadcast", "root: int", NULL, 1, tfdist_create_broadcast,
                   st);
   if (TF_GetCode(st) != TF_OK) return;
-  tfdist_register("TfdistAggregate", "aggregator: string", 1,
+  tfdist_register("TfdistAggregate", "aggregator: string", NULL, 1,
                   tfdist_create_aggregate, st);
 }

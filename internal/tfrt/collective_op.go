@@ -99,9 +99,14 @@ func addCollective(s *op.Scope, typ string, in tf.Output, attrs map[string]any) 
 
 // AllReduce adds an op that reduces in across the group registered as
 // group, matched on every member by name. red is collective.Sum, Min or
-// Max.
-func AllReduce(s *op.Scope, in tf.Output, group, name string, red collective.Reduction) tf.Output {
-	return addCollective(s, opAllReduce, in, map[string]any{"group": group, "tensor_name": name, "reduction": red.String()})
+// Max. wire, when not 0, is the 16-bit type a float32 in travels as
+// (collective.Compress).
+func AllReduce(s *op.Scope, in tf.Output, group, name string, red collective.Reduction, wire collective.DType) tf.Output {
+	w := "none"
+	if wire != 0 {
+		w = wire.String()
+	}
+	return addCollective(s, opAllReduce, in, map[string]any{"group": group, "tensor_name": name, "reduction": red.String(), "wire": w})
 }
 
 // AllGather adds an op that concatenates every member's in along axis 0, in
@@ -140,9 +145,13 @@ type kernel struct {
 	red   collective.Reduction
 	root  int
 	agg   string // the Aggregator's id
+	wire  collective.DType
 }
 
-var reductions = map[string]collective.Reduction{"sum": collective.Sum, "min": collective.Min, "max": collective.Max}
+var (
+	reductions = map[string]collective.Reduction{"sum": collective.Sum, "min": collective.Min, "max": collective.Max}
+	wires      = map[string]collective.DType{"none": 0, "float16": collective.Float16, "bfloat16": collective.BFloat16}
+)
 
 //export tfdistKernelCreate
 func tfdistKernelCreate(ctx *C.TF_OpKernelConstruction, kind C.int) C.uintptr_t {
@@ -157,6 +166,10 @@ func tfdistKernelCreate(ctx *C.TF_OpKernelConstruction, kind C.int) C.uintptr_t 
 		var r string
 		r, err = stringAttr(ctx, "reduction", st)
 		k.red = reductions[r]
+		if err == nil {
+			r, err = stringAttr(ctx, "wire", st)
+			k.wire = wires[r]
+		}
 	}
 	if err == nil && kind == kindAggregate {
 		k.agg, err = stringAttr(ctx, "aggregator", st)

@@ -112,10 +112,10 @@ func TestCollectiveOpsCombineAcrossGroups(t *testing.T) {
 	out := onMembers(t, ids, func(s *op.Scope, m int, group string) []tf.Output {
 		f := float32(m + 1)
 		return []tf.Output{
-			tfrt.AllReduce(s.SubScope("f32"), op.Const(s.SubScope("a"), [][]float32{{f, 2 * f}, {3 * f, 4 * f}}), group, "f32", collective.Sum),
-			tfrt.AllReduce(s.SubScope("f64"), op.Const(s.SubScope("b"), []float64{float64(m)}), group, "f64", collective.Max),
-			tfrt.AllReduce(s.SubScope("i64"), op.Const(s.SubScope("c"), []int64{int64(m) - 5, 7}), group, "i64", collective.Min),
-			tfrt.AllReduce(s.SubScope("i32"), op.Const(s.SubScope("d"), []int32{}), group, "empty", collective.Sum),
+			tfrt.AllReduce(s.SubScope("f32"), op.Const(s.SubScope("a"), [][]float32{{f, 2 * f}, {3 * f, 4 * f}}), group, "f32", collective.Sum, 0),
+			tfrt.AllReduce(s.SubScope("f64"), op.Const(s.SubScope("b"), []float64{float64(m)}), group, "f64", collective.Max, 0),
+			tfrt.AllReduce(s.SubScope("i64"), op.Const(s.SubScope("c"), []int64{int64(m) - 5, 7}), group, "i64", collective.Min, 0),
+			tfrt.AllReduce(s.SubScope("i32"), op.Const(s.SubScope("d"), []int32{}), group, "empty", collective.Sum, 0),
 			tfrt.AllGather(s.SubScope("gather"), op.Const(s.SubScope("e"), rows(m+1, 2)), group, "rows"),
 			tfrt.Broadcast(s.SubScope("bcast"), op.Const(s.SubScope("f"), []float32{f, f, f}), group, "bcast", 1),
 		}
@@ -138,7 +138,7 @@ func TestCollectiveOpMismatchFailsTheRun(t *testing.T) {
 			ids := groups(t, 2)
 			_, errs := runMembers(t, ids, func(s *op.Scope, m int, group string) []tf.Output {
 				x := op.Fill(s.SubScope("x"), op.Const(s.SubScope("dims"), shapes[m]), op.Const(s.SubScope("one"), float32(1)))
-				return []tf.Output{tfrt.AllReduce(s, x, group, "grads", collective.Sum)}
+				return []tf.Output{tfrt.AllReduce(s, x, group, "grads", collective.Sum, 0)}
 			})
 			want := fmt.Sprintf(`"grads": worker:0 has float32%s, worker:1 has float32%s`, dims(shapes[0]), dims(shapes[1]))
 			for m := range ids {

@@ -1,0 +1,71 @@
+package multiworker_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/aggregate"
+	"github.com/tfdist/tfdist/internal/testmodel"
+	"github.com/tfdist/tfdist/multiworker"
+)
+
+// Gradients sent as float16 or bfloat16 train, on 2 workers of 2
+// replicas, close to the default strategy's model but not exactly it (the
+// wire rounds), both workers hold the same bits, and the workers send
+// little more than half the bytes.
+func TestCompressedGradientsTrainTheModel(t *testing.T) {
+	plan := testmodel.Plan{Model: "mlp", Steps: 30, MicroBatches: []int{32}}
+	want, err := testmodel.TrainDefault(context.Background(), sgd(), plan)
+	require.NoError(t, err)
+	var plain int64
+	for _, c := range []struct {
+		comp multiworker.Compression
+		tol  float64
+	}{{multiworker.None, 1e-5}, {multiworker.FP16, 1e-2}, {multiworker.BF16, 5e-2}} {
+		got := make([]testmodel.Outcome, 2)
+		sent := make([]int64, 2)
+		errs := onWorkers(loopbackSpec(t, 2), append([]multiworker.Option{multiworker.WithCompression(c.comp)}, twoByTwo...),
+			func(w int, s *multiworker.Strategy) error {
+				p := plan
+				p.FirstReplica = 2 * w
+				var err error
+				got[w], err = testmodel.TrainPlan(context.Background(), s, sgd(), p)
+				sent[w] = s.CollectiveStats().BytesSent
+				return err
+			})
+		require.NoError(t, errs[0])
+		require.NoError(t, errs[1])
+		assert.Equal(t, got[0].Params, got[1].Params, "%v: both workers hold the same bits", c.comp)
+		d, at := testmodel.MaxParamDiff(want, got[0])
+		assert.Less(t, d, c.tol, "%v: %s differs from the default strategy's by %v", c.comp, at, d)
+		if c.comp == multiworker.None {
+			plain = sent[0]
+			continue
+		}
+		assert.NotZero(t, d, "%v: the gradients were rounded on the wire", c.comp)
+		assert.Less(t, float64(sent[0]), 0.55*float64(plain), "%v: bytes sent, against %d uncompressed", c.comp, plain)
+		t.Logf("%v: %d bytes sent in 30 steps, %.3f of float32's", c.comp, sent[0], float64(sent[0])/float64(plain))
+	}
+}
+
+// Compression the backend cannot honour is refused at start.
+func TestCompressionRefused(t *testing.T) {
+	for _, c := range []struct {
+		opts []multiworker.Option
+		want string
+	}{
+		{[]multiworker.Option{multiworker.WithCompression(multiworker.FP16), multiworker.WithCommunication(multiworker.Ring)},
+			"WithCompression(fp16): only tfdist's collective engine compresses"},
+		{[]multiworker.Option{multiworker.WithCompression(multiworker.BF16), multiworker.WithAggregation(aggregate.Median())},
+			"WithCompression(bf16) with WithAggregation(median)"},
+		{[]multiworker.Option{multiworker.WithCompression(7)}, "WithCompression(Compression(7)): expected None, FP16 or BF16"},
+	} {
+		errs := onWorkers(loopbackSpec(t, 2), c.opts, func(int, *multiworker.Strategy) error { return nil })
+		for _, err := range errs {
+			require.ErrorContains(t, err, c.want)
+		}
+	}
+}
