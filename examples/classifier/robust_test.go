@@ -95,8 +95,37 @@ func TestAggregationFlagErrors(t *testing.T) {
 		{"-strategy=ps -aggregation=krum(1)", "-strategy ps cannot honour it"},
 		{"-strategy=multiworker -aggregation=krum(-1)", "f must be >= 0"},
 		{"-strategy=multiworker -aggregation=bogus", `-aggregation: `},
+		{"-strategy=multiworker -compression=fp8", `-compression "fp8": expected none, fp16 or bf16`},
+		{"-strategy=mirrored -compression=fp16", "-compression fp16: only -strategy multiworker sends gradients between workers"},
 	} {
 		_, err := classifier.ParseFlags(strings.Fields(c[0]), io.Discard)
 		assert.ErrorContains(t, err, c[1], fmt.Sprint(c))
+	}
+}
+
+// Gradients sent as fp16 or bf16 cost at most half a point of held-out
+// accuracy against float32, on the MLP and on LeNet, 2 workers of 2
+// replicas, 300 steps: the accuracy is the mean over seeds (LeNet's over
+// three: after 300 steps one seed's accuracy moves by a point with any
+// perturbation of the trajectory, float32 summation order included).
+func TestCompressionKeepsAccuracy(t *testing.T) {
+	needBinaries(t)
+	for model, seeds := range map[string][]string{"mlp": {"1"}, "lenet": {"2", "3", "4"}} {
+		acc := map[string]float64{}
+		for _, comp := range []string{"none", "fp16", "bf16"} {
+			for _, seed := range seeds {
+				out, err := launch(t, 3*time.Minute, []string{"--workers", "2"}, "-strategy", "multiworker", "-devices", "2",
+					"-model", model, "-compression", comp, "-steps", "300", "-seed", seed, "-json", "-log-every", "0")
+				require.NoError(t, err, out)
+				got := results(t, out)
+				require.Len(t, got, 2, out)
+				assert.Equal(t, got["worker:0"].ParamL2, got["worker:1"].ParamL2, "%s %s: the workers hold the same model", model, comp)
+				acc[comp] += got["worker:0"].Accuracy / float64(len(seeds))
+			}
+		}
+		t.Logf("%s: mean held-out accuracy %v", model, acc)
+		for _, comp := range []string{"fp16", "bf16"} {
+			assert.InDelta(t, acc["none"], acc[comp], 0.005, "%s %s", model, comp)
+		}
 	}
 }

@@ -57,6 +57,7 @@ type Options struct {
 	ExportDir         string
 	ExportVersion     int64
 	Aggregation       string
+	Compression       string
 
 	// Large-batch training: see optim.go.
 	WarmupSteps    int
@@ -159,7 +160,7 @@ func (o Options) Check() error {
 	if err := o.DP.check(o); err != nil {
 		return err
 	}
-	if _, err := o.aggregation(); err != nil {
+	if _, err := o.gradientOptions(); err != nil {
 		return err
 	}
 	if _, err := o.logger(); err != nil {

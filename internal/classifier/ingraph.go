@@ -46,7 +46,7 @@ func newStrategy(ctx context.Context, o Options) (engine, bool, int, error) {
 		if err != nil {
 			return nil, false, 0, err
 		}
-		robust, err := o.robustOptions()
+		robust, err := o.gradientOptions()
 		if err != nil {
 			return nil, false, 0, err
 		}

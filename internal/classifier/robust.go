@@ -17,6 +17,21 @@ const EnvVoteAttack = faults.EnvVoteAttack
 
 func registerRobustFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.Aggregation, "aggregation", "", "multiworker: combine the workers' gradients with `RULE` instead of summing them: mean, median, trimmed_mean(f), krum(f), multi_krum(f,m) or centered_clip(tau,iterations)")
+	fs.StringVar(&o.Compression, "compression", "none", "multiworker: send gradients between workers as `C`: none, fp16 or bf16 (summed in float32 at every hop)")
+}
+
+var compressions = map[string]multiworker.Compression{"": multiworker.None, "none": multiworker.None, "fp16": multiworker.FP16, "bf16": multiworker.BF16}
+
+// compression returns the compression of -compression.
+func (o Options) compression() (multiworker.Compression, error) {
+	c, ok := compressions[o.Compression]
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("-compression %q: expected none, fp16 or bf16", o.Compression)
+	case c != multiworker.None && o.Strategy != "multiworker":
+		return 0, fmt.Errorf("-compression %s: only -strategy multiworker sends gradients between workers (-strategy %s cannot honour it)", o.Compression, o.Strategy)
+	}
+	return c, nil
 }
 
 // aggregation returns the rule of -aggregation, nil without one.
@@ -34,13 +49,22 @@ func (o Options) aggregation() (aggregate.Rule, error) {
 	return r, nil
 }
 
-// robustOptions returns the multiworker options of -aggregation.
-func (o Options) robustOptions() ([]multiworker.Option, error) {
+// gradientOptions returns the multiworker options of -aggregation and
+// -compression.
+func (o Options) gradientOptions() ([]multiworker.Option, error) {
 	r, err := o.aggregation()
-	if err != nil || r == nil {
+	if err != nil {
 		return nil, err
 	}
-	return []multiworker.Option{multiworker.WithAggregation(r)}, nil
+	c, err := o.compression()
+	if err != nil {
+		return nil, err
+	}
+	opts := []multiworker.Option{multiworker.WithCompression(c)}
+	if r != nil {
+		opts = append(opts, multiworker.WithAggregation(r))
+	}
+	return opts, nil
 }
 
 // armVoteAttack sets the vote attack of EnvVoteAttack, if any, for the
