@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/allreducebench"
@@ -160,4 +161,75 @@ func BenchmarkReducedLoss(b *testing.B) {
 	b.ReportMetric(float64(inRun.Microseconds())/float64(b.N*steps), "inrun_us/step")
 	b.ReportMetric(float64(runReduce.Microseconds())/float64(b.N*steps), "run+reduce_us/step")
 	b.ReportMetric(inRun.Seconds()/runReduce.Seconds(), "inrun/run+reduce")
+}
+
+// BenchmarkTopK times steps whose gradient is one dense 64 MiB float32
+// tensor on 2 in-process workers, all-reduced densely and with TopK(0.01),
+// and reports the time per step of each and their ratio (topk/dense), and
+// the bytes a worker sent per step. The step computes little besides the
+// gradient, so the ratio is the all-reduce's: top-k selection, gathers
+// and the scatter against the ring.
+func BenchmarkTopK(b *testing.B) {
+	const n, steps = 16 << 20, 5
+	perStep := map[string]float64{}
+	for range b.N {
+		for _, comp := range []multiworker.Compression{multiworker.None, multiworker.TopK(0.01)} {
+			times := make([]time.Duration, 2)
+			sent := make([]int64, 2)
+			errs := onWorkers(loopbackSpec(b, 2), []multiworker.Option{multiworker.WithCompression(comp),
+				multiworker.WithStartupTimeout(time.Minute), multiworker.WithCollectiveTimeout(time.Minute)},
+				func(w int, s *multiworker.Strategy) error {
+					var err error
+					times[w], sent[w], err = timeGradientSteps(s, n, steps)
+					return err
+				})
+			for _, err := range errs {
+				require.NoError(b, err)
+			}
+			perStep[comp.String()] = times[0].Seconds() / steps
+			b.ReportMetric(times[0].Seconds()/steps*1e3, comp.String()+"_ms/step")
+			b.ReportMetric(float64(sent[0])/steps/(1<<20), comp.String()+"_MiB_sent/step")
+		}
+	}
+	b.ReportMetric(perStep["topk(0.01)"]/perStep["none"], "topk/dense_time")
+}
+
+// timeGradientSteps builds a step whose gradient is a dense tensor of n
+// float32 values, runs it once, then times steps more runs; it returns
+// their time and the bytes this worker sent during them.
+func timeGradientSteps(s *multiworker.Strategy, n int64, steps int) (time.Duration, int64, error) {
+	var v strategy.Variable
+	if err := s.Scope(func(sc strategy.Scope) (err error) {
+		v, err = sc.Variable("w", tf.Float, []int64{n}, strategy.Zeros())
+		return err
+	}); err != nil {
+		return 0, 0, err
+	}
+	step, err := s.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}}, func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		sc := r.Scope()
+		g := op.StatelessRandomNormal(sc.SubScope("g"), op.Const(sc.SubScope("shape"), []int64{n}),
+			op.Const(sc.SubScope("seed"), []int64{int64(r.ReplicaID()), 1}))
+		loss := op.AddV2(sc.SubScope("loss"), op.Sum(sc.SubScope("wg"), op.Mul(sc.SubScope("mul"), strategy.MustRead(r, v), g), op.Const(sc.SubScope("a"), []int32{0})),
+			op.Sum(sc.SubScope("x"), in["x"], op.Const(sc.SubScope("b"), []int32{0})))
+		return strategy.Outputs{"loss": loss}, r.Minimize(optimizer.NewSGD(optimizer.Constant(1e-3)), loss, []strategy.Variable{v})
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	x, err := tf.NewTensor([]float32{0})
+	if err != nil {
+		return 0, 0, err
+	}
+	feeds := []map[string]*tf.Tensor{{"x": x}}
+	ctx := context.Background()
+	if _, err := s.RunReplicas(ctx, step, feeds, 1); err != nil {
+		return 0, 0, err
+	}
+	before, start := s.CollectiveStats().BytesSent, time.Now()
+	for range steps {
+		if _, err := s.RunReplicas(ctx, step, feeds, 1); err != nil {
+			return 0, 0, err
+		}
+	}
+	return time.Since(start), s.CollectiveStats().BytesSent - before, nil
 }

@@ -2,6 +2,8 @@ package multiworker
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
@@ -10,38 +12,88 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// Compression is how gradients travel between workers (WithCompression).
-type Compression int
+// Compression is how gradients travel between workers (WithCompression):
+// None, FP16, BF16 or TopK(ratio).
+type Compression struct {
+	kind  compressionKind
+	ratio float64 // of TopK
+}
+
+type compressionKind int
 
 const (
-	// None sends gradients as they are.
-	None Compression = iota
-	// FP16 sends float32 gradients as IEEE half precision.
-	FP16
-	// BF16 sends float32 gradients as bfloat16.
-	BF16
+	uncompressed compressionKind = iota
+	fp16
+	bf16
+	topK
 )
 
-// String returns the compression's name, as the classifier's flag takes
-// it: none, fp16 or bf16.
+var (
+	// None sends gradients as they are.
+	None = Compression{}
+	// FP16 sends float32 gradients as IEEE half precision.
+	FP16 = Compression{kind: fp16}
+	// BF16 sends float32 gradients as bfloat16.
+	BF16 = Compression{kind: bf16}
+)
+
+// TopK sends, of each float32 gradient (or pack of gradients), only the
+// ratio of its elements largest in magnitude, with error feedback (Lin et
+// al., 2018): each worker adds to its gradient what it did not send
+// before, its residual, which it keeps per gradient and which checkpoints
+// save and restore, every worker's own. ratio must be in (0, 1].
+func TopK(ratio float64) Compression { return Compression{kind: topK, ratio: ratio} }
+
+// String returns the compression as ParseCompression reads it: none,
+// fp16, bf16 or topk(ratio).
 func (c Compression) String() string {
-	switch c {
-	case None:
+	switch c.kind {
+	case uncompressed:
 		return "none"
-	case FP16:
+	case fp16:
 		return "fp16"
-	case BF16:
+	case bf16:
 		return "bf16"
+	case topK:
+		return fmt.Sprintf("topk(%g)", c.ratio)
 	}
-	return fmt.Sprintf("Compression(%d)", int(c))
+	return fmt.Sprintf("compression(%d)", int(c.kind))
+}
+
+// ParseCompression reads none, fp16, bf16 or topk(ratio).
+func ParseCompression(s string) (Compression, error) {
+	switch s {
+	case "none", "":
+		return None, nil
+	case "fp16":
+		return FP16, nil
+	case "bf16":
+		return BF16, nil
+	}
+	arg, prefixed := strings.CutPrefix(s, "topk(")
+	if arg, closed := strings.CutSuffix(arg, ")"); prefixed && closed {
+		if ratio, err := strconv.ParseFloat(arg, 64); err == nil {
+			c := TopK(ratio)
+			return c, c.check()
+		}
+	}
+	return None, fmt.Errorf("compression %q: expected none, fp16, bf16 or topk(ratio)", s)
+}
+
+// check names a ratio out of (0, 1].
+func (c Compression) check() error {
+	if c.kind == topK && !(c.ratio > 0 && c.ratio <= 1) {
+		return fmt.Errorf("compression topk(%g): the ratio must be in (0, 1]", c.ratio)
+	}
+	return nil
 }
 
 // wire returns the engine's wire type of c.
 func (c Compression) wire() collective.DType {
-	switch c {
-	case FP16:
+	switch c.kind {
+	case fp16:
 		return collective.Float16
-	case BF16:
+	case bf16:
 		return collective.BFloat16
 	}
 	return 0
@@ -66,8 +118,8 @@ func (c config) checkCompression() error {
 	switch {
 	case c.compression == None:
 		return nil
-	case c.compression.wire() == 0:
-		return fmt.Errorf("multiworker: WithCompression(%v): expected None, FP16 or BF16", c.compression)
+	case c.compression.check() != nil:
+		return fmt.Errorf("multiworker: WithCompression: %w", c.compression.check())
 	case c.comm != Auto && c.comm != Engine:
 		return fmt.Errorf("multiworker: WithCompression(%v): only tfdist's collective engine compresses; WithCommunication(%v) sends gradients as they are", c.compression, c.comm)
 	case c.aggregation != nil:
@@ -89,27 +141,35 @@ func (c config) packed(ops *engineOps) strategy.CrossDeviceOps {
 func (c *engineOps) compressing(comp Compression) *engineOps {
 	cc := *c
 	cc.wire = comp.wire()
+	if comp.kind == topK {
+		cc.topK = comp.ratio
+	}
 	return &cc
 }
 
 // wireFor returns the wire type of v's all-reduce: c's for a float32
 // tensor known to hold at least minCompressed elements, none otherwise.
 func (c *engineOps) wireFor(v tf.Output) collective.DType {
-	if c.wire == 0 || v.DataType() != tf.Float {
-		return 0
-	}
-	shape, err := v.Shape().ToSlice()
-	if err != nil {
-		return 0
-	}
-	n := int64(1)
-	for _, d := range shape {
-		n *= d
-	}
-	if n < minCompressed {
+	if c.wire == 0 || v.DataType() != tf.Float || staticSize(v) < minCompressed {
 		return 0
 	}
 	return c.wire
+}
+
+// staticSize returns the elements of v, -1 when its shape is not known.
+func staticSize(v tf.Output) int64 {
+	shape, err := v.Shape().ToSlice()
+	if err != nil {
+		return -1
+	}
+	n := int64(1)
+	for _, d := range shape {
+		if d < 0 {
+			return -1
+		}
+		n *= d
+	}
+	return n
 }
 
 // compressed is the GradientReducer of WithCompression: the gradients'

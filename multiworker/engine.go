@@ -29,6 +29,8 @@ type engineOps struct {
 	group      string           // the group's id in tfrt's registry
 	aggregator string           // the voter's id in tfrt's registry, with WithAggregation
 	wire       collective.DType // what float32 all-reduces travel as, 0: themselves
+	topK       float64          // the ratio of TopK, 0 without
+	residuals  *residuals       // TopK's, shared with the Strategy
 	host       string           // this worker's host CPU
 	replicas   int              // replicas in sync across every worker
 	names      *opNames         // shared by the copies WithCompression makes
@@ -99,7 +101,12 @@ func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]t
 		name := c.name("allreduce")
 		hs := s.SubScope(name).WithDevice(c.host)
 		sum := local(hs.SubScope("local"), values, k, op.AddN)
-		v := tfrt.AllReduce(hs.SubScope("engine"), sum, c.group, name, collective.Sum, c.wireFor(sum))
+		var v tf.Output
+		if n := c.sparseSize(sum); n > 0 {
+			v = c.sparseSum(hs.SubScope("top_k"), name, sum, n)
+		} else {
+			v = tfrt.AllReduce(hs.SubScope("engine"), sum, c.group, name, collective.Sum, c.wireFor(sum))
+		}
 		if red == strategy.Mean {
 			n := op.Cast(hs.SubScope("n"), op.Const(hs.SubScope("replicas"), int32(c.replicas)), v.DataType())
 			v = op.Div(hs.SubScope("mean"), v, n)
@@ -185,7 +192,12 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		reducer = cdo
 	}
 	if c.compression != None {
-		reducer = compressed{c.packed(cdo.compressing(c.compression))}
+		comp := cdo.compressing(c.compression)
+		if c.compression.kind == topK {
+			s.residuals = &residuals{group: id}
+			comp.residuals = s.residuals
+		}
+		reducer = compressed{c.packed(comp)}
 	}
 	e, err := strategy.NewInGraph(strategy.Config{
 		Name:              "multiworker",

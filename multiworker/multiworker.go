@@ -59,8 +59,9 @@ type Strategy struct {
 	// collective ops.
 	group      *collective.Group
 	unregister func()
-	// With WithAggregation: the rule's state.
-	voter *voter
+	// With WithAggregation: the rule's state; with TopK: the residuals.
+	voter     *voter
+	residuals *residuals
 	// closeTimeout bounds Close's barrier.
 	closeTimeout time.Duration
 

@@ -17,19 +17,17 @@ const EnvVoteAttack = faults.EnvVoteAttack
 
 func registerRobustFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.Aggregation, "aggregation", "", "multiworker: combine the workers' gradients with `RULE` instead of summing them: mean, median, trimmed_mean(f), krum(f), multi_krum(f,m) or centered_clip(tau,iterations)")
-	fs.StringVar(&o.Compression, "compression", "none", "multiworker: send gradients between workers as `C`: none, fp16 or bf16 (summed in float32 at every hop)")
+	fs.StringVar(&o.Compression, "compression", "none", "multiworker: send gradients between workers as `C`: none, fp16 or bf16 (summed in float32 at every hop), or topk(ratio) (the largest ratio of each gradient's elements, the rest fed back into the next step)")
 }
-
-var compressions = map[string]multiworker.Compression{"": multiworker.None, "none": multiworker.None, "fp16": multiworker.FP16, "bf16": multiworker.BF16}
 
 // compression returns the compression of -compression.
 func (o Options) compression() (multiworker.Compression, error) {
-	c, ok := compressions[o.Compression]
+	c, err := multiworker.ParseCompression(o.Compression)
 	switch {
-	case !ok:
-		return 0, fmt.Errorf("-compression %q: expected none, fp16 or bf16", o.Compression)
+	case err != nil:
+		return c, fmt.Errorf("-compression: %w", err)
 	case c != multiworker.None && o.Strategy != "multiworker":
-		return 0, fmt.Errorf("-compression %s: only -strategy multiworker sends gradients between workers (-strategy %s cannot honour it)", o.Compression, o.Strategy)
+		return c, fmt.Errorf("-compression %s: only -strategy multiworker sends gradients between workers (-strategy %s cannot honour it)", o.Compression, o.Strategy)
 	}
 	return c, nil
 }
