@@ -3,8 +3,6 @@ package aggregate_test
 import (
 	"math/rand/v2"
 	"testing"
-
-	"github.com/tfdist/tfdist/aggregate"
 )
 
 // BenchmarkAggregate measures each rule on n = 5 votes of d = 2²⁰
@@ -13,14 +11,7 @@ func BenchmarkAggregate(b *testing.B) {
 	const n, d = 5, 1 << 20
 	votes := gaussianVotes(rand.New(rand.NewPCG(1, 2)), n, d)
 	out := make([]float32, d)
-	for _, r := range []aggregate.Rule{
-		aggregate.Mean(),
-		aggregate.Median(),
-		aggregate.TrimmedMean(1),
-		aggregate.Krum(1),
-		aggregate.MultiKrum(1, 3),
-		aggregate.CenteredClip(10, 3),
-	} {
+	for _, r := range allRules() {
 		b.Run(r.String(), func(b *testing.B) {
 			b.SetBytes(n * d * 4)
 			for range b.N {

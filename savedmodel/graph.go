@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -259,14 +260,7 @@ func (g *graph) signatureNames() []string {
 
 func tensorName(o tf.Output) string { return fmt.Sprintf("%s:%d", o.Op.Name(), o.Index) }
 
-func sortedKeys[M ~map[string]V, V any](m M) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
+func sortedKeys[M ~map[string]V, V any](m M) []string { return slices.Sorted(maps.Keys(m)) }
 
 // nodeName returns the node an input of a NodeDef names ("^x", "x:1",
 // "x").
