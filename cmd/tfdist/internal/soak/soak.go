@@ -44,7 +44,10 @@ func (s Setup) StepsOf(steps int) int {
 // collectives, and parameter-server training with a chief, 2 workers and 1
 // ps task. TensorFlow's distributed sessions refuse a step as a repeated
 // request about once in tens of thousands (docs/architecture.md), so the
-// run on its collectives stops at 10,000 steps, where that is rare.
+// run on its collectives stops at 10,000 steps, where that is rare. Two
+// more, which -strategies must name, soak the gradient paths of the
+// engine: "robust", 3 workers whose votes a trimmed mean combines, and
+// "topk", 2 workers of 2 logical CPUs sending TopK(0.01) gradients.
 func Setups() []Setup {
 	return []Setup{
 		{Name: "default", Args: []string{"-strategy", "default"}},
@@ -55,6 +58,10 @@ func Setups() []Setup {
 			Args: []string{"-strategy", "multiworker", "-devices", "2", "-communication", "tensorflow"}, MaxSteps: 10_000},
 		{Name: "ps", Launch: []launch.Option{launch.WithChief(true), launch.WithWorkers(2), launch.WithPS(1)},
 			Args: []string{"-strategy", "ps"}},
+		{Name: "robust", Launch: []launch.Option{launch.WithWorkers(3)},
+			Args: []string{"-strategy", "multiworker", "-global-batch", "96", "-aggregation", "trimmed_mean(1)"}},
+		{Name: "topk", Launch: []launch.Option{launch.WithWorkers(2)},
+			Args: []string{"-strategy", "multiworker", "-devices", "2", "-compression", "topk(0.01)"}},
 	}
 }
 
