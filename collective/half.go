@@ -11,14 +11,17 @@ import (
 // for speed: a table lookup per half decoded, and encoding loops whose
 // common case is a few integer operations and one predictable branch.
 
-// f16ToF32 converts an IEEE 754 half-precision value to float32 exactly.
+// f16ToF32 converts an IEEE 754 half-precision value to float32 exactly;
+// a nan comes out quiet, keeping its payload, as F16C converts it.
 func f16ToF32(h uint16) float32 {
 	sign := uint32(h&0x8000) << 16
 	exp := uint32(h>>10) & 0x1f
 	mant := uint32(h & 0x3ff)
 	switch {
-	case exp == 0x1f: // inf, nan
-		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
+	case exp == 0x1f && mant != 0: // nan
+		return math.Float32frombits(sign | 0x7fc00000 | mant<<13)
+	case exp == 0x1f: // inf
+		return math.Float32frombits(sign | 0x7f800000)
 	case exp == 0: // zero, subnormal: mant × 2^-24
 		f := float32(mant) * (1.0 / (1 << 24))
 		return math.Float32frombits(sign | math.Float32bits(f))
@@ -35,17 +38,33 @@ var f16Table = sync.OnceValue(func() *[1 << 16]float32 {
 	return t
 })
 
-// decodeF16 converts the halves in src to float32 into dst.
+// decodeF16 converts the halves in src to float32 into dst: in hardware
+// where the processor can (F16C), through a table otherwise, with the
+// same bits.
 func decodeF16(dst []float32, src []uint16) {
-	t := f16Table()
 	src = src[:len(dst)]
+	n := decodeF16Fast(dst, src)
+	decodeF16Go(dst[n:], src[n:])
+}
+
+// decodeF16Go is decodeF16 through the table.
+func decodeF16Go(dst []float32, src []uint16) {
+	t := f16Table()
 	for i, h := range src {
 		dst[i] = t[h]
 	}
 }
 
-// encodeF16 rounds src to half precision into dst.
+// encodeF16 rounds src to half precision into dst, to nearest with ties
+// to even: in hardware where the processor can (F16C), with the same bits.
 func encodeF16(dst []uint16, src []float32) {
+	src = src[:len(dst)]
+	n := encodeF16Fast(dst, src)
+	encodeF16Go(dst[n:], src[n:])
+}
+
+// encodeF16Go is encodeF16 in Go.
+func encodeF16Go(dst []uint16, src []float32) {
 	s := bits32(src[:len(dst)])
 	for i, u := range s {
 		a, sign := u&0x7fffffff, uint16(u>>16)&0x8000
@@ -85,9 +104,17 @@ const (
 	laneTop = 0x8000_0000 * lanes
 )
 
-// encodeBF16 rounds src to bfloat16 into dst, two elements per 64-bit
-// operation while neither is a nan.
+// encodeBF16 rounds src to bfloat16 into dst: with AVX2 where the
+// processor has it, else in Go, two elements per 64-bit operation while
+// neither is a nan; the same bits either way.
 func encodeBF16(dst []uint16, src []float32) {
+	src = src[:len(dst)]
+	n := encodeBF16Fast(dst, src)
+	encodeBF16Go(dst[n:], src[n:])
+}
+
+// encodeBF16Go is encodeBF16 in Go.
+func encodeBF16Go(dst []uint16, src []float32) {
 	s := bits32(src[:len(dst)])
 	i := 0
 	for ; i+1 < len(s); i += 2 {
@@ -104,9 +131,16 @@ func encodeBF16(dst []uint16, src []float32) {
 	}
 }
 
-// decodeBF16 converts the bfloat16s in src to float32 into dst.
+// decodeBF16 converts the bfloat16s in src to float32 into dst, with
+// AVX2 where the processor has it.
 func decodeBF16(dst []float32, src []uint16) {
 	src = src[:len(dst)]
+	n := decodeBF16Fast(dst, src)
+	decodeBF16Go(dst[n:], src[n:])
+}
+
+// decodeBF16Go is decodeBF16 in Go.
+func decodeBF16Go(dst []float32, src []uint16) {
 	for i, h := range src {
 		dst[i] = math.Float32frombits(uint32(h) << 16)
 	}
