@@ -302,13 +302,13 @@ func trainModel(ctx context.Context, o Options, sess session, crash crashPlan, t
 		OnLoss: func(step int, loss float64) error {
 			scalars := map[string]float64{"loss": loss}
 			maps.Copy(scalars, aggregationResult(sess.strategy(), res))
+			if p := sess.privacy(); p != nil {
+				scalars["epsilon"] = p.epsilon(step)
+			}
 			return tb.Scalars(int64(step), scalars)
 		}}
 	if p := sess.privacy(); p != nil {
 		c.Progress = append(c.Progress, progress.WithMetric("ε", p.epsilon))
-		c.OnLoss = func(step int, loss float64) error {
-			return tb.Scalars(int64(step), map[string]float64{"loss": loss, "epsilon": p.epsilon(step)})
-		}
 	}
 	if o.CheckpointDir != "" {
 		c.Checkpoint = sess.checkpoint
