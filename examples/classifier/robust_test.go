@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/internal/classifier"
+	"github.com/tfdist/tfdist/summary"
 )
 
 // robustTau is the centered clipping radius the tests use: about the
@@ -157,4 +158,34 @@ func TestTopKKeepsAccuracyAndResumes(t *testing.T) {
 		"-checkpoint-dir", t.TempDir(), "-checkpoint-every", "50")
 	assert.Equal(t, sparse.ParamL2, resumed.ParamL2, "the resumed job ends with the uninterrupted job's model")
 	assert.Equal(t, sparse.FinalLoss, resumed.FinalLoss)
+}
+
+// What the rule set aside each step reaches the log (info), the -json
+// output and TensorBoard: under the median, the NaN vote of worker 2 of
+// 3, every step.
+func TestAggregationIsReported(t *testing.T) {
+	needBinaries(t)
+	t.Setenv(classifier.EnvVoteAttack, "worker=2,kind=nan")
+	logdir := t.TempDir()
+	out, err := launch(t, 3*time.Minute, []string{"--workers", "3"}, "-strategy", "multiworker", "-aggregation", "median",
+		"-global-batch", "96", "-steps", "100", "-log-every", "50", "-logdir", logdir, "-log", "info", "-json")
+	require.NoError(t, err, out)
+	got := results(t, out)
+	require.Len(t, got, 3, out)
+	assert.Equal(t, "median", got["worker:0"].Aggregation)
+	assert.Equal(t, []int64{0, 0, 100}, got["worker:0"].DiscardedVotes)
+	assert.Regexp(t, `aggregated votes.*"rule": "median", "step": 99, "discarded": 1, "workers": "\[worker:2\]"`, out)
+
+	files, err := summary.EventFiles(logdir)
+	require.NoError(t, err)
+	require.Len(t, files, 1, "the chief alone writes TensorBoard's events")
+	scalars, err := summary.ReadScalars(files[0])
+	require.NoError(t, err)
+	discarded := map[int64]float64{}
+	for _, s := range scalars {
+		if s.Tag == "aggregation/discarded_votes" {
+			discarded[s.Step] = s.Value
+		}
+	}
+	assert.Equal(t, map[int64]float64{50: 1, 100: 1}, discarded)
 }
