@@ -13,8 +13,10 @@ import (
 	"strings"
 
 	tf "github.com/wamuir/graft/tensorflow"
+	graphpb "github.com/wamuir/graft/tensorflow/core/framework/graph_go_proto"
 	corepb "github.com/wamuir/graft/tensorflow/core/protobuf/for_core_protos_go_proto"
 	"github.com/wamuir/graft/tensorflow/op"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
@@ -30,7 +32,7 @@ type graph struct {
 	vars    []strategy.Variable // sorted by name
 	handles map[string]handle   // by variable name
 	saver   *saverOps           // nil without variables
-	def     []byte              // the GraphDef, without the ops that feed the values
+	def     *graphpb.GraphDef   // the graph, without the ops that feed the values
 }
 
 type handle struct {
@@ -67,7 +69,10 @@ func buildGraph(sigs []Signature) (*graph, error) {
 	if _, err := g.g.WriteTo(&buf); err != nil {
 		return nil, fmt.Errorf("savedmodel: serialise the graph: %w", err)
 	}
-	g.def = buf.Bytes()
+	g.def = &graphpb.GraphDef{}
+	if err := proto.Unmarshal(buf.Bytes(), g.def); err != nil {
+		return nil, fmt.Errorf("savedmodel: read back the graph: %w", err)
+	}
 	if err := g.checkInputs(); err != nil {
 		return nil, err
 	}

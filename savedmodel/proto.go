@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	tf "github.com/wamuir/graft/tensorflow"
-	graphpb "github.com/wamuir/graft/tensorflow/core/framework/graph_go_proto"
 	nodepb "github.com/wamuir/graft/tensorflow/core/framework/node_def_go_proto"
 	shapepb "github.com/wamuir/graft/tensorflow/core/framework/tensor_shape_go_proto"
 	typespb "github.com/wamuir/graft/tensorflow/core/framework/types_go_proto"
@@ -20,16 +19,12 @@ const predictMethod = "tensorflow/serving/predict"
 // savedModel returns saved_model.pb: one MetaGraphDef tagged serve, with
 // the graph, the saver and the signatures.
 func (g *graph) savedModel() ([]byte, error) {
-	var gd graphpb.GraphDef
-	if err := proto.Unmarshal(g.def, &gd); err != nil {
-		return nil, fmt.Errorf("savedmodel: read back the graph: %w", err)
-	}
 	mg := &corepb.MetaGraphDef{
 		MetaInfoDef: &corepb.MetaGraphDef_MetaInfoDef{
 			Tags:              []string{ServeTag},
 			TensorflowVersion: tf.Version(),
 		},
-		GraphDef:     &gd,
+		GraphDef:     g.def,
 		SignatureDef: map[string]*corepb.SignatureDef{},
 	}
 	if g.saver != nil {
@@ -73,12 +68,8 @@ func shapeProto(s tf.Shape) *shapepb.TensorShapeProto {
 // checkInputs checks that every output of every signature depends on no
 // placeholder but the signature's own inputs: a server feeds only those.
 func (g *graph) checkInputs() error {
-	var gd graphpb.GraphDef
-	if err := proto.Unmarshal(g.def, &gd); err != nil {
-		return fmt.Errorf("savedmodel: read back the graph: %w", err)
-	}
-	nodes := make(map[string]*nodepb.NodeDef, len(gd.Node))
-	for _, n := range gd.Node {
+	nodes := make(map[string]*nodepb.NodeDef, len(g.def.Node))
+	for _, n := range g.def.Node {
 		nodes[n.Name] = n
 	}
 	for _, s := range g.sigs {
