@@ -114,12 +114,23 @@ const minCompressed = 1024
 // WithCommunication(Ring or NCCL), and with WithAggregation.
 func WithCompression(c Compression) Option { return func(cfg *config) { cfg.compression = c } }
 
+// checkGradients refuses an aggregation rule or a compression that the
+// backend, the other options or the group of workers cannot honour.
+func (c config) checkGradients(workers int) error {
+	if err := c.checkAggregation(workers); err != nil {
+		return err
+	}
+	return c.checkCompression()
+}
+
 func (c config) checkCompression() error {
-	switch {
-	case c.compression == None:
+	if c.compression == None {
 		return nil
-	case c.compression.check() != nil:
-		return fmt.Errorf("multiworker: WithCompression: %w", c.compression.check())
+	}
+	if err := c.compression.check(); err != nil {
+		return fmt.Errorf("multiworker: WithCompression: %w", err)
+	}
+	switch {
 	case c.comm != Auto && c.comm != Engine:
 		return fmt.Errorf("multiworker: WithCompression(%v): only tfdist's collective engine compresses; WithCommunication(%v) sends gradients as they are", c.compression, c.comm)
 	case c.aggregation != nil:
@@ -147,27 +158,32 @@ func (c *engineOps) compressing(comp Compression) *engineOps {
 	return &cc
 }
 
-// wireFor returns the wire type of v's all-reduce: c's for a float32
-// tensor known to hold at least minCompressed elements, none otherwise.
+// wireFor returns the wire type of v's all-reduce: c's for a
+// compressible tensor, none otherwise.
 func (c *engineOps) wireFor(v tf.Output) collective.DType {
-	if c.wire == 0 || v.DataType() != tf.Float || staticSize(v) < minCompressed {
+	if c.wire == 0 || compressible(v) == 0 {
 		return 0
 	}
 	return c.wire
 }
 
-// staticSize returns the elements of v, -1 when its shape is not known.
-func staticSize(v tf.Output) int64 {
+// compressible returns the elements of v when compression applies to it:
+// v is float32 and known to hold at least minCompressed elements; 0
+// otherwise.
+func compressible(v tf.Output) int64 {
 	shape, err := v.Shape().ToSlice()
-	if err != nil {
-		return -1
+	if err != nil || v.DataType() != tf.Float {
+		return 0
 	}
 	n := int64(1)
 	for _, d := range shape {
 		if d < 0 {
-			return -1
+			return 0
 		}
 		n *= d
+	}
+	if n < minCompressed {
+		return 0
 	}
 	return n
 }

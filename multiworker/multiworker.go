@@ -163,10 +163,7 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	task := cluster.TaskOf(c.resolver)
 	log := logging.OrNop(c.log)
 	if spec.IsEmpty() || spec.WorkerCount() <= 1 && spec.NumTasks(cluster.PS) == 0 {
-		if err := c.checkAggregation(1); err != nil {
-			return nil, err
-		}
-		if err := c.checkCompression(); err != nil {
+		if err := c.checkGradients(1); err != nil {
 			return nil, err
 		}
 		return newLocal(c, task, log)
@@ -187,10 +184,7 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	if workerID < 0 {
 		return nil, fmt.Errorf("multiworker: task %s is not in the cluster", task)
 	}
-	if err := c.checkAggregation(len(workers)); err != nil {
-		return nil, err
-	}
-	if err := c.checkCompression(); err != nil {
+	if err := c.checkGradients(len(workers)); err != nil {
 		return nil, err
 	}
 	log = logging.ForTask(log, string(task.Type), task.Index)

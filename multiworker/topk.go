@@ -95,16 +95,12 @@ func (c *engineOps) sparseSum(s *op.Scope, name string, sum tf.Output, n int64) 
 }
 
 // sparseSize returns the elements of v when its all-reduce goes through
-// TopK, 0 when it does not: TopK is on, v is float32 and holds at least
-// minCompressed elements.
+// TopK (TopK is on and v is compressible), 0 when it does not.
 func (c *engineOps) sparseSize(v tf.Output) int64 {
-	if c.topK == 0 || v.DataType() != tf.Float {
+	if c.topK == 0 {
 		return 0
 	}
-	if n := staticSize(v); n >= minCompressed {
-		return n
-	}
-	return 0
+	return compressible(v)
 }
 
 // Build builds a step as the engine does and gives the TopK residuals
@@ -151,7 +147,7 @@ func (s *Strategy) residualSaveable(r *residual) strategy.Saveable {
 	group := s.residuals.group
 	return strategy.Saveable{Name: r.name, DType: tf.Float, Shape: []int64{int64(len(s.workers)), r.n},
 		Slices: []strategy.SaveSlice{{
-			Device: s.State().HostDevice(),
+			Device: s.engine.State().HostDevice(),
 			Read: func(sc *op.Scope) (tf.Output, error) {
 				row := op.Reshape(sc.SubScope("row"), op.ReadVariableOp(sc.SubScope("read"), r.handle, tf.Float),
 					op.Const(sc.SubScope("shape"), []int64{1, r.n}))

@@ -112,16 +112,16 @@ func (c *call) aggregate() {
 		c.finish(&Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate of %s: expected float32 votes", c.dt)})
 		return
 	}
-	in := float32s(tensorBytes(c.in))
-	blocks, err := c.g.AllGather(context.Background(), c.k.name, c.dt, tensorBytes(c.in), c.shape())
+	in := tensorBytes(c.in)
+	blocks, err := c.g.AllGather(context.Background(), c.k.name, c.dt, in, c.shape())
 	if err != nil {
 		c.finish(err)
 		return
 	}
 	votes := make([][]float32, len(blocks))
 	for r, b := range blocks {
-		if len(b) != 4*len(in) {
-			c.finish(&Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate: %s sent %d bytes, expected %d", c.g.Members()[r], len(b), 4*len(in))})
+		if len(b) != len(in) {
+			c.finish(&Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate: %s sent %d bytes, expected %d", c.g.Members()[r], len(b), len(in))})
 			return
 		}
 		votes[r] = float32s(b)
