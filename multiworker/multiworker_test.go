@@ -13,9 +13,9 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/internal/testmodel"
-	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
@@ -118,7 +118,7 @@ func TestWorkersThatDisagreeOnTheCluster(t *testing.T) {
 }
 
 func TestTaskTypesMultiWorkerDoesNotRun(t *testing.T) {
-	ports, err := tfrt.FreeLoopbackPorts(3)
+	ports, err := freeport.Loopback(3)
 	require.NoError(t, err)
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{
 		cluster.Worker: {fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])},

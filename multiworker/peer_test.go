@@ -18,8 +18,8 @@ import (
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/syncbuf"
-	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -127,7 +127,7 @@ func (p *peerProcess) kill() {
 // the test ends.
 func withPeer(t *testing.T, comm multiworker.Communication, behaviour string, opts ...multiworker.Option) (*multiworker.Strategy, *strategy.Step, *peerProcess) {
 	t.Helper()
-	ports, err := tfrt.FreeLoopbackPorts(2)
+	ports, err := freeport.Loopback(2)
 	require.NoError(t, err)
 	addrs := []string{fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: addrs})

@@ -18,8 +18,8 @@ import (
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/models"
-	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -155,7 +155,7 @@ type task struct {
 // children that serve.
 func childCluster(t testing.TB, workers, ps int) (cluster.ClusterSpec, map[cluster.Task]*task) {
 	t.Helper()
-	ports, err := tfrt.FreeLoopbackPorts(1 + workers + ps)
+	ports, err := freeport.Loopback(1 + workers + ps)
 	require.NoError(t, err)
 	addr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i]) }
 	jobs := map[cluster.TaskType][]string{cluster.Chief: {addr(0)}}

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/mtls"
@@ -115,7 +116,7 @@ func StartInProcessCluster(workers, ps int, opts ...Option) (*InProcessCluster, 
 		return nil, fmt.Errorf("%w: StartInProcessCluster(workers %d, ps %d): expected at least one of each", ErrBadCluster, workers, ps)
 	}
 	c := newConfig(opts)
-	ports, err := tfrt.FreeLoopbackPorts(1 + workers + ps)
+	ports, err := freeport.Loopback(1 + workers + ps)
 	if err != nil {
 		return nil, fmt.Errorf("paramserver: %w", err)
 	}

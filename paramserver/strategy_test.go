@@ -14,7 +14,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/dataset"
-	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -89,7 +89,7 @@ func TestBadClusters(t *testing.T) {
 // A worker that never comes up fails New within the startup timeout, with an
 // error that names it.
 func TestWorkerThatNeverComesUp(t *testing.T) {
-	ports, err := tfrt.FreeLoopbackPorts(3)
+	ports, err := freeport.Loopback(3)
 	require.NoError(t, err)
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{
 		cluster.Chief: {fmt.Sprintf("127.0.0.1:%d", ports[0])}, cluster.Worker: {fmt.Sprintf("127.0.0.1:%d", ports[1])},
@@ -109,7 +109,7 @@ func TestWorkerThatNeverComesUp(t *testing.T) {
 
 	// A context that ends first ends the wait, within 2 s of its deadline
 	// (a new chief: a server keeps its port until the process exits).
-	more, err := tfrt.FreeLoopbackPorts(2)
+	more, err := freeport.Loopback(2)
 	require.NoError(t, err)
 	spec2, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{
 		cluster.Chief: {fmt.Sprintf("127.0.0.1:%d", more[0])}, cluster.Worker: {fmt.Sprintf("127.0.0.1:%d", more[1])},

@@ -13,8 +13,8 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/allreducebench"
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/syncbuf"
-	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
 // The workers are this test binary re-executed: TestMain plays their role.
@@ -58,7 +58,7 @@ func TestBenchAllReduceTLS(t *testing.T) {
 // With --worker, each process joins TF_CONFIG's cluster as one worker, as on
 // separate machines: worker 0 prints the table, the others nothing.
 func TestBenchAllReduceAsClusterWorkers(t *testing.T) {
-	ports, err := tfrt.FreeLoopbackPorts(2)
+	ports, err := freeport.Loopback(2)
 	require.NoError(t, err)
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: {
 		fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}})

@@ -22,9 +22,9 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/classifier"
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/internal/testmodel"
-	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
 // binaries built once for the tests that run real processes.
@@ -125,7 +125,7 @@ func TestLaunchTwoWorkersMatchesDefault(t *testing.T) {
 // hang.
 func TestDeadPeerFailsTheSurvivorWithinTimeout(t *testing.T) {
 	needBinaries(t)
-	ports, err := tfrt.FreeLoopbackPorts(2)
+	ports, err := freeport.Loopback(2)
 	require.NoError(t, err)
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: {
 		fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}})
@@ -227,7 +227,7 @@ func TestStepDeadlineEndsAStepBlockedOnAStoppedPeer(t *testing.T) {
 // with worker 1's port; it returns how long worker 0 took to exit after the
 // stop.
 func stoppedPeer(t *testing.T, comm, want string, flags ...string) time.Duration {
-	ports, err := tfrt.FreeLoopbackPorts(2)
+	ports, err := freeport.Loopback(2)
 	require.NoError(t, err)
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: {
 		fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}})

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/syncbuf"
-	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/mtls"
 )
 
@@ -74,7 +74,7 @@ func AllReduce(ctx context.Context, x Exec, workers int, c Config) (Result, erro
 	if err != nil {
 		return Result{}, err
 	}
-	ports, err := tfrt.FreeLoopbackPorts(workers)
+	ports, err := freeport.Loopback(workers)
 	if err != nil {
 		return Result{}, err
 	}

@@ -12,14 +12,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/cluster"
-	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/multiworker"
 )
 
 // LoopbackSpec returns a cluster of workers on free loopback ports.
 func LoopbackSpec(t testing.TB, workers int) cluster.ClusterSpec {
 	t.Helper()
-	ports, err := tfrt.FreeLoopbackPorts(workers)
+	ports, err := freeport.Loopback(workers)
 	require.NoError(t, err)
 	addrs := make([]string, workers)
 	for i, p := range ports {

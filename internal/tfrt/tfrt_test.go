@@ -13,6 +13,7 @@ import (
 	pb "github.com/wamuir/graft/tensorflow/core/protobuf/for_core_protos_go_proto"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
@@ -133,7 +134,7 @@ func clusterDef(addrs ...string) *pb.ClusterDef {
 }
 
 func TestTwoTaskCluster(t *testing.T) {
-	ports, err := tfrt.FreeLoopbackPorts(2)
+	ports, err := freeport.Loopback(2)
 	require.NoError(t, err)
 	cd := clusterDef(fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1]))
 	var servers []*tfrt.Server
@@ -178,7 +179,7 @@ func TestTwoTaskCluster(t *testing.T) {
 }
 
 func TestStopNeverStartedServer(t *testing.T) {
-	ports, err := tfrt.FreeLoopbackPorts(1)
+	ports, err := freeport.Loopback(1)
 	require.NoError(t, err)
 	srv, err := tfrt.NewServer(&pb.ServerDef{Cluster: clusterDef(fmt.Sprintf("127.0.0.1:%d", ports[0])), JobName: "worker"})
 	require.NoError(t, err)

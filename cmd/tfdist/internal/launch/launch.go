@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/mtls"
 )
@@ -288,7 +289,7 @@ func (l *Launcher) Run(ctx context.Context) error {
 }
 
 // ports returns n loopback ports: base, base+1, … when a base port is set,
-// else free ports picked by the kernel.
+// else free ports below the ephemeral range (freeport.Loopback).
 func (l *Launcher) ports(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	if l.basePort > 0 {
@@ -304,21 +305,7 @@ func (l *Launcher) ports(n int) ([]int, error) {
 		}
 		return ports, nil
 	}
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("pick a free loopback port: %w", err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
+	return freeport.Loopback(n)
 }
 
 func boolInt(b bool) int {

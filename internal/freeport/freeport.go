@@ -1,0 +1,62 @@
+// Package freeport picks TCP ports on 127.0.0.1 for the servers of a local
+// cluster.
+package freeport
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// lowest is the lowest port Loopback picks.
+const lowest = 10000
+
+// Loopback returns n distinct TCP ports that were free on 127.0.0.1
+// when asked. They lie below the kernel's ephemeral range, so that no
+// outgoing connection takes one as its source port before its server
+// binds it, as happens with the ports a listener on port 0 gets: those
+// are ephemeral ones. Another process may still bind one first; servers
+// started on them fail naming the port in that case.
+func Loopback(n int) ([]int, error) {
+	hi := ephemeralLow()
+	if hi-lowest < 4*n {
+		return nil, fmt.Errorf("pick %d free loopback ports: the ephemeral range starts at %d, leaving too few below it", n, hi)
+	}
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			_ = l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 1000 {
+			return nil, fmt.Errorf("pick %d free loopback ports between %d and %d: %d found after %d tries", n, lowest, hi, len(ports), tries)
+		}
+		p := lowest + rand.IntN(hi-lowest)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		lns = append(lns, l)
+		ports = append(ports, p)
+	}
+	return ports, nil
+}
+
+// ephemeralLow returns the first port of the kernel's ephemeral range
+// (Linux), or 32768, the usual one, where it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if lo, err := strconv.Atoi(f[0]); err == nil && lo > lowest {
+				return lo
+			}
+		}
+	}
+	return 32768
+}
