@@ -1,6 +1,6 @@
 module github.com/tfdist/tfdist
 
-go 1.23
+go 1.23.0
 
 require (
 	github.com/google/uuid v1.6.0
@@ -14,4 +14,5 @@ require (
 require (
 	go.uber.org/multierr v1.10.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sys v0.35.0 // indirect
 )

@@ -19,30 +19,39 @@ var benchSizes = []struct {
 }{{"4KiB", 4 << 10}, {"1MiB", 1 << 20}, {"16MiB", 16 << 20}, {"64MiB", 64 << 20}}
 
 // BenchmarkAllReduce measures a float32 sum between members in this
-// process over loopback: AllReduceTo of random values, so every operation
-// reduces the same inputs. MB/s is the buffer size per operation; busMB/s
-// is the bus bandwidth, bytes×2(n−1)/n per operation.
+// process, over loopback TCP and over shared memory: AllReduceTo of random
+// values, so every operation reduces the same inputs. MB/s is the buffer
+// size per operation; busMB/s is the bus bandwidth, bytes×2(n−1)/n per
+// operation.
 func BenchmarkAllReduce(b *testing.B) {
 	for _, n := range []int{2, 3} {
 		for _, s := range benchSizes {
-			b.Run(fmt.Sprintf("members=%d/size=%s", n, s.name), func(b *testing.B) {
-				benchAllReduce(b, n, s.bytes, nil)
-			})
+			for _, tr := range transports {
+				b.Run(fmt.Sprintf("members=%d/size=%s/transport=%s", n, s.name, tr.name), func(b *testing.B) {
+					benchAllReduce(b, n, s.bytes, func(int) []Option { return tr.opts })
+				})
+			}
 		}
 	}
 }
 
+// transports are the ways members in one process can be connected.
+var transports = []struct {
+	name string
+	opts []Option
+}{{"tcp", []Option{WithSharedMemory(false)}}, {"shm", nil}}
+
 // BenchmarkAllReduceCompressed is BenchmarkAllReduce sent plain, compressed
 // to float16 and compressed to bfloat16, measured in turn in one run:
 // compare the three's ns/op (busMB/s counts float32 bytes for all three).
-// It runs over loopback and over connections paced to 10 and 1 Gb/s each
-// way. Members in one process share its processors, which converting
+// It runs over loopback TCP and over connections paced to 10 and 1 Gb/s
+// each way. Members in one process share its processors, which converting
 // loads, where members on a real network would each have their own.
 func BenchmarkAllReduceCompressed(b *testing.B) {
 	links := []struct {
 		name string
 		each func(int) []Option
-	}{{"loopback", nil}, {"10Gbps", paced(10e9 / 8)}, {"1Gbps", paced(1e9 / 8)}}
+	}{{"loopback", func(int) []Option { return transports[0].opts }}, {"10Gbps", paced(10e9 / 8)}, {"1Gbps", paced(1e9 / 8)}}
 	for _, link := range links {
 		for _, n := range []int{2, 3} {
 			for _, s := range benchSizes[2:] {
@@ -65,7 +74,7 @@ func BenchmarkAllReduceCompressed(b *testing.B) {
 // second each way. Every connection has an accepting end, so all are paced.
 func paced(rate float64) func(int) []Option {
 	return func(int) []Option {
-		return []Option{func(c *config) { c.listener = pacedListener{c.listener, rate} }}
+		return []Option{WithSharedMemory(false), func(c *config) { c.listener = pacedListener{c.listener, rate} }}
 	}
 }
 

@@ -24,6 +24,7 @@ type peerConn struct {
 	cert   mtls.Peer    // the certificate the peer presented, under TLS
 	batch  *batchedConn // under TLS, gathers a frame's records
 	nc     net.Conn
+	shm    bool // nc is a shared-memory connection
 	br     *bufio.Reader
 	hbuf   []byte   // the reader's header scratch
 	dims   []uint64 // the reader's shape scratch

@@ -87,17 +87,16 @@ func (g *Group) greet(sc secured, peer int) (*peerConn, error) {
 		return nil, err
 	}
 	if h.kind == kindReject {
-		reason, _ := c.readPayload(h.length)
-		msg := ""
-		if reason != nil {
-			msg = string(*reason)
-			putBuf(reason)
-		}
-		return nil, fmt.Errorf("%w by %s: %s", errRetry, g.members[peer], msg)
+		return nil, g.rejected(c, peer, h.length)
 	}
 	if h.kind != kindHello {
 		return nil, fmt.Errorf("%w: %w: %d frame instead of hello", errRetry, errProtocol, h.kind)
 	}
-	_ = nc.SetDeadline(time.Time{})
+	if h.length > 0 {
+		if c, err = g.dialUpgrade(c, peer, h.length); err != nil {
+			return nil, err
+		}
+	}
+	_ = c.nc.SetDeadline(time.Time{})
 	return c, nil
 }

@@ -10,7 +10,7 @@ import (
 // Wire constants. All integers are little-endian.
 const (
 	frameMagic   uint32 = 0x43444654 // "TFDC"
-	frameVersion uint8  = 3          // 2 added kindClosing, 3 the wire type
+	frameVersion uint8  = 4          // 2 added kindClosing, 3 the wire type, 4 the upgrade
 	fixedLen            = 64         // bytes of a header before the name
 	maxNameLen          = 4096       // longest tensor name
 	maxRank             = 32         // most dimensions a shape may have
@@ -23,6 +23,7 @@ type frameKind uint8
 const (
 	// kindHello opens a connection (dialer) and accepts it (acceptor). Its
 	// seq is the fingerprint, root the sender's rank, count the group size.
+	// The acceptor's payload, if any, offers shared memory (upgrade.go).
 	kindHello frameKind = iota + 1
 	// kindReject refuses a hello; fields as kindHello, payload the reason.
 	kindReject
@@ -35,6 +36,9 @@ const (
 	// kindClosing announces that the sender is closing the group with no
 	// operation pending: it starts none but its closing barrier.
 	kindClosing
+	// kindUpgrade answers a hello that offered shared memory (dialer: root
+	// 1 if it sent a segment) and acknowledges the answer (acceptor).
+	kindUpgrade
 )
 
 // opKind is the collective operation a data frame belongs to.
@@ -121,7 +125,7 @@ func parseFixed(b []byte) (header, int, int, error) {
 		return h, 0, 0, fmt.Errorf("%w: version %d, want %d", errProtocol, b[4], frameVersion)
 	}
 	h.kind, h.op, h.dtype, h.red = frameKind(b[5]), opKind(b[6]), DType(b[7]), Reduction(b[8])
-	if h.kind < kindHello || h.kind > kindClosing {
+	if h.kind < kindHello || h.kind > kindUpgrade {
 		return h, 0, 0, fmt.Errorf("%w: unknown frame kind %d", errProtocol, h.kind)
 	}
 	nameLen := int(le.Uint16(b[10:]))

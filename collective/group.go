@@ -26,7 +26,8 @@ type Group struct {
 	log     *zap.Logger
 	audit   *zap.Logger // the audit trail of peers joining, leaving and refused
 	ln      net.Listener
-	conns   []*peerConn // by rank; nil for this member and until connected
+	shmLn   *net.UnixListener // where peers on this host send segments; nil without
+	conns   []*peerConn       // by rank; nil for this member and until connected
 	wg      sync.WaitGroup
 
 	mu         sync.Mutex
@@ -37,6 +38,7 @@ type Group struct {
 	broken     chan struct{} // closed when err is set
 	setup      setupState
 	handshakes map[net.Conn]struct{}
+	offers     map[string]chan shmDelivery // shared-memory offers by nonce
 
 	hostMu  sync.Mutex
 	hostIPs map[netip.Addr]bool
@@ -182,7 +184,7 @@ func (g *Group) fail(err error) error {
 	if !errors.Is(err, ErrClosed) {
 		g.log.Warn("collective group broken", zap.Error(err))
 	}
-	_ = g.ln.Close()
+	g.closeListeners()
 	for nc := range handshakes {
 		_ = nc.Close()
 	}
@@ -194,6 +196,14 @@ func (g *Group) fail(err error) error {
 		}()
 	}
 	return err
+}
+
+// closeListeners stops accepting peers and their segments.
+func (g *Group) closeListeners() {
+	_ = g.ln.Close()
+	if g.shmLn != nil {
+		_ = g.shmLn.Close()
+	}
 }
 
 // finalFrame encodes the last frame sent to every peer: goodbye after

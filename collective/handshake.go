@@ -13,12 +13,12 @@ import (
 	"github.com/tfdist/tfdist/mtls"
 )
 
-// acceptLoop accepts connections until the listener closes. Each is
-// handled in its own goroutine, so a slow client never blocks it.
-func (g *Group) acceptLoop() {
+// acceptLoop accepts connections on ln until it closes. Each is handled
+// by handle in its own goroutine, so a slow client never blocks it.
+func (g *Group) acceptLoop(ln net.Listener, handle func(net.Conn)) {
 	defer g.wg.Done()
 	for {
-		nc, err := g.ln.Accept()
+		nc, err := ln.Accept()
 		if err != nil {
 			if g.acceptFailed(err) {
 				return
@@ -30,7 +30,7 @@ func (g *Group) acceptLoop() {
 			return
 		}
 		g.wg.Add(1)
-		go g.handleAccepted(nc)
+		go handle(nc)
 	}
 }
 
@@ -128,8 +128,16 @@ func (g *Group) acceptHello(c *peerConn, h *header) {
 		g.reject(c, claimed, fmt.Sprintf("rank %d must not dial rank %d", peer, g.rank))
 		return
 	}
+	if !g.claimable(peer) {
+		g.reject(c, claimed, errClaimed)
+		return
+	}
+	if g.shmLn != nil {
+		g.acceptUpgrade(c, peer, claimed)
+		return
+	}
 	if !g.claim(peer, c) {
-		g.reject(c, claimed, "the group is formed or the member is connected already")
+		g.reject(c, claimed, errClaimed)
 		return
 	}
 	_ = c.nc.SetReadDeadline(time.Time{})

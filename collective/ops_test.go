@@ -45,27 +45,33 @@ func (c reduceCase) opts() []CallOption {
 }
 
 func TestAllReduceMatchesReference(t *testing.T) {
-	for n := 1; n <= 5; n++ {
-		t.Run(fmt.Sprintf("members=%d", n), func(t *testing.T) {
-			gs := newGroups(t, n, smallChunks)
-			rng := rand.New(rand.NewPCG(uint64(n), 7))
-			var cases []reduceCase
-			for _, elems := range lengthsFor(n) {
-				for _, dt := range allDTypes {
-					for _, red := range allReductions {
-						c := reduceCase{name: fmt.Sprintf("%v/%v/%d", dt, red, elems), dt: dt, red: red}
-						for range n {
-							c.ins = append(c.ins, randomBuffer(rng, dt, elems))
-						}
-						cases = append(cases, c)
-					}
+	for _, tr := range transports {
+		for n := 1; n <= 5; n++ {
+			t.Run(fmt.Sprintf("transport=%s/members=%d", tr.name, n), func(t *testing.T) {
+				testAllReduceMatchesReference(t, n, append(tr.opts, smallChunks)...)
+			})
+		}
+	}
+}
+
+func testAllReduceMatchesReference(t *testing.T, n int, opts ...Option) {
+	gs := newGroups(t, n, opts...)
+	rng := rand.New(rand.NewPCG(uint64(n), 7))
+	var cases []reduceCase
+	for _, elems := range lengthsFor(n) {
+		for _, dt := range allDTypes {
+			for _, red := range allReductions {
+				c := reduceCase{name: fmt.Sprintf("%v/%v/%d", dt, red, elems), dt: dt, red: red}
+				for range n {
+					c.ins = append(c.ins, randomBuffer(rng, dt, elems))
 				}
+				cases = append(cases, c)
 			}
-			outs := runConcurrently(t, gs, cases)
-			for i, c := range cases {
-				checkReduced(t, c, outs[i])
-			}
-		})
+		}
+	}
+	outs := runConcurrently(t, gs, cases)
+	for i, c := range cases {
+		checkReduced(t, c, outs[i])
 	}
 }
 
@@ -139,14 +145,16 @@ func typed[T int32 | int64](bs [][]byte) [][]T {
 
 func TestAllReduceLargeBuffersUseChunkedRing(t *testing.T) {
 	const chunk = 64 << 10
-	gs := newGroups(t, 3, func(c *config) { c.chunkBytes = chunk })
-	rng := rand.New(rand.NewPCG(9, 9))
-	c := reduceCase{name: "large", dt: Float32, red: Sum}
-	elems := 3*(chunk/4)*5 + 5 // five chunks per segment, uneven, past the direct path
-	for range gs {
-		c.ins = append(c.ins, randomBuffer(rng, Float32, elems))
+	for _, tr := range transports {
+		gs := newGroups(t, 3, append(tr.opts, func(c *config) { c.chunkBytes = chunk })...)
+		rng := rand.New(rand.NewPCG(9, 9))
+		c := reduceCase{name: "large", dt: Float32, red: Sum}
+		elems := 3*(chunk/4)*5 + 5 // five chunks per segment, uneven, past the direct path
+		for range gs {
+			c.ins = append(c.ins, randomBuffer(rng, Float32, elems))
+		}
+		checkReduced(t, c, runConcurrently(t, gs, []reduceCase{c})[0])
 	}
-	checkReduced(t, c, runConcurrently(t, gs, []reduceCase{c})[0])
 }
 
 func TestAllReduceUnalignedBuffers(t *testing.T) {

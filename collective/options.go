@@ -30,6 +30,7 @@ type config struct {
 	startupTimeout time.Duration
 	listener       net.Listener
 	tls            *mtls.Credentials
+	sharedMemory   bool
 	log            *zap.Logger
 
 	// Tuning, set by this package's tests.
@@ -44,6 +45,7 @@ func defaultConfig() config {
 	return config{
 		timeout:        defaultTimeout,
 		startupTimeout: defaultStartupTimeout,
+		sharedMemory:   true,
 		log:            zap.NewNop(),
 		helloTimeout:   defaultHelloTimeout,
 		linger:         defaultLinger,
@@ -79,6 +81,14 @@ func WithListener(l net.Listener) Option { return func(c *config) { c.listener =
 // names the same job and the member at that end of the connection. Every
 // member of a group must use TLS, or none.
 func WithTLS(creds *mtls.Credentials) Option { return func(c *config) { c.tls = creds } }
+
+// WithSharedMemory sets whether members on one host move their frames to
+// shared memory instead of loopback TCP (on by default, Linux only). The
+// connection is set up and authenticated over TCP (and TLS) first; then
+// both sides must agree, and a peer on another host or in another network
+// namespace stays on TCP. Frames in shared memory are not encrypted: they
+// never leave the host, and only the two processes map them.
+func WithSharedMemory(on bool) Option { return func(c *config) { c.sharedMemory = on } }
 
 // WithLogger sets the logger (zap.NewNop by default).
 func WithLogger(l *zap.Logger) Option {

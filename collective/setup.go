@@ -66,8 +66,9 @@ func New(ctx context.Context, members []Member, rank int, opts ...Option) (*Grou
 		return nil, err
 	}
 	g.ln = ln
+	g.startShm()
 	g.wg.Add(1)
-	go g.acceptLoop()
+	go g.acceptLoop(g.ln, g.handleAccepted)
 	if err := g.connectAll(ctx); err != nil {
 		g.abortSetup(err)
 		return nil, err
@@ -144,12 +145,26 @@ func (g *Group) connectAll(ctx context.Context) error {
 	}
 }
 
+// errClaimed is why a hello is refused when its member is not missing.
+const errClaimed = "the group is formed or the member is connected already"
+
+// claimable reports whether New still waits for peer.
+func (g *Group) claimable(peer int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.claimableLocked(peer)
+}
+
+func (g *Group) claimableLocked(peer int) bool {
+	return !g.setup.done && g.err == nil && g.conns[peer] == nil
+}
+
 // claim installs c as the connection to peer while New waits for it.
 func (g *Group) claim(peer int, c *peerConn) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.handshakes, c.nc)
-	if g.setup.done || g.err != nil || g.conns[peer] != nil {
+	if !g.claimableLocked(peer) {
 		return false
 	}
 	c.rank, c.member = peer, g.members[peer]
@@ -207,7 +222,7 @@ func (g *Group) abortSetup(err error) {
 	handshakes := g.handshakes
 	g.handshakes = nil
 	g.mu.Unlock()
-	_ = g.ln.Close()
+	g.closeListeners()
 	for nc := range handshakes {
 		_ = nc.Close()
 	}

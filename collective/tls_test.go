@@ -283,19 +283,20 @@ func TestTLSEncryptsTheWire(t *testing.T) {
 	marker := []byte("tfdist-gradient!")
 	input := bytes.Repeat(marker, (2<<20)/len(marker))
 	inputs := [][]byte{input, input}
+	tcp := WithSharedMemory(false)
 	for _, n := range []int{4 << 10, 2 << 20} { // the direct path and the ring
-		plain := captureRun(t, nil, inputs, n)
+		plain := captureRun(t, nil, inputs, n, tcp)
 		assert.True(t, bytes.Contains(plain, marker), "%d bytes: the plaintext capture holds the pattern", n)
-		secure := captureRun(t, newAuthority(t), inputs, n)
+		secure := captureRun(t, newAuthority(t), inputs, n, tcp)
 		assert.Greater(t, len(secure), n, "the TLS capture holds the traffic")
 		assert.False(t, bytes.Contains(secure, marker[:8]), "%d bytes: the TLS capture holds the pattern", n)
 	}
 }
 
-// captureRun forms a 2-member group (TLS when ca is set) whose one
-// connection passes through a recording proxy, all-reduces the first n
+// captureRun forms a 2-member group (TLS when ca is set) with opts whose
+// one connection passes through a recording proxy, all-reduces the first n
 // bytes of each input and returns the bytes the proxy saw.
-func captureRun(t *testing.T, ca *mtls.Authority, inputs [][]byte, n int) []byte {
+func captureRun(t *testing.T, ca *mtls.Authority, inputs [][]byte, n int, opts ...Option) []byte {
 	t.Helper()
 	lns, members := listeners(t, 2)
 	p := newProxy(t, lns[0].Addr().String())
@@ -304,7 +305,7 @@ func captureRun(t *testing.T, ca *mtls.Authority, inputs [][]byte, n int) []byte
 	if ca != nil {
 		each = withCredentials(jobCredentials(t, ca, 2))
 	}
-	gs, err := formGroups(lns, members, each)
+	gs, err := formGroups(lns, members, each, opts...)
 	require.NoError(t, err)
 	sumAll(t, gs, "grad", [][]byte{inputs[0][:n], inputs[1][:n]})
 	closeAll(gs)

@@ -164,6 +164,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		collective.WithFingerprint(uint64(w.spec.Fingerprint())),
 		collective.WithTimeout(c.timeout),
 		collective.WithStartupTimeout(c.startupTimeout),
+		collective.WithSharedMemory(!c.tcpOnly),
 		collective.WithLogger(w.log))...)
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: task %s: %w", w.task, err)

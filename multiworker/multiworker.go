@@ -81,6 +81,7 @@ type config struct {
 	requireTLS     bool
 	aggregation    aggregate.Rule
 	compression    Compression
+	tcpOnly        bool
 	log            *zap.Logger
 }
 
@@ -120,6 +121,15 @@ func WithBytesPerPack(n int64) Option { return func(c *config) { c.bytesPerPack 
 // checkpoint, say). Default 60 s; 0 waits forever, and New logs a warning;
 // a negative d is an error.
 func WithCollectiveTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+
+// WithSharedMemory sets whether tfdist's engine moves tensors between
+// workers on one host through shared memory (on by default, Linux): each
+// connection is set up and authenticated over TCP, and TLS when it is on,
+// then both workers agree to move their frames to a segment only they
+// map. Workers on other hosts, or in other network namespaces (other
+// containers), stay on TCP. Off, every worker's traffic goes over TCP.
+// TensorFlow's collectives ignore it.
+func WithSharedMemory(on bool) Option { return func(c *config) { c.tcpOnly = !on } }
 
 // WithStartupTimeout bounds how long New waits for every worker to join
 // (default 120 s).

@@ -54,7 +54,8 @@ Examples
 
 	tfdist bench allreduce
 	tfdist bench allreduce --workers 3 --backend tensorflow
-	tfdist bench allreduce --tls --sizes 16MiB,64MiB
+	tfdist bench allreduce --tcp
+	tfdist bench allreduce --tls --tcp --sizes 16MiB,64MiB
 	tfdist bench allreduce --sizes 4KiB,1MiB,256MiB --iters 20 --json
 	TF_CONFIG='{"cluster":{"worker":["10.0.0.1:2222","10.0.0.2:2222"]},"task":{"type":"worker","index":0}}' tfdist bench allreduce --worker
 `,
@@ -64,7 +65,8 @@ Examples
 		sizes := fs.String("sizes", "1MiB,16MiB,64MiB", "comma-separated sizes to all-reduce: bytes, or with a KiB, MiB or GiB suffix")
 		iters := fs.Int("iters", 10, "timed all-reduces of each size")
 		jsonOut := fs.Bool("json", false, "print worker 0's timings as one JSON line instead of the table")
-		useTLS := fs.Bool("tls", false, "run over mutual TLS and compare with plaintext (tfdist's engine only)")
+		useTLS := fs.Bool("tls", false, "run over mutual TLS and compare with plaintext (tfdist's engine only; with --tcp, since workers on one host otherwise use shared memory)")
+		tcpOnly := fs.Bool("tcp", false, "keep the traffic between workers on one host on loopback TCP instead of shared memory (tfdist's engine only)")
 		worker := fs.Bool("worker", false, "join the cluster TF_CONFIG describes as one of its workers instead of starting local ones")
 		return func(e *env, args []string) int {
 			usage := func(format string, a ...any) int {
@@ -87,6 +89,9 @@ Examples
 			if *useTLS && b != allreducebench.Tfdist {
 				return usage("--tls with --backend %s: only tfdist's engine can use TLS", b)
 			}
+			if *tcpOnly && b != allreducebench.Tfdist {
+				return usage("--tcp with --backend %s: TensorFlow's collectives always use gRPC over TCP", b)
+			}
 			if *useTLS && *worker {
 				return usage("--tls with --worker: a worker takes its certificates from the environment (%s, %s, %s)", mtls.EnvCA, mtls.EnvCert, mtls.EnvKey)
 			}
@@ -97,7 +102,7 @@ Examples
 			if *iters < 1 {
 				return usage("--iters %d: expected 1 or more", *iters)
 			}
-			c := allreducebench.Config{Backend: b, TLS: *useTLS, Sizes: sz, Iters: *iters, Warmup: allreducebench.DefaultWarmup}
+			c := allreducebench.Config{Backend: b, TLS: *useTLS, TCP: *tcpOnly, Sizes: sz, Iters: *iters, Warmup: allreducebench.DefaultWarmup}
 			run := benchAllReduce
 			if *worker {
 				run = benchAllReduceAsWorker
@@ -204,6 +209,9 @@ func writeTimings(out io.Writer, workers int, c allreducebench.Config, timings [
 	security := ""
 	if c.TLS {
 		security = " over mutual TLS"
+	}
+	if c.Backend == allreducebench.Tfdist && !c.TCP {
+		security += ", shared memory between workers on one host"
 	}
 	fmt.Fprintf(out, "backend %s (%s)%s, %d timed runs per size after %d warm-ups\n\n", c.Backend, backendDescriptions[c.Backend], security, c.Iters, c.Warmup)
 	tw := tabwriter.NewWriter(out, 0, 4, 3, ' ', 0)

@@ -89,6 +89,9 @@ type Config struct {
 	// TLS runs the workers' traffic over mutual TLS, with certificates
 	// AllReduce makes for the measurement (tfdist's engine only).
 	TLS bool `json:"tls,omitempty"`
+	// TCP keeps the engine's traffic between workers on this host on
+	// loopback TCP instead of shared memory (tfdist's engine only).
+	TCP bool `json:"tcp,omitempty"`
 	// Sizes are the bytes of float32 all-reduced, in turn; each is a
 	// positive multiple of 4.
 	Sizes []int64 `json:"sizes"`
@@ -117,6 +120,9 @@ func (c Config) Check() error {
 	}
 	if c.TLS && c.Backend != Tfdist {
 		return fmt.Errorf("backend %s with TLS: only tfdist's engine can use TLS", c.Backend)
+	}
+	if c.TCP && c.Backend != Tfdist {
+		return fmt.Errorf("backend %s with TCP only: TensorFlow's collectives always use gRPC over TCP", c.Backend)
 	}
 	if len(c.Model) > 0 {
 		if len(c.Model) < 2 || slices.Min(c.Model) < 1 || c.Batch < 1 || c.BytesPerPack < 0 {
@@ -205,7 +211,7 @@ func Worker(ctx context.Context, c Config, out io.Writer) error {
 	}
 	comm, _ := c.Backend.Communication()
 	s, err := multiworker.New(ctx, multiworker.WithCommunication(comm), multiworker.WithBytesPerPack(c.BytesPerPack),
-		multiworker.WithStartupTimeout(60*time.Second))
+		multiworker.WithStartupTimeout(60*time.Second), multiworker.WithSharedMemory(!c.TCP))
 	if err != nil {
 		return err
 	}

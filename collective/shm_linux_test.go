@@ -1,0 +1,227 @@
+//go:build linux
+
+package collective
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/sys/unix"
+
+	"github.com/tfdist/tfdist/mtls"
+)
+
+// Members on one host move their frames to shared memory: the TCP
+// connection between them, recorded by a proxy, carries the handshake
+// only, with and without TLS, and the sums are right.
+func TestSharedMemoryKeepsFramesOffTheWire(t *testing.T) {
+	noLeaks(t)
+	marker := []byte("tfdist-gradient!")
+	input := bytes.Repeat(marker, (2<<20)/len(marker))
+	for _, ca := range []bool{false, true} {
+		for _, n := range []int{4 << 10, 2 << 20} {
+			var authority *mtls.Authority
+			if ca {
+				authority = newAuthority(t)
+			}
+			capture := captureRun(t, authority, [][]byte{input, input}, n)
+			assert.False(t, bytes.Contains(capture, marker[:8]), "TLS %v, %d bytes: the pattern went over TCP", ca, n)
+			assert.Less(t, len(capture), 16<<10, "TLS %v, %d bytes: only the handshake goes over TCP", ca, n)
+		}
+	}
+}
+
+// The audit trail says which transport each peer joined on: shared memory
+// between members that both use it, TCP with a member that does not, and
+// the sums agree bit for bit either way.
+func TestMixedTransports(t *testing.T) {
+	noLeaks(t)
+	core, logs := observer.New(zap.InfoLevel)
+	lns, members := listeners(t, 3)
+	gs, err := formGroups(lns, members, func(i int) []Option {
+		if i == 2 {
+			return []Option{WithSharedMemory(false)}
+		}
+		return nil
+	}, WithLogger(zap.New(core)))
+	require.NoError(t, err)
+	defer closeAll(gs)
+	rng := rand.New(rand.NewPCG(3, 3))
+	c := reduceCase{name: "mixed", dt: Float32, red: Sum}
+	for range gs {
+		c.ins = append(c.ins, randomBuffer(rng, Float32, 3<<18+7))
+	}
+	checkReduced(t, c, runConcurrently(t, gs, []reduceCase{c})[0])
+	joined := logs.FilterMessage("peer joined").FilterLoggerName("audit").All()
+	require.Len(t, joined, 6)
+	for _, e := range joined {
+		m := e.ContextMap()
+		shm := m["member"] != "worker:2" && m["task"] != "worker:2"
+		assert.Equal(t, shm, m["shared_memory"], "%v", m)
+	}
+}
+
+// A local process that connects to a member's segment socket without the
+// nonce of a pending offer is refused, and the group works on.
+func TestSharedMemoryRefusesUnknownSegments(t *testing.T) {
+	noLeaks(t)
+	core, logs := observer.New(zap.WarnLevel)
+	gs := newGroups(t, 2, WithLogger(zap.New(core)))
+	addr := gs[0].shmLn.Addr().String()
+
+	uc, err := net.Dial("unix", addr)
+	require.NoError(t, err)
+	_, err = uc.Write(bytes.Repeat([]byte{7}, shmNonceLen))
+	require.NoError(t, err)
+	waitForLog(t, logs, 1)
+	_ = uc.Close()
+
+	fds, mem, err := newSegment(64 << 10)
+	require.NoError(t, err)
+	uc, err = net.Dial("unix", addr)
+	require.NoError(t, err)
+	_, _, err = uc.(*net.UnixConn).WriteMsgUnix(bytes.Repeat([]byte{7}, shmNonceLen), unix.UnixRights(fds...), nil)
+	require.NoError(t, err)
+	closeFDs(fds)
+	require.NoError(t, unix.Munmap(mem))
+	waitForLog(t, logs, 2)
+	_ = uc.Close()
+
+	refused := logs.FilterMessage("collective refused a shared-memory segment").All()
+	require.Len(t, refused, 2)
+	assert.Contains(t, refused[0].ContextMap()["error"], "0 descriptors, want 32 and 5")
+	assert.Equal(t, "no offer has its nonce", refused[1].ContextMap()["error"])
+	requireAllOK(t, onAll(gs, func(i int, g *Group) error {
+		return g.AllReduce(context.Background(), "still works", Sum, Float32, make([]byte, 1<<20))
+	}))
+}
+
+func waitForLog(t *testing.T, logs *observer.ObservedLogs, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return logs.FilterMessage("collective refused a shared-memory segment").Len() >= n
+	}, 5*time.Second, 5*time.Millisecond)
+}
+
+// shmPair returns both ends of a shared-memory connection with rings of
+// ringBytes.
+func shmPair(t *testing.T) (dialer, acceptor net.Conn) {
+	t.Helper()
+	ln, err := listenShm()
+	require.NoError(t, err)
+	defer func() { _ = ln.Close() }()
+	tcp := &net.TCPConn{}
+	nonce := bytes.Repeat([]byte{1}, shmNonceLen)
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	accepted := make(chan result, 1)
+	go func() {
+		uc, err := ln.AcceptUnix()
+		if err != nil {
+			accepted <- result{err: err}
+			return
+		}
+		got, d, err := receiveShm(uc, time.Now().Add(5*time.Second))
+		if err == nil && !bytes.Equal(got, nonce) {
+			err = errors.New("nonce changed")
+		}
+		if err != nil {
+			accepted <- result{err: err}
+			return
+		}
+		c, err := d.open(tcp)
+		accepted <- result{c, err}
+	}()
+	dialer, err = dialShm(ln.Addr().String(), nonce, time.Now().Add(5*time.Second), tcp)
+	require.NoError(t, err)
+	r := <-accepted
+	require.NoError(t, r.err)
+	t.Cleanup(func() { _ = dialer.Close(); _ = r.c.Close() })
+	return dialer, r.c
+}
+
+// The connection carries bytes in order through many turns of its rings,
+// with the writer waiting for the reader and the reader for the writer.
+func TestShmConnCarriesAStream(t *testing.T) {
+	noLeaks(t)
+	a, b := shmPair(t)
+	want := make([]byte, 3*shmRingBytes+12345)
+	for i := range want {
+		want[i] = byte(i * 7)
+	}
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < len(want); i += 100003 {
+			if _, err := a.Write(want[i:min(i+100003, len(want))]); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- a.(interface{ CloseWrite() error }).CloseWrite()
+	}()
+	got, err := io.ReadAll(b)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	require.True(t, bytes.Equal(want, got), "%d bytes read, want %d", len(got), len(want))
+}
+
+// Waits honour deadlines: a read with nothing to read, and a write into a
+// full ring nobody reads.
+func TestShmConnDeadlines(t *testing.T) {
+	noLeaks(t)
+	a, b := shmPair(t)
+	require.NoError(t, b.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+	_, err := b.Read(make([]byte, 8))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.NoError(t, a.SetWriteDeadline(time.Now().Add(50*time.Millisecond)))
+	n, err := a.Write(make([]byte, shmRingBytes+1))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	assert.Equal(t, shmRingBytes, n)
+}
+
+// When one side closes without CloseWrite, as a killed process does, the
+// other reads what was written, then EOF, and its writes fail.
+func TestShmConnPeerGone(t *testing.T) {
+	noLeaks(t)
+	a, b := shmPair(t)
+	_, err := a.Write([]byte("last words"))
+	require.NoError(t, err)
+	require.NoError(t, a.Close())
+	got, err := io.ReadAll(b)
+	require.NoError(t, err)
+	assert.Equal(t, "last words", string(got))
+	require.NoError(t, b.SetWriteDeadline(time.Now().Add(5*time.Second)))
+	_, err = b.Write(make([]byte, 2*shmRingBytes))
+	require.ErrorIs(t, err, errPeerGone)
+	_, err = a.Read(make([]byte, 1))
+	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// A peer that scribbles over the ring's shared counters makes this side's
+// reads and writes fail with an error, never a panic or a read out of the
+// ring.
+func TestShmConnCorruptCounters(t *testing.T) {
+	noLeaks(t)
+	a, b := shmPair(t)
+	_, err := a.Write([]byte("hello"))
+	require.NoError(t, err)
+	b.(*shmConn).in.head.Store(1 << 63) // what a's process would write
+	_, err = b.Read(make([]byte, 8))
+	require.ErrorIs(t, err, errRingCorrupt)
+	a.(*shmConn).out.tail.Store(1 << 40)
+	_, err = a.Write([]byte("more"))
+	require.ErrorIs(t, err, errRingCorrupt)
+}
