@@ -1,6 +1,6 @@
 // Package collective is tfdist's cross-worker collective engine: all-reduce,
 // all-gather, broadcast and barrier over TCP between the processes of a
-// group, in pure Go.
+// group, and over shared memory between those on one host, in pure Go.
 //
 // # Group
 //
@@ -16,6 +16,31 @@
 // not speak the protocol (bad magic or version, an HTTP request, silence
 // for 10s) or that arrive after the group formed are refused and logged
 // (zap Warn with the remote address) without disturbing the group.
+//
+// # Shared memory
+//
+// On Linux, members on one host move their frames from the loopback TCP
+// connection to shared memory once it is set up (WithSharedMemory, on by
+// default), as MPI and NCCL do: a frame is then copied into a ring and out
+// of it in user space, with no system call or kernel copy on the data
+// path. The connection still opens over TCP, with TLS when the group uses
+// it, and the hello; the acceptor's hello then offers a random nonce and
+// the name of its abstract Unix socket, which only processes in its network
+// namespace can reach. A dialer that reaches it creates the segment (a
+// sealed memfd: one byte ring per direction and their counters) and four
+// eventfds, sends them with the nonce (SCM_RIGHTS), and says so in an
+// upgrade frame over TCP; the acceptor takes the segment its nonce names
+// and acknowledges, and both close the TCP connection. A peer elsewhere
+// answers that it could not, and the pair stays on TCP, so a group may mix
+// transports; frames are the same on both. Waits for data or space sleep
+// on an eventfd in Go's network poller, so deadlines hold, and a side
+// signals only when the other has said it sleeps. The Unix socket stays
+// open: its end tells a side that the other's process has gone, which then
+// reads as EOF, as a TCP connection's would. Counters in the segment are
+// checked before use, so a peer can corrupt only what it sends. The nonce
+// travels only on the authenticated connection; the frames in shared
+// memory are not encrypted, as they never leave the host and only the two
+// processes map them.
 //
 // # Matching
 //
@@ -108,7 +133,8 @@
 // that still need it: its frames of the operations it completed arrive
 // before its closing frame.
 //
-// The transport (conn.go, frame.go, handshake.go, dial.go), matching
+// The transport (conn.go, frame.go, handshake.go, dial.go, upgrade.go and
+// shm_*.go), matching
 // (mailbox.go, op.go, check.go) and algorithms (allreduce.go, ring.go,
 // gather.go, reduce.go) are kept apart so that TLS can wrap connections
 // after dial and accept, and new epochs or reductions can be added.

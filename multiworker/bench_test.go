@@ -35,12 +35,13 @@ func TestMain(m *testing.M) {
 }
 
 // BenchmarkAllReduce all-reduces 1, 16 and 64 MiB of float32 between 2 and 3
-// worker processes on loopback, on tfdist's collective engine and on
-// TensorFlow's ring all-reduce over gRPC, and reports the algorithm
-// bandwidth (bytes / time per all-reduce) of each, their ratio, and each
-// one's ratio to what a plain TCP copy between two processes reaches in the
-// same run. Run with -benchtime 1x: each iteration starts the worker
-// processes.
+// worker processes on loopback, on tfdist's collective engine (over shared
+// memory, its default between processes on one host, and over TCP, as
+// between hosts) and on TensorFlow's ring all-reduce over gRPC, and
+// reports the algorithm bandwidth (bytes / time per all-reduce) and time
+// of each, tfdist's ratios to TensorFlow, and each one's ratio to what a
+// plain TCP copy between two processes reaches in the same run. Run with
+// -benchtime 1x: each iteration starts the worker processes.
 func BenchmarkAllReduce(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -52,26 +53,34 @@ func BenchmarkAllReduce(b *testing.B) {
 		}
 		b.ReportMetric(tcp/(1<<20), "tcp_MiB/s")
 		for _, workers := range []int{2, 3} {
-			bw := map[allreducebench.Backend][]float64{}
-			var sizes []int64
-			for _, backend := range allreducebench.Backends {
-				c := allreducebench.Config{Backend: backend, Sizes: []int64{1 << 20, 16 << 20, 64 << 20}, Iters: 5}
-				res, err := allreducebench.AllReduce(ctx, self, workers, c)
+			runs := []struct {
+				name string
+				c    allreducebench.Config
+			}{
+				{"tfdist", allreducebench.Config{Backend: allreducebench.Tfdist}},
+				{"tfdist-tcp", allreducebench.Config{Backend: allreducebench.Tfdist, TCP: true}},
+				{"tensorflow", allreducebench.Config{Backend: allreducebench.TensorFlow}},
+			}
+			sizes := []int64{1 << 20, 16 << 20, 64 << 20}
+			ts := map[string][]allreducebench.Timing{}
+			for _, r := range runs {
+				r.c.Sizes, r.c.Iters = sizes, 10
+				res, err := allreducebench.AllReduce(ctx, self, workers, r.c)
 				if err != nil {
-					b.Fatalf("%s, %d workers: %v", backend, workers, err)
+					b.Fatalf("%s, %d workers: %v", r.name, workers, err)
 				}
-				sizes = c.Sizes
-				for _, t := range res.Timings {
-					bw[backend] = append(bw[backend], t.AlgBW())
-				}
+				ts[r.name] = res.Timings
 			}
 			for i, size := range sizes {
 				name := fmt.Sprintf("%dw_%dMiB", workers, size>>20)
-				for _, backend := range allreducebench.Backends {
-					b.ReportMetric(bw[backend][i]/(1<<20), fmt.Sprintf("%s_%s_MiB/s", name, backend))
-					b.ReportMetric(bw[backend][i]/tcp, fmt.Sprintf("%s_%s/tcp", name, backend))
+				for _, r := range runs {
+					t := ts[r.name][i]
+					b.ReportMetric(t.Seconds*1e3, fmt.Sprintf("%s_%s_ms", name, r.name))
+					b.ReportMetric(t.BusBW(workers)/tcp, fmt.Sprintf("%s_%s_busbw/tcp", name, r.name))
 				}
-				b.ReportMetric(bw[allreducebench.Tfdist][i]/bw[allreducebench.TensorFlow][i], name+"_tfdist/tensorflow")
+				for _, r := range runs[:2] {
+					b.ReportMetric(ts["tensorflow"][i].Seconds/ts[r.name][i].Seconds, fmt.Sprintf("%s_%s/tensorflow", name, r.name))
+				}
 			}
 		}
 	}
