@@ -312,8 +312,10 @@ func newSegment(ringBytes int) (fds []int, mem []byte, err error) {
 	return fds, mem, nil
 }
 
+// mapSegment maps a segment with its pages in place (MAP_POPULATE), so that
+// the first turns of the rings do not fault them in one by one.
 func mapSegment(fd, size int) ([]byte, error) {
-	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("mapping the segment: %w", err)
 	}

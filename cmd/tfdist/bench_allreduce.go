@@ -25,7 +25,7 @@ var benchAllReduceCommand = &command{
 	help: `Bench allreduce starts --workers MultiWorkerMirrored worker processes on
 127.0.0.1 (this tfdist binary, re-executed) and times the all-reduce (sum)
 of a float32 tensor of each of --sizes between them: --iters runs of each
-size after 2 warm-ups. It prints, per size, the time per all-reduce, the
+size after 5 warm-ups. It prints, per size, the time per all-reduce, the
 algorithm bandwidth (bytes / time) and the bus bandwidth (algorithm
 bandwidth x 2(N-1)/N for N workers, the share of the data each worker sends
 and receives in a ring all-reduce, which compares with a link's bandwidth
@@ -34,10 +34,13 @@ processes reaches in the same run. The workers share this machine's CPUs:
 compare the ratios, not the absolute numbers, between machines.
 
 --backend chooses the collectives: tfdist (tfdist's own collective engine,
-the default) or tensorflow (TensorFlow's ring all-reduce over gRPC). --tls
-runs tfdist's engine over mutual TLS, with certificates made for the run,
-and measures the same sizes in plaintext too, in the same run: the table
-adds TLS's bus bandwidth as a ratio of plaintext's.
+the default) or tensorflow (TensorFlow's ring all-reduce over gRPC).
+tfdist's engine moves the frames of workers on one host through shared
+memory once their TCP connection is set up; --tcp keeps them on TCP, as
+between machines. --tls runs tfdist's engine over mutual TLS, with
+certificates made for the run, and measures the same sizes in plaintext
+too, in the same run: the table adds TLS's bus bandwidth as a ratio of
+plaintext's (add --tcp, or TLS carries only the handshake).
 --sizes takes bytes, or whole numbers with a KiB, MiB or GiB suffix; each a
 multiple of 4. With --json, bench allreduce prints only worker 0's timings,
 one JSON line: [{"bytes":…,"seconds":…},…], seconds per all-reduce.

@@ -111,7 +111,7 @@ type Config struct {
 
 // DefaultWarmup is the warm-up all-reduces of each size when a Config sets
 // none.
-const DefaultWarmup = 2
+const DefaultWarmup = 5
 
 // Check reports what is wrong with c, if anything.
 func (c Config) Check() error {
