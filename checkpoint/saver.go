@@ -17,6 +17,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 	"go.uber.org/zap"
 
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -208,7 +209,7 @@ func (s *Saver) Restore(ctx context.Context, prefix string) (Metadata, error) {
 	}
 	md := Metadata{}
 	for i, k := range mdKeys {
-		md[k] = out[i].Value()
+		md[k] = tensorutil.Value(out[i])
 	}
 	s.cfg.log.Debug("checkpoint restored", zap.String("prefix", prefix), zap.Int("variables", len(restore)),
 		zap.Int("metadata", len(mdKeys)), zap.Duration("took", time.Since(start)))

@@ -31,6 +31,7 @@ import (
 
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -98,9 +99,9 @@ func (m *Sum) Result(ctx context.Context, s Reader) (float64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("metrics: read %q: %w", m.name, err)
 	}
-	f, ok := t.Value().(float64)
+	f, ok := tensorutil.Value(t).(float64)
 	if !ok {
-		return 0, fmt.Errorf("metrics: read %q: value of type %T, expected a float64 scalar", m.name, t.Value())
+		return 0, fmt.Errorf("metrics: read %q: value of type %T, expected a float64 scalar", m.name, tensorutil.Value(t))
 	}
 	return f, nil
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/tfdist/tfdist/aggregate"
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/mtls"
@@ -401,7 +402,7 @@ func (s *Strategy) round(ctx context.Context, label string, value int64, timeout
 		}
 		return nil, err
 	}
-	all := t[0].Value().([]int64)
+	all := tensorutil.Value(t[0]).([]int64)
 	n := s.NumLocalReplicas()
 	vals2 := make([]int64, len(s.workers))
 	for w := range s.workers {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -288,7 +289,7 @@ func (s *Strategy) finishedPeers() map[int]bool {
 	}
 	finished := map[int]bool{}
 	for i, w := range ws {
-		finished[w] = out[i].Value().(bool)
+		finished[w] = tensorutil.Value(out[i]).(bool)
 	}
 	return finished
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
@@ -707,7 +708,7 @@ func (c *Coordinator) run(w *workerGraph, sess *tfrt.Session, cl *closure, log *
 			res[name] = out[i]
 		}
 		if cl.fn.updates {
-			cl.rv.applied = out[len(out)-1].Value().(bool)
+			cl.rv.applied = tensorutil.Value(out[len(out)-1]).(bool)
 		}
 		c.resolve(cl, res, nil)
 		return workerUsable

@@ -15,6 +15,7 @@ import (
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/ctxsync"
 	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/strategy"
@@ -474,7 +475,7 @@ func (s *Strategy) AppliedSteps(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return out.Value().([]int64)[0], nil
+	return tensorutil.Value(out).([]int64)[0], nil
 }
 
 // Close ends the coordinator, if one runs, and closes the chief's session.

@@ -8,6 +8,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 )
 
 // Gradient accumulation (WithAccumulation) on the in-graph engine.
@@ -93,7 +94,7 @@ func (a *accumState) applies(ctx context.Context, e *InGraph) (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("strategy: read the micro-steps accumulated: %w", err)
 		}
-		a.micro, a.known = out[0].Value().(int64), true
+		a.micro, a.known = tensorutil.Value(out[0]).(int64), true
 	}
 	return a.micro+1 >= int64(a.k), nil
 }

@@ -12,6 +12,8 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/internal/tensorutil"
 )
 
 // Step is a replica function compiled for every local replica into the
@@ -265,7 +267,7 @@ func (e *InGraph) runReplicas(ctx context.Context, st *Step, feeds []map[string]
 		return nil, false, err
 	}
 	if agree {
-		more = out[len(out)-1].Value().(float32) > 0
+		more = tensorutil.Value(out[len(out)-1]).(float32) > 0
 	}
 	return st.result(out, len(feeds), applies), more, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/internal/trainloop"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/paramserver"
@@ -170,7 +171,7 @@ func sumOutputs(ctx context.Context, rvs []*paramserver.RemoteValue, name string
 		if err != nil {
 			return 0, err
 		}
-		sum += float64(out[name].Value().(float32))
+		sum += float64(tensorutil.Value(out[name]).(float32))
 	}
 	return sum, nil
 }

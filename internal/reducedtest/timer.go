@@ -7,6 +7,7 @@ import (
 
 	tf "github.com/wamuir/graft/tensorflow"
 
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -84,7 +85,7 @@ func (lt *LossTimer) stepInRun(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	lt.Loss[0] = res.Reduced("loss").Value().(float32)
+	lt.Loss[0] = tensorutil.Value(res.Reduced("loss")).(float32)
 	lt.InRun += time.Since(start)
 	return nil
 }
@@ -99,7 +100,7 @@ func (lt *LossTimer) stepRunReduce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	lt.Loss[1] = sum.Value().(float32)
+	lt.Loss[1] = tensorutil.Value(sum).(float32)
 	lt.RunReduce += time.Since(start)
 	return nil
 }

@@ -1,14 +1,23 @@
-// Package tensorutil reads the values of fetched floating-point tensors, for
-// reports and tests.
+// Package tensorutil reads the values of fetched tensors.
 package tensorutil
 
 import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"runtime"
 
 	tf "github.com/wamuir/graft/tensorflow"
 )
+
+// Value returns t's value as graft's Tensor.Value does, keeping t alive
+// until it is decoded: Tensor.Value reads the tensor's C memory after its
+// last use of t, so when the caller does not use t afterwards either (as in
+// out[0].Value()), t's finalizer may free that memory mid-read.
+func Value(t *tf.Tensor) any {
+	defer runtime.KeepAlive(t)
+	return t.Value()
+}
 
 // Float32s returns a float32 tensor of any rank as one row-major slice, or
 // nil for a tensor of another type.
@@ -32,7 +41,9 @@ func floats[T float32 | float64](t *tf.Tensor, dt tf.DataType, size int, decode 
 		return nil
 	}
 	var buf bytes.Buffer
-	if _, err := t.WriteContentsTo(&buf); err != nil {
+	_, err := t.WriteContentsTo(&buf)
+	runtime.KeepAlive(t) // WriteContentsTo reads C memory after its last use of t
+	if err != nil {
 		return nil
 	}
 	raw := buf.Bytes()

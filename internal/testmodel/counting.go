@@ -7,6 +7,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -73,7 +74,7 @@ func DifferingCopies(ctx context.Context, e Copier) ([]string, error) {
 			return nil, err
 		}
 		for r := 1; r < len(copies); r++ {
-			if fmt.Sprint(copies[r].Value()) != fmt.Sprint(copies[0].Value()) {
+			if fmt.Sprint(tensorutil.Value(copies[r])) != fmt.Sprint(tensorutil.Value(copies[0])) {
 				differ = append(differ, v.Name())
 				break
 			}
@@ -90,7 +91,7 @@ func CountAfterRuns(ctx context.Context, e Engine, counter strategy.Variable, co
 		if err != nil {
 			return err
 		}
-		*counts = append(*counts, c.Value().(int64))
+		*counts = append(*counts, tensorutil.Value(c).(int64))
 		return nil
 	}
 }

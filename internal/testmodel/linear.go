@@ -8,6 +8,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -88,5 +89,5 @@ func (l *Linear) Weights(ctx context.Context) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	return t.Value().([]float32), nil
+	return tensorutil.Value(t).([]float32), nil
 }

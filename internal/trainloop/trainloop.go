@@ -16,6 +16,7 @@ import (
 
 	tf "github.com/wamuir/graft/tensorflow"
 
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/progress"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -70,9 +71,9 @@ func scalar(ctx context.Context, reduce func(context.Context, strategy.ReduceOp,
 	if err != nil {
 		return 0, err
 	}
-	f, ok := t.Value().(float32)
+	f, ok := tensorutil.Value(t).(float32)
 	if !ok {
-		return 0, fmt.Errorf("trainloop: output of type %T, expected a float32 scalar", t.Value())
+		return 0, fmt.Errorf("trainloop: output of type %T, expected a float32 scalar", tensorutil.Value(t))
 	}
 	return float64(f), nil
 }
