@@ -159,3 +159,18 @@ func (r invalid) Aggregate(votes [][]float32, out []float32) []int {
 	prepare(r, votes, out)
 	return nil // not reached: Check fails
 }
+
+// Stats reports what a strategy's rule did: the same on every worker.
+type Stats struct {
+	// Rule names the rule, "" without one.
+	Rule string
+	// Steps counts the aggregations.
+	Steps int64
+	// Discarded counts, per voter (a worker under multiworker, a replica
+	// under mirrored), the steps whose vote did not count fully (see Rule
+	// for what each rule discards).
+	Discarded []int64
+	// LastDiscarded lists the voters whose votes did not count fully in
+	// the last step.
+	LastDiscarded []int
+}

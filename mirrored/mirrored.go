@@ -10,8 +10,9 @@
 //
 // Gradients are reduced with NCCL when every device is a GPU and by
 // ReductionToOneDevice otherwise; small gradients are packed into buffers of
-// WithBytesPerPack bytes first. The GPU and NCCL paths are untested: no
-// machine that tests tfdist has a GPU.
+// WithBytesPerPack bytes first. WithAggregation combines them with a
+// Byzantine-robust rule instead, each replica's gradient one vote. The GPU
+// and NCCL paths are untested: no machine that tests tfdist has a GPU.
 package mirrored
 
 import (
@@ -21,7 +22,9 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tfdist/tfdist/aggregate"
 	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/voting"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -31,6 +34,15 @@ import (
 // engine's cross-replica reads and writes (Copies, Assign, Err).
 type Strategy struct {
 	*engine
+	voter      *voting.Voter // WithAggregation's
+	unregister func()        // the voter's
+}
+
+// Close releases the strategy's session and its aggregation rule.
+func (s *Strategy) Close() error {
+	err := s.engine.Close()
+	s.unregister()
+	return err
 }
 
 // engine names the embedded engine without exporting it as a field.
@@ -56,6 +68,7 @@ type config struct {
 	bytesPerPk  int64
 	intra       int
 	inter       int
+	aggregation aggregate.Rule
 	log         *zap.Logger
 }
 
@@ -155,17 +168,23 @@ func New(opts ...Option) (*Strategy, error) {
 	if err != nil {
 		return nil, err
 	}
+	voter, reducer, unregister, err := newVoter(c, full)
+	if err != nil {
+		return nil, err
+	}
 	e, err := strategy.NewInGraph(strategy.Config{
-		Name:           "mirrored",
-		Devices:        full,
-		CrossDeviceOps: cdo,
-		SessionOptions: sessOpts,
-		Logger:         c.log,
+		Name:            "mirrored",
+		Devices:         full,
+		CrossDeviceOps:  cdo,
+		GradientReducer: reducer,
+		SessionOptions:  sessOpts,
+		Logger:          c.log,
 	})
 	if err != nil {
+		unregister()
 		return nil, fmt.Errorf("mirrored: %w", err)
 	}
-	return &Strategy{engine: e}, nil
+	return &Strategy{engine: e, voter: voter, unregister: unregister}, nil
 }
 
 func chooseCrossDeviceOps(c config, devices []string) (strategy.CrossDeviceOps, error) {
@@ -182,18 +201,11 @@ func chooseCrossDeviceOps(c config, devices []string) (strategy.CrossDeviceOps, 
 	case c.comm == Auto && allGPU && len(devices) > 1:
 		cdo = strategy.NCCLAllReduce{}
 	case c.comm == Auto || c.comm == OneDevice:
-		reduceOn := ""
+		// On GPUs, reduce on the first; else on the host CPU, where on a
+		// CPU-only machine every replica's memory already lives.
+		reduceOn := hostDevice(devices)
 		if allGPU {
 			reduceOn = devices[0]
-		} else {
-			// Reduce on the host CPU, where on a CPU-only machine every
-			// replica's memory already lives.
-			for _, d := range devices {
-				if strings.Contains(d, "CPU:") {
-					reduceOn = d
-					break
-				}
-			}
 		}
 		cdo = strategy.ReductionToOneDevice{Device: reduceOn}
 	default:
@@ -218,4 +230,15 @@ func localGPUs(opts []tfrt.ConfigOption) ([]string, error) {
 		}
 	}
 	return gpus, nil
+}
+
+// hostDevice returns the first CPU device among devices, else this
+// process's CPU:0.
+func hostDevice(devices []string) string {
+	for _, d := range devices {
+		if strings.Contains(d, "CPU:") {
+			return d
+		}
+	}
+	return strategy.LocalCPU(0)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/tfdist/tfdist/collective"
 	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/voting"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -186,9 +187,9 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		for i, t := range w.workers {
 			names[i] = t.String()
 		}
-		s.voter = newVoter(c.aggregation, names, w.log)
+		s.voter = voting.New(c.aggregation, names, w.log)
 		var unregisterVoter func()
-		cdo.aggregator, unregisterVoter = tfrt.RegisterAggregator(s.voter.aggregate)
+		cdo.aggregator, unregisterVoter = tfrt.RegisterAggregator(s.voter.Aggregate)
 		s.unregister = func() { unregister(); unregisterVoter() }
 		reducer = cdo
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/tfdist/tfdist/collective"
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/voting"
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/mtls"
 	"github.com/tfdist/tfdist/strategy"
@@ -61,7 +62,7 @@ type Strategy struct {
 	group      *collective.Group
 	unregister func()
 	// With WithAggregation: the rule's state; with TopK: the residuals.
-	voter     *voter
+	voter     *voting.Voter
 	residuals *residuals
 	// closeTimeout bounds Close's barrier.
 	closeTimeout time.Duration

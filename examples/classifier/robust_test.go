@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -92,7 +94,7 @@ func TestRobustRulesTrainWithoutFaults(t *testing.T) {
 
 func TestAggregationFlagErrors(t *testing.T) {
 	for _, c := range [][2]string{
-		{"-strategy=mirrored -aggregation=median", "-aggregation median: only -strategy multiworker combines votes"},
+		{"-strategy=default -aggregation=median", "-aggregation median: only -strategy multiworker (a vote per worker) and mirrored (a vote per replica) combine votes"},
 		{"-strategy=ps -aggregation=krum(1)", "-strategy ps cannot honour it"},
 		{"-strategy=multiworker -aggregation=krum(-1)", "f must be >= 0"},
 		{"-strategy=multiworker -aggregation=bogus", `-aggregation: `},
@@ -174,7 +176,7 @@ func TestAggregationIsReported(t *testing.T) {
 	require.Len(t, got, 3, out)
 	assert.Equal(t, "median", got["worker:0"].Aggregation)
 	assert.Equal(t, []int64{0, 0, 100}, got["worker:0"].DiscardedVotes)
-	assert.Regexp(t, `aggregated votes.*"rule": "median", "step": 99, "discarded": 1, "workers": "\[worker:2\]"`, out)
+	assert.Regexp(t, `aggregated votes.*"rule": "median", "step": 99, "discarded": 1, "voters": "\[worker:2\]"`, out)
 
 	files, err := summary.EventFiles(logdir)
 	require.NoError(t, err)
@@ -188,4 +190,20 @@ func TestAggregationIsReported(t *testing.T) {
 		}
 	}
 	assert.Equal(t, map[int64]float64{50: 1, 100: 1}, discarded)
+}
+
+// Under mirrored, each replica votes: the median of 5 replicas sets aside
+// replica 2's NaN gradient every step, reports it, and trains on to the
+// accuracy of the plain sum.
+func TestMirroredAggregation(t *testing.T) {
+	t.Setenv(classifier.EnvVoteAttack, "worker=2,kind=nan")
+	var log bytes.Buffer
+	res, err := classifier.Run(context.Background(), options(t, "-strategy", "mirrored", "-devices", "5", "-aggregation", "median",
+		"-global-batch", "80", "-steps", "300", "-log-every", "0", "-log", "info"), &log)
+	require.NoError(t, err, log.String())
+	assert.Equal(t, "median", res.Aggregation)
+	assert.Equal(t, []int64{0, 0, 300, 0, 0}, res.DiscardedVotes)
+	assert.GreaterOrEqual(t, res.Accuracy, 0.9)
+	_, err = classifier.Run(context.Background(), options(t, "-strategy", "mirrored", "-devices", "4", "-aggregation", "krum(1)", "-log-every", "0"), io.Discard)
+	require.ErrorContains(t, err, "mirrored: WithAggregation over 4 replicas (one vote each): aggregate: krum(1) needs more than 2f+2 = 4")
 }

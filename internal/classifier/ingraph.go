@@ -35,7 +35,17 @@ func newStrategy(ctx context.Context, o Options) (engine, bool, int, error) {
 		s, err := strategy.Default()
 		return s, true, 1, err
 	case "mirrored":
-		s, err := mirrored.New(mirrored.WithLogicalCPUs(o.Devices))
+		log, err := o.logger()
+		if err != nil {
+			return nil, false, 0, err
+		}
+		opts := []mirrored.Option{mirrored.WithLogicalCPUs(o.Devices), mirrored.WithLogger(log)}
+		if r, err := o.aggregation(); err != nil {
+			return nil, false, 0, err
+		} else if r != nil {
+			opts = append(opts, mirrored.WithAggregation(r))
+		}
+		s, err := mirrored.New(opts...)
 		return s, true, 1, err
 	case "multiworker":
 		comm := multiworker.Engine

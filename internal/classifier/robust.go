@@ -16,7 +16,7 @@ import (
 const EnvVoteAttack = faults.EnvVoteAttack
 
 func registerRobustFlags(fs *flag.FlagSet, o *Options) {
-	fs.StringVar(&o.Aggregation, "aggregation", "", "multiworker: combine the workers' gradients with `RULE` instead of summing them: mean, median, trimmed_mean(f), krum(f), multi_krum(f,m) or centered_clip(tau,iterations)")
+	fs.StringVar(&o.Aggregation, "aggregation", "", "multiworker, mirrored: combine the workers' (replicas') gradients with `RULE` instead of summing them: mean, median, trimmed_mean(f), krum(f), multi_krum(f,m) or centered_clip(tau,iterations)")
 	fs.StringVar(&o.Compression, "compression", "none", "multiworker: send gradients between workers as `C`: none, fp16 or bf16 (summed in float32 at every hop), or topk(ratio) (the largest ratio of each gradient's elements, the rest fed back into the next step)")
 }
 
@@ -41,8 +41,8 @@ func (o Options) aggregation() (aggregate.Rule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("-aggregation: %w", err)
 	}
-	if o.Strategy != "multiworker" {
-		return nil, fmt.Errorf("-aggregation %s: only -strategy multiworker combines votes, one per worker (-strategy %s cannot honour it)", r, o.Strategy)
+	if o.Strategy != "multiworker" && o.Strategy != "mirrored" {
+		return nil, fmt.Errorf("-aggregation %s: only -strategy multiworker (a vote per worker) and mirrored (a vote per replica) combine votes (-strategy %s cannot honour it)", r, o.Strategy)
 	}
 	return r, nil
 }
@@ -82,11 +82,11 @@ func armVoteAttack() (func(), error) {
 // aggregationResult adds what the aggregation rule did to res, and returns
 // the scalars TensorBoard records of it.
 func aggregationResult(s any, res *Result) map[string]float64 {
-	mw, ok := s.(*multiworker.Strategy)
+	v, ok := s.(interface{ AggregationStats() aggregate.Stats })
 	if !ok {
 		return nil
 	}
-	st := mw.AggregationStats()
+	st := v.AggregationStats()
 	if st.Rule == "" {
 		return nil
 	}

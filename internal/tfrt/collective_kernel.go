@@ -69,13 +69,16 @@ func (c *call) start() error {
 	if err := statusError(st, "input"); err != nil {
 		return err
 	}
+	c.dt, _ = CollectiveDType(tf.DataType(C.TF_TensorType(c.in))) // the op's T attribute allows no other
+	c.dims = tensorDims(c.in)
+	if c.k.kind == kindAggregate && c.k.group == "" {
+		return c.startAggregateRows(st)
+	}
 	g, ok := groups.Load(c.k.group)
 	if !ok {
 		return &Error{Code: FailedPrecondition, Msg: fmt.Sprintf("no collective group %s in this process (was its strategy closed?)", c.k.group)}
 	}
 	c.g = g.(*collective.Group)
-	c.dt, _ = CollectiveDType(tf.DataType(C.TF_TensorType(c.in))) // the op's T attribute allows no other
-	c.dims = tensorDims(c.in)
 	if c.k.kind == kindAllGather {
 		go c.gather()
 		return nil
@@ -100,16 +103,64 @@ func (c *call) start() error {
 	return nil
 }
 
+// aggregator returns the call's Aggregator, checking that the votes are
+// float32.
+func (c *call) aggregator() (Aggregator, error) {
+	agg, ok := aggregators.Load(c.k.agg)
+	if !ok {
+		return nil, &Error{Code: FailedPrecondition, Msg: fmt.Sprintf("no aggregator %s in this process (was its strategy closed?)", c.k.agg)}
+	}
+	if c.dt != collective.Float32 {
+		return nil, &Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate of %s: expected float32 votes", c.dt)}
+	}
+	return agg.(Aggregator), nil
+}
+
+// startAggregateRows prepares an aggregate over the rows of the input, the
+// votes of one process's replicas, and runs it on a goroutine of its own.
+func (c *call) startAggregateRows(st *C.TF_Status) error {
+	if len(c.dims) < 1 || c.dims[0] < 1 {
+		return &Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate rows: input of shape %v, expected one row per vote", c.dims)}
+	}
+	c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_TensorType(c.in), dimsPtr(c.dims), C.int(len(c.dims)), C.TF_TensorByteSize(c.in), st)
+	if err := statusError(st, "allocate output"); err != nil {
+		return err
+	}
+	go c.aggregateRows()
+	return nil
+}
+
+// aggregateRows has the call's Aggregator combine the rows of the input
+// and writes the result into every row of the output.
+func (c *call) aggregateRows() {
+	agg, err := c.aggregator()
+	if err != nil {
+		c.finish(err)
+		return
+	}
+	in, out := float32s(tensorBytes(c.in)), float32s(tensorBytes(c.out))
+	n := int(c.dims[0])
+	row := len(in) / n
+	votes := make([][]float32, n)
+	for r := range votes {
+		votes[r] = in[r*row : (r+1)*row]
+	}
+	if err := agg(votes, out[:row]); err != nil {
+		c.finish(err)
+		return
+	}
+	for r := 1; r < n; r++ {
+		copy(out[r*row:], out[:row])
+	}
+	c.finish(nil)
+}
+
 // aggregate gathers every member's input and has the call's Aggregator
 // write their combination into the output.
 func (c *call) aggregate() {
-	agg, ok := aggregators.Load(c.k.agg)
-	if !ok {
-		c.finish(&Error{Code: FailedPrecondition, Msg: fmt.Sprintf("no aggregator %s in this process (was its strategy closed?)", c.k.agg)})
-		return
-	}
-	if c.dt != collective.Float32 {
-		c.finish(&Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate of %s: expected float32 votes", c.dt)})
+	agg, err := c.aggregator()
+	if err != nil {
+		c.finish(err)
 		return
 	}
 	in := tensorBytes(c.in)
@@ -126,7 +177,7 @@ func (c *call) aggregate() {
 		}
 		votes[r] = float32s(b)
 	}
-	c.finish(agg.(Aggregator)(votes, float32s(tensorBytes(c.out))))
+	c.finish(agg(votes, float32s(tensorBytes(c.out))))
 }
 
 // reduceOrBroadcast runs the call's all-reduce (from the input into the

@@ -128,6 +128,14 @@ func Aggregate(s *op.Scope, in tf.Output, group, name, aggregator string) tf.Out
 	return addCollective(s, opAggregate, in, map[string]any{"group": group, "tensor_name": name, "aggregator": aggregator})
 }
 
+// AggregateRows adds an op that combines the rows of in (float32, a vote
+// per row along axis 0, each of any shape) with the Aggregator registered
+// as aggregator, in this process alone; every row of the output, of in's
+// shape, holds the result.
+func AggregateRows(s *op.Scope, in tf.Output, aggregator string) tf.Output {
+	return addCollective(s, opAggregate, in, map[string]any{"group": "", "tensor_name": "replicas", "aggregator": aggregator})
+}
+
 // The kinds of collective kernel, as collective_op.c's create functions
 // pass them.
 const (
