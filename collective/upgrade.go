@@ -64,12 +64,7 @@ func (g *Group) receiveSegment(uc *net.UnixConn) {
 	defer g.untrack(uc)
 	nonce, d, err := receiveShm(uc, time.Now().Add(g.cfg.helloTimeout))
 	if err == nil {
-		g.mu.Lock()
-		ch := g.offers[string(nonce)]
-		delete(g.offers, string(nonce))
-		g.mu.Unlock()
-		if ch != nil {
-			ch <- d
+		if g.deliverSegment(string(nonce), d) {
 			return
 		}
 		d.discard()
@@ -90,11 +85,27 @@ func (g *Group) offerShm() (string, chan shmDelivery) {
 	return nonce, ch
 }
 
-// withdrawShm removes an offer and discards a segment that came too late.
+// deliverSegment hands d to the pending offer of nonce, if any. The offer
+// is removed and its channel filled under g.mu, so that withdrawShm either
+// prevents the delivery or finds it.
+func (g *Group) deliverSegment(nonce string, d shmDelivery) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ch := g.offers[nonce]
+	if ch == nil {
+		return false
+	}
+	delete(g.offers, nonce)
+	ch <- d // buffered for this one delivery
+	return true
+}
+
+// withdrawShm removes an offer and discards a segment that came but was
+// not taken.
 func (g *Group) withdrawShm(nonce string, ch chan shmDelivery) {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	delete(g.offers, nonce)
-	g.mu.Unlock()
 	select {
 	case d := <-ch:
 		d.discard()
