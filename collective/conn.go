@@ -110,6 +110,11 @@ func (c *peerConn) write(deadline time.Time, bufs *net.Buffers) error {
 func (c *peerConn) writeRaw(frame []byte, d time.Duration) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	return c.writeRawLocked(frame, d)
+}
+
+// writeRawLocked is writeRaw for a caller that holds c.wmu.
+func (c *peerConn) writeRawLocked(frame []byte, d time.Duration) error {
 	c.wdl = time.Now().Add(d)
 	if err := c.nc.SetWriteDeadline(c.wdl); err != nil {
 		return err

@@ -136,14 +136,27 @@ func (g *Group) acceptHello(c *peerConn, h *header) {
 		g.acceptUpgrade(c, peer, claimed)
 		return
 	}
-	if !g.claim(peer, c) {
-		g.reject(c, claimed, errClaimed)
-		return
-	}
 	_ = c.nc.SetReadDeadline(time.Time{})
-	if err := c.writeRaw(g.hello(kindHello, ""), g.cfg.helloTimeout); err != nil {
+	g.claimThenReply(c, c, peer, claimed, g.hello(kindHello, ""))
+}
+
+// claimThenReply registers joined as the connection to peer and sends
+// reply, the end of the handshake, on c. It holds c's write lock across
+// both, so that no frame of an operation the registration lets start can
+// precede the reply on c. If the claim fails, the dialer is rejected.
+func (g *Group) claimThenReply(c, joined *peerConn, peer int, claimed string, reply []byte) bool {
+	c.wmu.Lock()
+	if !g.claim(peer, joined) {
+		c.wmu.Unlock()
+		g.reject(c, claimed, errClaimed)
+		return false
+	}
+	err := c.writeRawLocked(reply, g.cfg.helloTimeout)
+	c.wmu.Unlock()
+	if err != nil {
 		g.log.Warn("collective hello reply failed", zap.String("peer", claimed), zap.Error(err))
 	}
+	return true
 }
 
 // reject refuses a hello: the dialler learns why, and the audit trail too.

@@ -140,17 +140,13 @@ func (g *Group) acceptUpgrade(c *peerConn, peer int, claimed string) {
 			return
 		}
 	}
-	if !g.claim(peer, joined) {
+	_ = c.nc.SetReadDeadline(time.Time{})
+	ack := appendHeader(nil, &header{kind: kindUpgrade, epoch: g.cfg.epoch, root: 1})
+	if !g.claimThenReply(c, joined, peer, claimed, ack) {
 		if joined != c {
 			_ = joined.nc.Close()
 		}
-		g.reject(c, claimed, errClaimed)
 		return
-	}
-	_ = c.nc.SetReadDeadline(time.Time{})
-	ack := appendHeader(nil, &header{kind: kindUpgrade, epoch: g.cfg.epoch, root: 1})
-	if err := c.writeRaw(ack, g.cfg.helloTimeout); err != nil {
-		g.log.Warn("collective upgrade reply failed", zap.String("peer", claimed), zap.Error(err))
 	}
 	if joined != c {
 		g.untrack(c.nc)
