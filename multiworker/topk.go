@@ -83,7 +83,7 @@ func (c *engineOps) sparseSum(s *op.Scope, name string, sum tf.Output, n int64) 
 	r := c.residuals.add(s.SubScope("residual"), name, n)
 	flat := op.Reshape(s.SubScope("flat"), sum, op.Const(s.SubScope("minus_one"), []int32{-1}))
 	acc := op.AddV2(s.SubScope("acc"), flat, op.ReadVariableOp(s.SubScope("read_residual"), r.handle, tf.Float))
-	_, idx := op.TopKV2(s.SubScope("top_k"), op.Abs(s.SubScope("abs"), acc), op.Const(s.SubScope("k"), int32(k)))
+	idx := tfrt.LargestIndices(s.SubScope("largest"), acc, k)
 	vals := op.GatherV2(s.SubScope("values"), acc, idx, op.Const(s.SubScope("axis"), int32(0)))
 	rest := op.TensorScatterUpdate(s.SubScope("rest"), acc, op.ExpandDims(s.SubScope("indices"), idx, op.Const(s.SubScope("last"), int32(-1))),
 		op.ZerosLike(s.SubScope("sent"), vals))

@@ -20,7 +20,8 @@ import (
 	"github.com/tfdist/tfdist/collective"
 )
 
-var kinds = [...]string{kindAllReduce: "all-reduce", kindAllGather: "all-gather", kindBroadcast: "broadcast", kindAggregate: "aggregate"}
+var kinds = [...]string{kindAllReduce: "all-reduce", kindAllGather: "all-gather", kindBroadcast: "broadcast", kindAggregate: "aggregate",
+	kindLargest: "largest indices"}
 
 // call is one execution of a collective op's kernel. It owns the input and
 // output tensors until it runs TensorFlow's done callback, exactly once.
@@ -71,6 +72,9 @@ func (c *call) start() error {
 	}
 	c.dt, _ = CollectiveDType(tf.DataType(C.TF_TensorType(c.in))) // the op's T attribute allows no other
 	c.dims = tensorDims(c.in)
+	if c.k.kind == kindLargest {
+		return c.startLargest(st)
+	}
 	if c.k.kind == kindAggregate && c.k.group == "" {
 		return c.startAggregateRows(st)
 	}

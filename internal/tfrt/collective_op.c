@@ -12,7 +12,7 @@
 #include "collective_queue.h"
 
 // The second argument is the kernel's kind: kindAllReduce, kindAllGather,
-// kindBroadcast and kindAggregate in collective_op.go.
+// kindBroadcast, kindAggregate and kindLargest in collective_op.go.
 static void* tfdist_create_allreduce(TF_OpKernelConstruction* ctx) {
   return (void*)tfdistKernelCreate(ctx, 0);
 }
@@ -24,6 +24,10 @@ static void* tfdist_create_broadcast(TF_OpKernelConstruction* ctx) {
 }
 static void* tfdist_create_aggregate(TF_OpKernelConstruction* ctx) {
   return (void*)tfdistKernelCreate(ctx, 3);
+}
+
+static void* tfdist_create_largest(TF_OpKernelConstruction* ctx) {
+  return (void*)tfdistKernelCreate(ctx, 4);
 }
 
 void* tfdist_keep_done(void* done);
@@ -126,4 +130,16 @@ void tfdist_register_ops(TF_Status* st) {
   if (TF_GetCode(st) != TF_OK) return;
   tfdist_register("TfdistAggregate", "aggregator: string", NULL, 1,
                   tfdist_create_aggregate, st);
+  if (TF_GetCode(st) != TF_OK) return;
+  // Not a collective: a selection that runs on the same queue (largest.go).
+  TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder("TfdistLargestIndices");
+  TF_OpDefinitionBuilderAddInput(b, "input: float");
+  TF_OpDefinitionBuilderAddOutput(b, "indices: int32");
+  TF_OpDefinitionBuilderAddAttr(b, "k: int >= 1");
+  TF_OpDefinitionBuilderSetShapeInferenceFunction(b, tfdist_unknown_shape);
+  TF_RegisterOpDefinition(b, st);
+  if (TF_GetCode(st) != TF_OK) return;
+  TF_KernelBuilder* kb = TF_NewAsyncKernelBuilder(
+      "TfdistLargestIndices", "CPU", tfdist_create_largest, tfdist_compute, tfdist_delete);
+  TF_RegisterKernelBuilder("TfdistLargestIndices", kb, st);
 }

@@ -143,6 +143,7 @@ const (
 	kindAllGather
 	kindBroadcast
 	kindAggregate
+	kindLargest
 )
 
 // kernel is one collective op node's kernel: its attributes.
@@ -154,6 +155,7 @@ type kernel struct {
 	root  int
 	agg   string // the Aggregator's id
 	wire  collective.DType
+	k     int64 // LargestIndices'
 }
 
 var (
@@ -167,7 +169,12 @@ func tfdistKernelCreate(ctx *C.TF_OpKernelConstruction, kind C.int) C.uintptr_t 
 	defer C.TF_DeleteStatus(st)
 	k := &kernel{kind: kind}
 	var err error
-	if k.group, err = stringAttr(ctx, "group", st); err == nil {
+	if kind == kindLargest {
+		var n C.int64_t
+		C.TF_OpKernelConstruction_GetAttrInt64(ctx, cstr("k"), &n, st)
+		err = statusError(st, "attr k")
+		k.k = int64(n)
+	} else if k.group, err = stringAttr(ctx, "group", st); err == nil {
 		k.name, err = stringAttr(ctx, "tensor_name", st)
 	}
 	if err == nil && kind == kindAllReduce {
