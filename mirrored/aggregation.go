@@ -44,11 +44,10 @@ func (v voteReducer) ReduceGradients(s *op.Scope, values [][]tf.Output, devices 
 	}
 	hs := s.SubScope("aggregate").WithDevice(v.host)
 	votes := make([]tf.Output, len(values))
-	var sizes tf.Output
 	for r, grads := range values {
-		rs := s.SubScope(fmt.Sprintf("vote_%d", r)).WithDevice(devices[r])
-		votes[r], sizes = voting.Flatten(rs, grads)
+		votes[r] = voting.Flatten(s.SubScope(fmt.Sprintf("vote_%d", r)).WithDevice(devices[r]), grads)
 	}
+	sizes := voting.Sizes(hs, values[0])
 	rows := op.Unpack(hs.SubScope("rows"), tfrt.AggregateRows(hs.SubScope("engine"), op.Pack(hs.SubScope("votes"), votes), v.aggregator), int64(len(values)))
 	out := make([][]tf.Output, len(values))
 	for r := range values {

@@ -63,9 +63,8 @@ func (c *engineOps) ReduceGradients(s *op.Scope, values [][]tf.Output, devices [
 	for i := range k {
 		sums[i] = local(hs.SubScope(fmt.Sprintf("local_%d", i)), values, i, op.AddN)
 	}
-	vote, sizes := voting.Flatten(hs, sums)
-	agg := tfrt.Aggregate(hs.SubScope("engine"), vote, c.group, name, c.aggregator)
-	grads := voting.Unflatten(hs, agg, sizes, values[0])
+	agg := tfrt.Aggregate(hs.SubScope("engine"), voting.Flatten(hs, sums), c.group, name, c.aggregator)
+	grads := voting.Unflatten(hs, agg, voting.Sizes(hs, sums), values[0])
 	out := make([][]tf.Output, len(values))
 	for i, g := range grads {
 		appendPerReplica(out, toReplicas(hs.SubScope(fmt.Sprintf("copies_%d", i)), g, devices))

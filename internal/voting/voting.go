@@ -121,17 +121,23 @@ func finite(vote []float32) bool {
 }
 
 // Flatten casts grads to float32 and concatenates them into one vector:
-// a vote. sizes holds each gradient's element count, for Unflatten.
-func Flatten(s *op.Scope, grads []tf.Output) (vote, sizes tf.Output) {
-	flat, n := make([]tf.Output, len(grads)), make([]tf.Output, len(grads))
+// a vote.
+func Flatten(s *op.Scope, grads []tf.Output) tf.Output {
+	flat := make([]tf.Output, len(grads))
 	for i, g := range grads {
 		vs := s.SubScope(fmt.Sprintf("vote_%d", i))
-		f := graphutil.CastTo(vs, g, tf.Float)
-		flat[i] = op.Reshape(vs.SubScope("flat"), f, op.Const(vs.SubScope("minus_one"), []int32{-1}))
-		n[i] = op.Size(vs.SubScope("size"), f, op.SizeOutType(tf.Int32))
+		flat[i] = op.Reshape(vs.SubScope("flat"), graphutil.CastTo(vs, g, tf.Float), op.Const(vs.SubScope("minus_one"), []int32{-1}))
 	}
-	vote = op.ConcatV2(s.SubScope("vote"), flat, op.Const(s.SubScope("axis"), int32(0)))
-	return vote, op.Pack(s.SubScope("sizes"), n)
+	return op.ConcatV2(s.SubScope("vote"), flat, op.Const(s.SubScope("axis"), int32(0)))
+}
+
+// Sizes returns the element count of each of grads, for Unflatten.
+func Sizes(s *op.Scope, grads []tf.Output) tf.Output {
+	n := make([]tf.Output, len(grads))
+	for i, g := range grads {
+		n[i] = op.Size(s.SubScope(fmt.Sprintf("size_%d", i)), g, op.SizeOutType(tf.Int32))
+	}
+	return op.Pack(s.SubScope("sizes"), n)
 }
 
 // Unflatten splits an aggregate of votes Flatten made back into gradients
