@@ -88,8 +88,7 @@ func (c *call) start() error {
 		return nil
 	}
 	if c.k.kind == kindAggregate { // a new output: the votes are read while it is written
-		c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_TensorType(c.in), dimsPtr(c.dims), C.int(len(c.dims)), C.TF_TensorByteSize(c.in), st)
-		if err := statusError(st, "allocate output"); err != nil {
+		if err := c.allocateLikeInput(st); err != nil {
 			return err
 		}
 		go c.aggregate()
@@ -126,12 +125,17 @@ func (c *call) startAggregateRows(st *C.TF_Status) error {
 	if len(c.dims) < 1 || c.dims[0] < 1 {
 		return &Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate rows: input of shape %v, expected one row per vote", c.dims)}
 	}
-	c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_TensorType(c.in), dimsPtr(c.dims), C.int(len(c.dims)), C.TF_TensorByteSize(c.in), st)
-	if err := statusError(st, "allocate output"); err != nil {
+	if err := c.allocateLikeInput(st); err != nil {
 		return err
 	}
 	go c.aggregateRows()
 	return nil
+}
+
+// allocateLikeInput allocates a new output of the input's type and shape.
+func (c *call) allocateLikeInput(st *C.TF_Status) error {
+	c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_TensorType(c.in), dimsPtr(c.dims), C.int(len(c.dims)), C.TF_TensorByteSize(c.in), st)
+	return statusError(st, "allocate output")
 }
 
 // aggregateRows has the call's Aggregator combine the rows of the input
