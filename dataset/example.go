@@ -250,6 +250,27 @@ func (s *slot) reset() {
 	s.floats, s.ints, s.bytes = s.floats[:0], s.ints[:0], s.bytes[:0]
 }
 
+// hostLittleEndian is whether float32s in memory have the byte order of a
+// packed FloatList on the wire.
+var hostLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// appendPackedFloats appends the little-endian float32s of a packed
+// FloatList, len(b) a multiple of 4, to dst: one copy on a little-endian
+// host, where the wire's bytes are the values' memory.
+func appendPackedFloats(dst []float32, b []byte) []float32 {
+	n := len(b) / 4
+	dst = slices.Grow(dst, n)
+	out := dst[len(dst) : len(dst)+n]
+	if hostLittleEndian && n > 0 {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), len(b)), b)
+		return dst[:len(dst)+n]
+	}
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return dst[:len(dst)+n]
+}
+
 var errWire = fmt.Errorf("%w: invalid protobuf wire format", ErrMalformedExample)
 
 // consumeTag reads a field tag the way proto.Unmarshal does: field numbers
@@ -457,10 +478,7 @@ func parseList(b []byte, s *slot, acc bool) error {
 				return errWire
 			}
 			if acc {
-				s.floats = slices.Grow(s.floats, len(v)/4)
-				for ; len(v) > 0; v = v[4:] {
-					s.floats = append(s.floats, math.Float32frombits(binary.LittleEndian.Uint32(v)))
-				}
+				s.floats = appendPackedFloats(s.floats, v)
 			}
 			b = b[n:]
 		case s.list == listFloat && typ == protowire.Fixed32Type:
