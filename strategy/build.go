@@ -175,21 +175,22 @@ func (e *InGraph) stepCounts(root *op.Scope, st *Step) (globals, weights []tf.Ou
 		c := op.Placeholder(rs, tf.Float, op.PlaceholderShape(tf.ScalarShape()))
 		h := op.Placeholder(rs.SubScope("has_next"), tf.Float, op.PlaceholderShape(tf.ScalarShape()))
 		st.counts, st.hasNext = append(st.counts, c), append(st.hasNext, h)
-		counts[r], weights[r] = []tf.Output{c, h}, c
+		counts[r], weights[r] = []tf.Output{op.Pack(rs.SubScope("pair"), []tf.Output{c, h})}, c
 	}
-	// One reduction gives the divisor and whether any worker has another
-	// batch (see dataset.Batch.NeedsAgreement).
+	// One reduction of the pair gives the divisor and whether any worker
+	// has another batch (see dataset.Batch.NeedsAgreement), packed or not.
 	sums, err := e.cfg.CrossDeviceOps.BatchReduce(root.SubScope("global_batch_size"), Sum, counts, e.cfg.Devices)
 	if err != nil {
 		return nil, nil, err
 	}
-	st.anyNext = sums[0][1]
 	for r := range n {
-		st.nextOps = append(st.nextOps, sums[r][1].Op)
-	}
-	for r := range n {
-		globals[r] = op.PlaceholderWithDefault(root.SubScope(fmt.Sprintf("divisor_%d", r)).WithDevice(e.cfg.Devices[r]),
-			sums[r][0], tf.ScalarShape())
+		rs := root.SubScope(fmt.Sprintf("sums_%d", r)).WithDevice(e.cfg.Devices[r])
+		pair := op.Unpack(rs, sums[r][0], 2)
+		if r == 0 {
+			st.anyNext = pair[1]
+		}
+		st.nextOps = append(st.nextOps, pair[1].Op)
+		globals[r] = op.PlaceholderWithDefault(rs.SubScope("divisor"), pair[0], tf.ScalarShape())
 	}
 	return globals, weights, root.Err()
 }

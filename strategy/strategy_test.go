@@ -11,6 +11,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/tensorutil"
+	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -370,4 +371,37 @@ func TestNCCLOnCPUIsAnError(t *testing.T) {
 	})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "NCCL needs every device to be a GPU")
+}
+
+// A process that runs part of the replicas learns the step's example count
+// and whether any worker has another batch from one reduction, whether its
+// reductions are packed or not: a step that reduces nothing of its own
+// runs exactly one per run.
+func TestWorkerAgreesOnCountsInOneReduction(t *testing.T) {
+	e, err := strategy.NewInGraph(strategy.Config{Name: "worker", Devices: []string{strategy.LocalCPU(0)},
+		NumReplicasInSync: 2, NumWorkers: 2,
+		CrossDeviceOps: testmodel.CountingOps{Inner: strategy.ReductionToOneDevice{}, Counter: "reductions"}})
+	require.NoError(t, err)
+	defer e.Close()
+	var counter strategy.Variable
+	require.NoError(t, e.Scope(func(sc strategy.Scope) (err error) {
+		counter, err = testmodel.NewCounter(sc, "reductions")
+		return err
+	}))
+	step, err := e.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}},
+		func(_ strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+			return strategy.Outputs{"x": in["x"]}, nil
+		})
+	require.NoError(t, err)
+	var counts []int64
+	after := testmodel.CountAfterRuns(ctx, e, counter, &counts)
+	require.NoError(t, after(0))
+	for run := range 3 {
+		x, err := tf.NewTensor([]float32{1, 2, 3})
+		require.NoError(t, err)
+		_, err = e.RunReplicas(ctx, step, []map[string]*tf.Tensor{{"x": x}}, 3)
+		require.NoError(t, err)
+		require.NoError(t, after(run))
+	}
+	assert.Equal(t, []int64{1, 1, 1}, testmodel.Deltas(counts))
 }
