@@ -64,3 +64,17 @@ func GlobalNorm(values []VariableValue) float64 {
 	}
 	return math.Sqrt(s)
 }
+
+// TensorValue returns t's value in Go memory, as graft's Tensor.Value does
+// (a scalar, or nested slices for higher ranks), or nil for a nil t (what
+// Result.Reduced returns for an unknown name). Read fetched tensors with it
+// rather than t.Value(): graft reads the tensor's memory after its last use
+// of t, so in out.Reduced("loss").Value(), where nothing else refers to the
+// tensor, the collector may free that memory while it is read. TensorValue
+// keeps t alive until its value is copied.
+func TensorValue(t *tf.Tensor) any {
+	if t == nil {
+		return nil
+	}
+	return tensorutil.Value(t)
+}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -40,4 +41,26 @@ func TestReadVariables(t *testing.T) {
 	_, err = strategy.ReadVariables(ctx, e, []strategy.Variable{w, n})
 	require.ErrorContains(t, err, `variable "n" has dtype`)
 	require.ErrorContains(t, err, "expected float32 or float64")
+}
+
+// TensorValue reads a step's fetched outputs as Go values, and gives nil
+// for the nil tensor that Reduced returns for an unknown name.
+func TestTensorValue(t *testing.T) {
+	e := local(t, 2, nil)
+	step, err := e.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, 2}}},
+		func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+			sc := r.Scope()
+			sum := op.Sum(sc, in["x"], op.Const(sc.SubScope("axes"), []int32{0, 1}))
+			return strategy.Outputs{"rows": in["x"]}, r.ReduceOutput("sum", strategy.Sum, sum)
+		})
+	require.NoError(t, err)
+	feeds := []map[string]*tf.Tensor{
+		{"x": tensor(t, [][]float32{{1, 2}})},
+		{"x": tensor(t, [][]float32{{3, 4}, {5, 6}})},
+	}
+	out, err := e.RunReplicas(ctx, step, feeds, 3)
+	require.NoError(t, err)
+	require.Equal(t, float32(21), strategy.TensorValue(out.Reduced("sum")))
+	require.Equal(t, [][]float32{{3, 4}, {5, 6}}, strategy.TensorValue(out["rows"][1]))
+	require.Nil(t, strategy.TensorValue(out.Reduced("no such output")))
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/classifier"
 	"github.com/tfdist/tfdist/savedmodel"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // exportAccuracy loads the SavedModel in dir with graft's LoadSavedModel
@@ -32,7 +33,7 @@ func exportAccuracy(t *testing.T, dir string, testSize int, seed uint64) float64
 	out, err := sm.Session.Run(map[tf.Output]*tf.Tensor{tensorOf(t, sm.Graph, sig.Inputs["x"].Name): x},
 		[]tf.Output{tensorOf(t, sm.Graph, sig.Outputs["logits"].Name)}, nil)
 	require.NoError(t, err)
-	logits := out[0].Value().([][]float32)
+	logits := strategy.TensorValue(out[0]).([][]float32)
 	require.Len(t, logits, test.Len())
 	right := 0
 	for i, row := range logits {

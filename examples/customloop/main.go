@@ -190,7 +190,7 @@ func (t *trainer) epoch(ctx context.Context, epoch int) (epochResult, error) {
 		if err != nil {
 			return res, err
 		}
-		res.Loss = float64(l.Value().(float32))
+		res.Loss = float64(strategy.TensorValue(l).(float32))
 	}
 	res.Accuracy, err = t.metric(ctx)
 	return res, err
@@ -206,7 +206,7 @@ func (t *trainer) metric(ctx context.Context) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return float64(c.Value().(float32)) / float64(n.Value().(float32)), nil
+	return float64(strategy.TensorValue(c).(float32)) / float64(strategy.TensorValue(n).(float32)), nil
 }
 
 // heldOut scores the test set with the digits models' eval step, built on

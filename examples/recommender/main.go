@@ -289,7 +289,7 @@ func run(ctx context.Context, o Options, r cluster.Resolver, log io.Writer) (Res
 // coldRowsIntact reports whether the rows of the users left out of
 // training are the same in both values of the user table.
 func coldRowsIntact(before, after *tf.Tensor, o Options) bool {
-	b, a := before.Value().([][]float32), after.Value().([][]float32)
+	b, a := strategy.TensorValue(before).([][]float32), strategy.TensorValue(after).([][]float32)
 	for r := o.Users - o.ColdUsers; r < o.Users; r++ {
 		for j := range b[r] {
 			if a[r][j] != b[r][j] {
@@ -400,8 +400,8 @@ func (t *trainer) evaluate(ctx context.Context) (acc, loss float64, err error) {
 		if err != nil {
 			return 0, 0, err
 		}
-		acc += float64(out["correct"].Value().(float32))
-		loss += float64(out["loss"].Value().(float32))
+		acc += float64(strategy.TensorValue(out["correct"]).(float32))
+		loss += float64(strategy.TensorValue(out["loss"]).(float32))
 	}
 	n := float64(len(t.heldOut) * t.o.Batch)
 	return acc / n, loss / n, nil
