@@ -43,6 +43,10 @@ func reduceInto(red Reduction, dt DType, dst, src []byte) {
 	}
 	switch dt {
 	case Float32:
+		if red == Sum || red == Mean {
+			addFloat32(view[float32](dst), view[float32](dst), view[float32](src))
+			return
+		}
 		reduceTyped(red, view[float32](dst), view[float32](src))
 	case Float64:
 		reduceTyped(red, view[float64](dst), view[float64](src))
@@ -52,6 +56,29 @@ func reduceInto(red Reduction, dt DType, dst, src []byte) {
 		reduceTyped(red, view[int64](dst), view[int64](src))
 	case Float16, BFloat16:
 		reduceHalf(red, dt, view[uint16](dst), view[uint16](src))
+	}
+}
+
+// reduceTo sets dst[i] = a[i] ∘ b[i] element-wise: in one pass for a
+// float32 sum, else as a copy of a then reduceInto. dst is a or disjoint
+// from both; all three have the same length.
+func reduceTo(red Reduction, dt DType, dst, a, b []byte) {
+	if dt == Float32 && (red == Sum || red == Mean) && aligned(dst, 4) && aligned(a, 4) && aligned(b, 4) {
+		addFloat32(view[float32](dst), view[float32](a), view[float32](b))
+		return
+	}
+	copyIfDistinct(dst, a)
+	reduceInto(red, dt, dst, b)
+}
+
+// addFloat32 sets dst[i] = a[i] + b[i], in SIMD instructions where the
+// processor has them: each sum is the same IEEE addition, so the bits do
+// not depend on the path.
+func addFloat32(dst, a, b []float32) {
+	a, b = a[:len(dst)], b[:len(dst)]
+	i := addFloat32Fast(dst, a, b)
+	for ; i < len(dst); i++ {
+		dst[i] = a[i] + b[i]
 	}
 }
 

@@ -137,8 +137,7 @@ func (o *op) ringApply(k int, dst, local, recv []byte) []byte {
 		copy(dst, recv)
 		return dst
 	}
-	copyIfDistinct(dst, local)
-	reduceInto(o.self.red, o.self.dtype, dst, recv)
+	reduceTo(o.self.red, o.self.dtype, dst, local, recv)
 	if k == n-2 && o.self.red == Mean {
 		scale(o.self.dtype, dst, n)
 	}
