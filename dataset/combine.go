@@ -137,7 +137,10 @@ type zipConfig struct{ log *zap.Logger }
 // every dataset, whose names must all differ (tf.data's tuple of elements
 // becomes one element of every name). It stops at the end of the shortest
 // dataset, as tf.data does, and logs at debug level which one ended while
-// the others still had elements (WithLogger).
+// the others still had elements (WithLogger). It reads the inputs as
+// tf.data does, in order until one ends, except that when the first one
+// ends and debug logging is on, it reads one element of the others to
+// tell whether they are longer.
 func Zip(datasets []Dataset, opts ...ZipOption) Dataset {
 	if len(datasets) == 0 {
 		return invalid("Zip: no datasets")
@@ -225,7 +228,7 @@ func (it *zipIter) next(ctx context.Context) (hostElem, error) {
 // had different lengths.
 func (it *zipIter) end(ctx context.Context) error {
 	it.s.err = io.EOF
-	if it.from > 0 || it.othersHaveMore(ctx) {
+	if it.from > 0 || it.d.cfg.log.Core().Enabled(zap.DebugLevel) && it.othersHaveMore(ctx) {
 		it.d.cfg.log.Debug("dataset: Zip stopped at the shortest input",
 			zap.Int("ended", it.from), zap.Int64("elements", it.n), zap.Int("inputs", len(it.ups)))
 	}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -103,6 +104,35 @@ func TestZipLogsTheShortestInput(t *testing.T) {
 	_, err = collectErr(t, dataset.Zip([]dataset.Dataset{dataset.Range("a", 0, 3), dataset.Range("b", 0, 3)}, log))
 	require.NoError(t, err)
 	assert.Len(t, logs.FilterMessage("dataset: Zip stopped at the shortest input").All(), 1, "equal lengths: no message")
+}
+
+// TestZipReadsLikeTFData: when the first input is the shortest, Zip reads
+// no further element of the others, as tf.data does, unless debug logging
+// is on, where it reads one to say that the first input ended first.
+func TestZipReadsLikeTFData(t *testing.T) {
+	for _, debug := range []bool{false, true} {
+		var reads atomic.Int64
+		counted := dataset.Map(dataset.Range("b", 0, 5), func(e dataset.Element) (dataset.Element, error) {
+			reads.Add(1)
+			return e, nil
+		})
+		core, logs := observer.New(zap.DebugLevel)
+		if !debug {
+			core, logs = observer.New(zap.InfoLevel)
+		}
+		got, err := collectErr(t, dataset.Zip([]dataset.Dataset{dataset.Range("a", 0, 3), counted}, dataset.WithLogger(zap.New(core))))
+		require.NoError(t, err)
+		assert.Len(t, got, 3)
+		entries := logs.FilterMessage("dataset: Zip stopped at the shortest input").All()
+		if !debug {
+			assert.EqualValues(t, 3, reads.Load(), "without debug logging, the second input is read as tf.data reads it")
+			assert.Empty(t, entries)
+			continue
+		}
+		assert.EqualValues(t, 4, reads.Load(), "with debug logging, one element more, to tell")
+		require.Len(t, entries, 1)
+		assert.EqualValues(t, 0, entries[0].ContextMap()["ended"], "the first input ended first")
+	}
 }
 
 // recordFiles writes files TFRecord files of per records each, record j of
