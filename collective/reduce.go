@@ -43,11 +43,7 @@ func reduceInto(red Reduction, dt DType, dst, src []byte) {
 	}
 	switch dt {
 	case Float32:
-		if red == Sum || red == Mean {
-			addFloat32(view[float32](dst), view[float32](dst), view[float32](src))
-			return
-		}
-		reduceTyped(red, view[float32](dst), view[float32](src))
+		reduceFloat32(red, view[float32](dst), view[float32](src))
 	case Float64:
 		reduceTyped(red, view[float64](dst), view[float64](src))
 	case Int32:
@@ -94,6 +90,16 @@ func alignedCopy(b []byte) []byte {
 	c := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(b))
 	copy(c, b)
 	return c
+}
+
+// reduceFloat32 is reduceTyped for float32, whose sums run in SIMD
+// instructions where the processor has them (addFloat32).
+func reduceFloat32(red Reduction, dst, src []float32) {
+	if red == Sum || red == Mean {
+		addFloat32(dst, dst, src)
+		return
+	}
+	reduceTyped(red, dst, src)
 }
 
 func reduceTyped[T number](red Reduction, dst, src []T) {
@@ -160,7 +166,7 @@ func reduceHalf(red Reduction, dt DType, dst, src []uint16) {
 		x, y := a[:len(d)], b[:len(d)]
 		decodeHalf(dt, x, d)
 		decodeHalf(dt, y, s)
-		reduceTyped(red, x, y)
+		reduceFloat32(red, x, y)
 		encodeHalf(dt, d, x)
 	}
 }
@@ -218,7 +224,7 @@ func reduceWire(red Reduction, wire DType, w []uint16, local, out []float32, n i
 		b := w[lo:min(lo+halfBlock, len(w))]
 		x := a[:len(b)]
 		decodeHalf(wire, x, b)
-		reduceTyped(red, x, local[lo:])
+		reduceFloat32(red, x, local[lo:])
 		if out != nil && red == Mean {
 			divide(x, float32(n))
 		}
