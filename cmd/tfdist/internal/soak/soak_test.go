@@ -45,16 +45,33 @@ func TestMultiWorkerThreadsStayBounded(t *testing.T) {
 	}
 }
 
+// tfDuplicateRequest is in the error of a step that TensorFlow's
+// distributed runtime refused because its 32-bit-seeded request id repeated
+// one of the worker's last 100,000: a defect of TensorFlow's master
+// sessions that the multiworker strategy names, and that ends a run on
+// TensorFlow's collectives, rarely, whatever tfdist does.
+const tfDuplicateRequest = "request was received twice"
+
 func threadsStayBounded(t *testing.T, name string) {
 	require.NoError(t, classifierBin.err)
 	setup, err := Lookup(name)
 	require.NoError(t, err)
-	r, err := Run(context.Background(), setup, Options{Classifier: classifierBin.path, Steps: 3000,
-		Interval: 250 * time.Millisecond, Bounds: DefaultBounds, Timeout: 5 * time.Minute})
-	require.NoError(t, err)
+	var r *Report
 	var table strings.Builder
-	r.WriteTable(&table)
-	t.Log("\n" + table.String())
+	// The property here is the threads' bound: a run that TensorFlow's
+	// defect ended says nothing of it, so it is run once more.
+	for attempt := 1; attempt <= 2; attempt++ {
+		r, err = Run(context.Background(), setup, Options{Classifier: classifierBin.path, Steps: 3000,
+			Interval: 250 * time.Millisecond, Bounds: DefaultBounds, Timeout: 5 * time.Minute})
+		require.NoError(t, err)
+		table.Reset()
+		r.WriteTable(&table)
+		t.Log("\n" + table.String())
+		if r.Err == nil || !strings.Contains(r.Err.Error(), tfDuplicateRequest) {
+			break
+		}
+		t.Logf("attempt %d was ended by TensorFlow's repeated-request defect", attempt)
+	}
 	require.NoError(t, r.Err, table.String())
 	require.NotNil(t, r.Result, "the chief printed its result:\n%s", table.String())
 	assert.Equal(t, 3000, r.Result.Steps)
