@@ -77,9 +77,7 @@ func (k kindOf[T]) toTensor(data any, shape []int64) (*tf.Tensor, error) {
 	s := data.([]T)
 	shape = slices.Clone(shape)
 	if k.raw {
-		var zero T
-		b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(zero)))
-		return tf.ReadTensor(k.dt, shape, bytes.NewReader(b))
+		return tf.ReadTensor(k.dt, shape, bytes.NewReader(memoryOf(s)))
 	}
 	if len(shape) == 0 {
 		return tf.NewTensor(s[0])
@@ -104,8 +102,7 @@ func (k kindOf[T]) fromTensor(t *tf.Tensor) (any, error) {
 	n := int(numElements(t.Shape()))
 	if k.raw {
 		out := make([]T, n)
-		var zero T
-		b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(out))), n*int(unsafe.Sizeof(zero)))
+		b := memoryOf(out)
 		w := fixedWriter{buf: b}
 		if _, err := t.WriteContentsTo(&w); err != nil {
 			return nil, err
@@ -134,6 +131,13 @@ func flatten[T elemType](v reflect.Value, out []T) []T {
 		out = flatten(v.Index(i), out)
 	}
 	return out
+}
+
+// memoryOf returns the memory of s's elements as bytes, in the host's
+// byte order, sharing it.
+func memoryOf[T any](s []T) []byte {
+	var zero T
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(zero)))
 }
 
 // fixedWriter writes into a fixed buffer.

@@ -261,8 +261,8 @@ func appendPackedFloats(dst []float32, b []byte) []float32 {
 	n := len(b) / 4
 	dst = slices.Grow(dst, n)
 	out := dst[len(dst) : len(dst)+n]
-	if hostLittleEndian && n > 0 {
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), len(b)), b)
+	if hostLittleEndian {
+		copy(memoryOf(out), b)
 		return dst[:len(dst)+n]
 	}
 	for i := range out {
