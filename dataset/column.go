@@ -3,6 +3,7 @@ package dataset
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"reflect"
 	"runtime"
 	"slices"
@@ -13,18 +14,58 @@ import (
 )
 
 // A column is one named value of an element, held on the host. Pipelines
-// keep values as flat, row-major Go slices and create TensorFlow tensors only
-// when an element leaves the pipeline (Iterator.Next, or the per-replica
-// split of Distribute), so that batching and splitting copy Go memory and a
-// value crosses into TensorFlow's memory exactly once.
+// keep values as flat, row-major Go slices (a batch of large rows as the
+// rows themselves: pieces) and create TensorFlow tensors only when an
+// element leaves the pipeline (Iterator.Next, or the per-replica split of
+// Distribute), so that a value crosses into TensorFlow's memory exactly
+// once, and is copied only then.
 //
 // A column is immutable once built: its shape and data may be shared by many
 // elements (views of one FromSlices array, or the shape of a feature spec).
 type column struct {
 	dtype tf.DataType
 	shape []int64    // full shape; empty for a scalar
-	data  any        // flat row-major slice of the dtype's Go type, or nil when t holds the value
+	data  any        // flat row-major slice of the dtype's Go type, or pieces of it; nil when t holds the value
 	t     *tf.Tensor // set when the value came from a caller's tensor
+}
+
+// pieces is flat data held as consecutive parts, each a flat slice of the
+// dtype's Go type: the rows a batch was stacked from, joined only where flat
+// data is needed. A batch that goes straight into tensors (Iterator.Next, or
+// the per-replica split of Distribute) is then copied once, from its rows
+// into TensorFlow's memory, without a Go array of its own.
+type pieces struct {
+	parts []any
+	n     int // elements in all
+}
+
+// minPieceBytes is the smallest row that a batch keeps as a piece rather
+// than copy into one array: copying smaller rows costs less than keeping
+// track of them.
+const minPieceBytes = 256
+
+// joinRows returns parts, each flat data or pieces of rows of rowSize
+// elements, as one value of n elements: pieces sharing the parts' memory,
+// or one flat copy when rows are small.
+func joinRows(k kind, parts []any, n, rowSize int) any {
+	if rowSize*k.size() < minPieceBytes {
+		return k.concat(parts, n)
+	}
+	return joinPieces(parts, n)
+}
+
+// joinPieces returns the pieces of the parts in order, each part flat data
+// or pieces, n elements in all.
+func joinPieces(parts []any, n int) pieces {
+	out := make([]any, 0, len(parts))
+	for _, p := range parts {
+		if ps, ok := p.(pieces); ok {
+			out = append(out, ps.parts...)
+		} else {
+			out = append(out, p)
+		}
+	}
+	return pieces{out, n}
 }
 
 // elemType lists the Go element types a host column can hold.
@@ -32,12 +73,14 @@ type elemType interface {
 	float32 | float64 | int32 | int64 | uint8 | int8 | int16 | uint16 | uint32 | uint64 | bool | string
 }
 
-// kind implements the operations on flat data of one dtype.
+// kind implements the operations on the data of one dtype: flat slices,
+// and pieces where the operation says so.
 type kind interface {
 	goType() reflect.Type
-	length(data any) int
+	size() int // bytes of an element in memory
 	makeSlice(capacity int) any
 	concat(parts []any, total int) any
+	flat(data any) any
 	sliceData(data any, lo, hi int) any
 	gatherRows(data any, rows []int, rowSize int) any
 	toTensor(data any, shape []int64) (*tf.Tensor, error)
@@ -53,19 +96,67 @@ type kindOf[T elemType] struct {
 }
 
 func (kindOf[T]) goType() reflect.Type       { return reflect.TypeFor[T]() }
-func (kindOf[T]) length(data any) int        { return len(data.([]T)) }
 func (kindOf[T]) makeSlice(capacity int) any { return make([]T, 0, capacity) }
-func (kindOf[T]) concat(parts []any, total int) any {
+func (kindOf[T]) size() int {
+	var zero T
+	return int(unsafe.Sizeof(zero))
+}
+
+// concat joins parts, each flat data or pieces, into one flat slice.
+func (k kindOf[T]) concat(parts []any, total int) any {
 	out := make([]T, 0, total)
 	for _, p := range parts {
+		if ps, ok := p.(pieces); ok {
+			for _, q := range ps.parts {
+				out = append(out, q.([]T)...)
+			}
+			continue
+		}
 		out = append(out, p.([]T)...)
 	}
 	return out
 }
-func (kindOf[T]) sliceData(data any, lo, hi int) any { return data.([]T)[lo:hi:hi] }
 
-func (kindOf[T]) gatherRows(data any, rows []int, rowSize int) any {
-	src := data.([]T)
+// flat returns data as one flat slice, joining pieces.
+func (k kindOf[T]) flat(data any) any {
+	if p, ok := data.(pieces); ok {
+		return k.concat(p.parts, p.n)
+	}
+	return data
+}
+
+// sliceData returns elements [lo, hi) of data, sharing its memory: flat
+// data when they lie in one part, else pieces.
+func (kindOf[T]) sliceData(data any, lo, hi int) any {
+	p, ok := data.(pieces)
+	if !ok {
+		return data.([]T)[lo:hi:hi]
+	}
+	if lo == hi {
+		return []T{}
+	}
+	var out []any
+	start := 0
+	for _, part := range p.parts {
+		s := part.([]T)
+		end := start + len(s)
+		if end > lo && start < hi {
+			a, b := max(lo, start)-start, min(hi, end)-start
+			out = append(out, s[a:b:b])
+		}
+		if end >= hi {
+			break
+		}
+		start = end
+	}
+	if len(out) == 1 {
+		return out[0]
+	}
+	return pieces{out, hi - lo}
+}
+
+func (k kindOf[T]) gatherRows(data any, rows []int, rowSize int) any {
+	src := k.flat(data).([]T)
 	out := make([]T, 0, len(rows)*rowSize)
 	for _, r := range rows {
 		out = append(out, src[r*rowSize:(r+1)*rowSize]...)
@@ -74,8 +165,15 @@ func (kindOf[T]) gatherRows(data any, rows []int, rowSize int) any {
 }
 
 func (k kindOf[T]) toTensor(data any, shape []int64) (*tf.Tensor, error) {
-	s := data.([]T)
 	shape = slices.Clone(shape)
+	if p, ok := data.(pieces); ok && k.raw {
+		r := &partsReader{parts: make([][]byte, len(p.parts))}
+		for i, part := range p.parts {
+			r.parts[i] = memoryOf(part.([]T))
+		}
+		return tf.ReadTensor(k.dt, shape, r)
+	}
+	s := k.flat(data).([]T)
 	if k.raw {
 		return tf.ReadTensor(k.dt, shape, bytes.NewReader(memoryOf(s)))
 	}
@@ -140,6 +238,24 @@ func memoryOf[T any](s []T) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(zero)))
 }
 
+// partsReader reads its parts one after the other.
+type partsReader struct{ parts [][]byte }
+
+func (r *partsReader) Read(b []byte) (int, error) {
+	n := 0
+	for n < len(b) && len(r.parts) > 0 {
+		m := copy(b[n:], r.parts[0])
+		n += m
+		if r.parts[0] = r.parts[0][m:]; len(r.parts[0]) == 0 {
+			r.parts = r.parts[1:]
+		}
+	}
+	if n == 0 && len(b) > 0 {
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
 // fixedWriter writes into a fixed buffer.
 type fixedWriter struct {
 	buf []byte
@@ -197,6 +313,21 @@ func numElements(shape []int64) int64 {
 // hostData returns the column's flat data, reading it out of its tensor if
 // need be (without changing c, which may be shared).
 func (c column) hostData() (any, error) {
+	k, err := kindFor(c.dtype)
+	if err != nil {
+		return nil, err
+	}
+	d, err := c.view()
+	if err != nil {
+		return nil, err
+	}
+	return k.flat(d), nil
+}
+
+// view is hostData that may return pieces, for the operations that take
+// them (sliceData, concat, toTensor): rows and batches of a batch share its
+// parts.
+func (c column) view() (any, error) {
 	if c.data != nil {
 		return c.data, nil
 	}

@@ -559,7 +559,7 @@ func split(e hostElem, lo, hi int, idx []int, replicas int) ([]Element, []int, e
 			out[0][name] = c.t // the whole tensor, as it came
 			continue
 		}
-		data, err := c.hostData()
+		data, err := c.view()
 		if err != nil {
 			return nil, nil, fmt.Errorf("feature %q: %w", name, err)
 		}

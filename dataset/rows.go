@@ -17,7 +17,7 @@ func rowsOf(e hostElem, lo, hi int, squeeze bool) (hostElem, error) {
 		if err != nil {
 			return hostElem{}, fmt.Errorf("feature %q: %w", c.name, err)
 		}
-		data, err := c.hostData()
+		data, err := c.view()
 		if err != nil {
 			return hostElem{}, fmt.Errorf("feature %q: %w", c.name, err)
 		}
@@ -51,13 +51,13 @@ func concatRows(parts []hostElem) (hostElem, error) {
 				return hostElem{}, err
 			}
 			c := p.cols[j]
-			if datas[i], err = c.hostData(); err != nil {
+			if datas[i], err = c.view(); err != nil {
 				return hostElem{}, fmt.Errorf("feature %q: %w", c.name, err)
 			}
 			rows += c.shape[0]
 		}
 		shape := append([]int64{rows}, c0.shape[1:]...)
-		out.cols[j] = namedColumn{c0.name, column{dtype: c0.dtype, shape: shape, data: k.concat(datas, int(numElements(shape)))}}
+		out.cols[j] = namedColumn{c0.name, column{dtype: c0.dtype, shape: shape, data: joinRows(k, datas, int(numElements(shape)), int(numElements(c0.shape[1:])))}}
 	}
 	return out, nil
 }

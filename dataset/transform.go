@@ -431,13 +431,13 @@ func stack(elems []hostElem) (hostElem, error) {
 				return hostElem{}, fmt.Errorf("%w: feature %q of element %d is %s%v, expected %s%v like element 0%s",
 					ErrShape, name, i, graphutil.DTypeName(c.dtype), c.shape, graphutil.DTypeName(c0.dtype), c0.shape, at(e.origin))
 			}
-			d, err := c.hostData()
+			d, err := c.view()
 			if err != nil {
 				return hostElem{}, fmt.Errorf("feature %q of element %d: %w", name, i, err)
 			}
 			parts[i] = d
 		}
-		data := k.concat(parts, len(elems)*rowSize)
+		data := joinRows(k, parts, len(elems)*rowSize, rowSize)
 		shape := make([]int64, 0, len(c0.shape)+1)
 		shape = append(shape, int64(len(elems)))
 		shape = append(shape, c0.shape...)

@@ -476,3 +476,55 @@ func TestCallbacksReadElementsSafely(t *testing.T) {
 		require.Zero(t, bad.Load(), "tensors read after they were freed")
 	}
 }
+
+// TestLargeRowsKeepTheirValuesThroughReshaping batches rows large enough to
+// be kept as pieces of their batch, then reshapes and distributes them:
+// every row must come out with its own values, in order.
+func TestLargeRowsKeepTheirValuesThroughReshaping(t *testing.T) {
+	const n, features = 24, 100
+	x := make([][]float32, n)
+	for i := range x {
+		x[i] = make([]float32, features)
+		for j := range x[i] {
+			x[i][j] = float32(i*features + j)
+		}
+	}
+	src, err := dataset.FromSlices(map[string]any{"x": x})
+	require.NoError(t, err)
+	rows := func(elems []dataset.Element) [][]float32 {
+		var out [][]float32
+		for _, e := range elems {
+			out = append(out, e["x"].Value().([][]float32)...)
+		}
+		return out
+	}
+	for name, ds := range map[string]dataset.Dataset{
+		"batched":          dataset.Batched(src, 4, false),
+		"rebatched":        dataset.Rebatch(dataset.Batched(src, 4, false), 5, false),
+		"unbatched":        dataset.Batched(dataset.Unbatch(dataset.Batched(src, 4, false)), 3, false),
+		"batches of pairs": dataset.Unbatch(dataset.Batched(dataset.Batched(src, 2, false), 3, false)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			elems, err := dataset.Collect(testCtx(t), ds)
+			require.NoError(t, err)
+			require.Equal(t, x, rows(elems))
+		})
+	}
+	t.Run("distributed", func(t *testing.T) {
+		d, err := dataset.Distribute(dataset.Batched(src, 9, false), dataset.InputContext{NumInputPipelines: 1, NumReplicasInSync: 3}, 3)
+		require.NoError(t, err)
+		it, err := d.Iterator(testCtx(t))
+		require.NoError(t, err)
+		defer it.Close()
+		var got []dataset.Element
+		for {
+			b, err := it.Next(testCtx(t))
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			require.NoError(t, err)
+			got = append(got, b.Replicas...)
+		}
+		require.Equal(t, x, rows(got))
+	})
+}
