@@ -259,12 +259,14 @@ var hostLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 // host, where the wire's bytes are the values' memory.
 func appendPackedFloats(dst []float32, b []byte) []float32 {
 	n := len(b) / 4
+	if hostLittleEndian {
+		// b viewed as float32s is only read by append's copy, a memmove,
+		// so its alignment does not matter; and append, unlike
+		// slices.Grow, does not zero the space it then fills.
+		return append(dst, unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), n)...)
+	}
 	dst = slices.Grow(dst, n)
 	out := dst[len(dst) : len(dst)+n]
-	if hostLittleEndian {
-		copy(memoryOf(out), b)
-		return dst[:len(dst)+n]
-	}
 	for i := range out {
 		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 	}
