@@ -132,22 +132,25 @@
 // shared 2-core machine, as ratios within one run: splitting a 256×784
 // float32 batch for 4 replicas from Go memory is about 3 times faster than
 // splitting it from a tensor (one copy instead of three); reading, parsing
-// and batching tf.Examples of 64 floats runs at 170,000 to 440,000 records
-// per second on one goroutine, depending on the machine's load; a parallel
-// parse matched that rate there but did not beat it, since reading the one
-// stream costs as much as parsing and no core was idle, so WithParallelism
-// pays where the function costs more than the read; prefetching cuts the time
+// and batching tf.Examples of 64 floats runs at 780,000 to 1,140,000
+// records per second on one goroutine, depending on the machine's load; a
+// parallel parse reached 0.6 to 0.75 times that rate there, since reading
+// the one stream costs as much as parsing and handing records between
+// goroutines costs more, so WithParallelism pays where the function costs
+// more than the read; prefetching cuts the time
 // a training loop waits for its input 6 to 8 times, to about 0.05 ms a step.
 //
 // Reading, parsing and batching 64 TFRecord files of 784-float tf.Examples
-// through an Interleave of cycle 4 (BenchmarkInterleave) runs at 120,000 to
-// 150,000 records per second sequentially, at Go's default GOGC; four
-// parallel reads make it 1.1 to 1.25 times as fast, and 1.2 to 1.35 times
-// at GOGC=400 (quiet runs). The collector is what limits it: the pipeline
-// allocates about 6 KB per record, so that with a small heap a collection
-// runs every few milliseconds, on the second core while a sequential pass
-// reads (which keeps 1.2 cores busy), and stopping both threads when both
-// read. Two independent pipelines in one process gain no more than that,
-// where two processes gain about 1.7 times. With a larger GOGC (or
-// GOMEMLIMIT and GOGC=off), parallel reads pay more.
+// through an Interleave of cycle 4 (BenchmarkInterleave) runs at 270,000 to
+// 350,000 records per second sequentially at Go's default GOGC, and 360,000
+// to 400,000 at GOGC=400. Four parallel reads make it 0.95 to 1.13 times as
+// fast at the default GOGC, and 1.2 to 1.5 times at GOGC=400. The collector
+// is what limits it: the pipeline allocates about 4 KB per record (the
+// parsed floats, which a batch keeps as its rows), so that with a small heap
+// a collection runs every millisecond or two, on the second core while a
+// sequential pass reads (which keeps 1.1 to 1.2 cores busy, so that on 2
+// cores no parallel read can be more than about 1.7 times as fast), and
+// stopping every reader when all read. Two independent pipelines in one
+// process gain no more than that, where two processes gain about 1.7 times.
+// With a larger GOGC (or GOMEMLIMIT and GOGC=off), parallel reads pay more.
 package dataset
