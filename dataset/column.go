@@ -341,6 +341,29 @@ func (c column) view() (any, error) {
 	return k.fromTensor(c.t)
 }
 
+// hostBytes returns about how much memory the column's values take on
+// the host: their bytes, and for strings their contents.
+func (c column) hostBytes() int {
+	k, err := kindFor(c.dtype)
+	if err != nil {
+		return 0
+	}
+	n := int(numElements(c.shape)) * k.size()
+	if c.dtype != tf.String || c.data == nil {
+		return n
+	}
+	parts := []any{c.data}
+	if p, ok := c.data.(pieces); ok {
+		parts = p.parts
+	}
+	for _, part := range parts {
+		for _, s := range part.([]string) {
+			n += len(s)
+		}
+	}
+	return n
+}
+
 // host returns c with its data on the host.
 func (c column) host() (column, error) {
 	d, err := c.hostData()

@@ -99,6 +99,15 @@ func (e hostElem) element() (Element, error) {
 	return out, nil
 }
 
+// hostBytes returns about how much memory e's values take on the host.
+func (e hostElem) hostBytes() int {
+	n := 0
+	for _, c := range e.cols {
+		n += c.hostBytes()
+	}
+	return n
+}
+
 func elemFromTensors(e Element) (hostElem, error) {
 	cols := make([]namedColumn, 0, len(e))
 	for _, name := range slices.Sorted(maps.Keys(e)) {

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -390,4 +391,55 @@ func TestInterleaveCloseReleasesEveryInput(t *testing.T) {
 		assert.EqualValues(t, 1, d.closes.Load(), "input %d is closed once", i)
 	}
 	requireGoroutinesAtMost(t, before)
+}
+
+// TestInterleaveReadsABoundedAmountAhead: a parallel read holds at most
+// four chunks of an input (the one the consumer takes from, two buffered,
+// one being filled), a chunk being 64 elements or 256 KiB, so that inputs
+// of large elements do not fill memory.
+func TestInterleaveReadsABoundedAmountAhead(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		floats int
+		ahead  int64
+	}{
+		{"small elements", 1, 4 * 64},
+		{"128 KiB elements", 32 << 10, 4 * 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := tf.NewTensor(make([]float32, tc.floats))
+			require.NoError(t, err)
+			var reads [4]atomic.Int64
+			fn := func(e dataset.Element) (dataset.Dataset, error) {
+				i := ints(t, e["x"])[0]
+				return dataset.Map(dataset.Range("y", 0, 1000), func(dataset.Element) (dataset.Element, error) {
+					reads[i].Add(1)
+					return dataset.Element{"v": v}, nil
+				}), nil
+			}
+			it, err := dataset.Interleave(rangeX(0, 4), fn, 4, 1, dataset.WithParallelReads(4)).Iterator(testCtx(t))
+			require.NoError(t, err)
+			defer it.Close()
+			for range reads { // one element of each input
+				_, err = it.Next(testCtx(t))
+				require.NoError(t, err)
+			}
+			// The readers stop when their buffers are full: wait until no
+			// count has moved for 50 ms.
+			var last [4]int64
+			require.Eventually(t, func() bool {
+				moved := false
+				for i := range reads {
+					n := reads[i].Load()
+					moved = moved || n != last[i]
+					last[i] = n
+				}
+				return !moved
+			}, 5*time.Second, 50*time.Millisecond, "the readers stop")
+			for i := range last {
+				assert.Greater(t, last[i], int64(1), "input %d reads ahead", i)
+				assert.LessOrEqual(t, last[i], tc.ahead, "input %d", i)
+			}
+		})
+	}
 }
