@@ -141,10 +141,10 @@
 // a training loop waits for its input 6 to 8 times, to about 0.05 ms a step.
 //
 // Reading, parsing and batching 64 TFRecord files of 784-float tf.Examples
-// through an Interleave of cycle 4 (BenchmarkInterleave) runs at 270,000 to
-// 350,000 records per second sequentially at Go's default GOGC, and 360,000
-// to 400,000 at GOGC=400. Four parallel reads make it 0.95 to 1.13 times as
-// fast at the default GOGC, and 1.2 to 1.5 times at GOGC=400. The collector
+// through an Interleave of cycle 4 (BenchmarkInterleave) runs at 330,000 to
+// 345,000 records per second sequentially at Go's default GOGC, and 400,000
+// to 440,000 at GOGC=400. Four parallel reads make it 1.2 to 1.47 times as
+// fast at the default GOGC, and 1.2 to 1.43 times at GOGC=400. The collector
 // is what limits it: the pipeline allocates about 4 KB per record (the
 // parsed floats, which a batch keeps as its rows), so that with a small heap
 // a collection runs every millisecond or two, on the second core while a
@@ -152,5 +152,5 @@
 // cores no parallel read can be more than about 1.7 times as fast), and
 // stopping every reader when all read. Two independent pipelines in one
 // process gain no more than that, where two processes gain about 1.7 times.
-// With a larger GOGC (or GOMEMLIMIT and GOGC=off), parallel reads pay more.
+// A larger GOGC (or GOMEMLIMIT and GOGC=off) makes every way faster.
 package dataset
