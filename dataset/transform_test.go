@@ -503,11 +503,16 @@ func TestLargeRowsKeepTheirValuesThroughReshaping(t *testing.T) {
 		"rebatched":        dataset.Rebatch(dataset.Batched(src, 4, false), 5, false),
 		"unbatched":        dataset.Batched(dataset.Unbatch(dataset.Batched(src, 4, false)), 3, false),
 		"batches of pairs": dataset.Unbatch(dataset.Batched(dataset.Batched(src, 2, false), 3, false)),
+		"windows":          dataset.Window(src, 3, 3, 1, false),
+		"padded":           dataset.PaddedBatch(src, 5, false),
+		"cached":           dataset.Cache(dataset.Batched(src, 7, false)),
 	} {
 		t.Run(name, func(t *testing.T) {
-			elems, err := dataset.Collect(testCtx(t), ds)
-			require.NoError(t, err)
-			require.Equal(t, x, rows(elems))
+			for pass := range 2 { // a second pass reads a Cache's copy
+				elems, err := dataset.Collect(testCtx(t), ds)
+				require.NoError(t, err)
+				require.Equal(t, x, rows(elems), "pass %d", pass)
+			}
 		})
 	}
 	t.Run("distributed", func(t *testing.T) {
