@@ -21,9 +21,9 @@ type interleaveConfig struct {
 // own goroutine, holding up to 256 elements or about 1 MiB of each
 // (whichever comes first). Meanwhile up to cycleLength+1 inputs after them
 // are opened, in input order, and read up to 64 elements or about 256 KiB
-// ahead, so that the next input has elements ready when one ends. The default, 1, reads on the
-// caller's goroutine and opens each input when the cycle reaches it
-// (tf.data's num_parallel_calls=None).
+// ahead, so that the next input has elements ready when one ends. The
+// default, 1, reads on the caller's goroutine and opens each input when the
+// cycle reaches it (tf.data's num_parallel_calls=None).
 func WithParallelReads(n int) InterleaveOption {
 	return func(c *interleaveConfig) { c.parallel = n }
 }
@@ -41,9 +41,10 @@ func Deterministic(deterministic bool) InterleaveOption {
 // A parallel read hands its elements over in chunks of up to
 // interleaveChunk elements and interleaveChunkBytes bytes (fewer when the
 // consumer waits for them), and buffers up to interleaveBuffer chunks
-// besides the one it fills and the one the consumer takes from. (Handing elements over one by one
-// cost as much as parsing a tf.Example of 784 floats, and chunks of 16 cost
-// a fifth of the speed of chunks of 64 on 2 cores.)
+// besides the one it fills and the one the consumer takes from. (Handing
+// elements over one by one cost as much as parsing a tf.Example of 784
+// floats; with chunks of 16, parallel reads on 2 cores ran at 0.6 to 0.9
+// times the speed they reach with chunks of 64.)
 const (
 	interleaveChunk      = 64
 	interleaveChunkBytes = 256 << 10
