@@ -299,7 +299,12 @@ func skipField(num protowire.Number, typ protowire.Type, b []byte) (int, error) 
 // concatenate) and a different member replaces it, and fields of an
 // unexpected number or wire type are skipped as unknown.
 func (p *ExampleParser) parse(b []byte) ([]namedColumn, error) {
-	slots := make([]slot, len(p.feats))
+	var few [4]slot // the slots of a small spec stay off the heap
+	slots := few[:]
+	if len(p.feats) > len(few) {
+		slots = make([]slot, len(p.feats))
+	}
+	slots = slots[:len(p.feats)]
 	for len(b) > 0 {
 		num, typ, n, err := consumeTag(b)
 		if err != nil {
