@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 )
 
 // DefaultMaxRecordSize is the largest record a [Reader] accepts unless told
@@ -25,6 +26,13 @@ func WithMaxRecordSize(n int64) ReaderOption {
 		}
 	}
 }
+
+// defaultBufferSize is the size of a Reader's read buffer unless told
+// otherwise. Buffers of this size are reused from reader to reader: a
+// pipeline that reads many files would otherwise allocate one per file.
+const defaultBufferSize = 64 << 10
+
+var bufferPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, defaultBufferSize) }}
 
 // WithBufferSize sets the size of the read buffer (default 64 KiB). Values
 // below 16 are ignored.
@@ -53,7 +61,7 @@ type Reader struct {
 
 // NewReader returns a Reader of the records in r.
 func NewReader(r io.Reader, opts ...ReaderOption) *Reader {
-	rd := &Reader{src: r, max: DefaultMaxRecordSize, bufSize: 64 << 10}
+	rd := &Reader{src: r, max: DefaultMaxRecordSize, bufSize: defaultBufferSize}
 	for _, o := range opts {
 		o(rd)
 	}
@@ -66,8 +74,25 @@ func (r *Reader) start() error {
 	if err != nil {
 		return r.fail(err)
 	}
-	r.r, r.src = bufio.NewReaderSize(src, r.bufSize), nil
+	if r.bufSize == defaultBufferSize {
+		r.r = bufferPool.Get().(*bufio.Reader)
+		r.r.Reset(src)
+	} else {
+		r.r = bufio.NewReaderSize(src, r.bufSize)
+	}
+	r.src = nil
 	return nil
+}
+
+// release gives the read buffer back once the stream has ended or failed
+// for good: no later call reads it, and no record returned still points
+// into it (records are copied out of it).
+func (r *Reader) release() {
+	if r.r != nil && r.r.Size() == defaultBufferSize {
+		r.r.Reset(nil)
+		bufferPool.Put(r.r)
+	}
+	r.r = nil
 }
 
 // Offset returns the byte offset of the next record's header: after a
@@ -99,6 +124,7 @@ func (r *Reader) Next() ([]byte, error) {
 	switch {
 	case err == io.EOF:
 		r.err = io.EOF
+		r.release()
 		return nil, io.EOF
 	case err == io.ErrUnexpectedEOF:
 		return nil, r.fail(&CorruptError{Offset: start, Truncated: true,
@@ -172,5 +198,6 @@ func (r *Reader) readData(n int) ([]byte, error) {
 
 func (r *Reader) fail(err error) error {
 	r.err = err
+	r.release()
 	return err
 }

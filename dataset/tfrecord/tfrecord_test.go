@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -321,4 +322,35 @@ func TestTensorFlowReadsOurFile(t *testing.T) {
 	for i := range recs {
 		assert.Equal(t, string(recs[i]), got[i], "record %d", i)
 	}
+}
+
+// TestReadersReuseBuffersSafely: readers that end give their read buffer to
+// the next ones; many readers of different streams, one after the other and
+// at once, each read exactly their own records.
+func TestReadersReuseBuffersSafely(t *testing.T) {
+	const streams = 8
+	var data [streams][]byte
+	var recs [streams][][]byte
+	for i := range streams {
+		recs[i] = randomRecords(rand.New(rand.NewPCG(uint64(i), 7)), 20)
+		data[i] = writeAll(t, recs[i])
+	}
+	var wg sync.WaitGroup
+	for g := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for pass := range 10 {
+				i := (g + pass) % streams
+				got, err := readAll(data[i])
+				if !assert.NoError(t, err) || !assert.Len(t, got, len(recs[i])) {
+					return
+				}
+				for j := range got {
+					assert.True(t, bytes.Equal(recs[i][j], got[j]), "stream %d record %d", i, j)
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
