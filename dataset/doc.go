@@ -145,12 +145,12 @@
 // 345,000 records per second sequentially at Go's default GOGC, and 400,000
 // to 440,000 at GOGC=400. Four parallel reads make it 1.2 to 1.47 times as
 // fast at the default GOGC, and 1.2 to 1.43 times at GOGC=400. The collector
-// is what limits it: the pipeline allocates about 4 KB per record (the
-// parsed floats, which a batch keeps as its rows), so that with a small heap
-// a collection runs every millisecond or two, on the second core while a
-// sequential pass reads (which keeps 1.1 to 1.2 cores busy, so that on 2
-// cores no parallel read can be more than about 1.7 times as fast), and
-// stopping every reader when all read. Two independent pipelines in one
+// is what limits it: the pipeline allocates about 3.6 KB per record (the
+// 3.1 KB of parsed floats, which a batch keeps as its rows), so that with a
+// small heap a collection runs every millisecond or two, on the second core
+// while a sequential pass reads (which keeps 1.1 to 1.2 cores busy, so that
+// on 2 cores no parallel read can be more than about 1.7 times as fast),
+// and stopping every reader when all read. Two independent pipelines in one
 // process gain no more than that, where two processes gain about 1.7 times.
 // A larger GOGC (or GOMEMLIMIT and GOGC=off) makes every way faster.
 package dataset
