@@ -3,7 +3,7 @@ package dataset
 import (
 	"bytes"
 	"fmt"
-	"io"
+	"net"
 	"reflect"
 	"runtime"
 	"slices"
@@ -167,11 +167,11 @@ func (k kindOf[T]) gatherRows(data any, rows []int, rowSize int) any {
 func (k kindOf[T]) toTensor(data any, shape []int64) (*tf.Tensor, error) {
 	shape = slices.Clone(shape)
 	if p, ok := data.(pieces); ok && k.raw {
-		r := &partsReader{parts: make([][]byte, len(p.parts))}
+		bufs := make(net.Buffers, len(p.parts))
 		for i, part := range p.parts {
-			r.parts[i] = memoryOf(part.([]T))
+			bufs[i] = memoryOf(part.([]T))
 		}
-		return tf.ReadTensor(k.dt, shape, r)
+		return tf.ReadTensor(k.dt, shape, &bufs)
 	}
 	s := k.flat(data).([]T)
 	if k.raw {
@@ -238,24 +238,6 @@ func memoryOf[T any](s []T) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(zero)))
 }
 
-// partsReader reads its parts one after the other.
-type partsReader struct{ parts [][]byte }
-
-func (r *partsReader) Read(b []byte) (int, error) {
-	n := 0
-	for n < len(b) && len(r.parts) > 0 {
-		m := copy(b[n:], r.parts[0])
-		n += m
-		if r.parts[0] = r.parts[0][m:]; len(r.parts[0]) == 0 {
-			r.parts = r.parts[1:]
-		}
-	}
-	if n == 0 && len(b) > 0 {
-		return 0, io.EOF
-	}
-	return n, nil
-}
-
 // fixedWriter writes into a fixed buffer.
 type fixedWriter struct {
 	buf []byte
@@ -313,15 +295,11 @@ func numElements(shape []int64) int64 {
 // hostData returns the column's flat data, reading it out of its tensor if
 // need be (without changing c, which may be shared).
 func (c column) hostData() (any, error) {
-	k, err := kindFor(c.dtype)
-	if err != nil {
-		return nil, err
-	}
 	d, err := c.view()
-	if err != nil {
-		return nil, err
+	if p, ok := d.(pieces); ok && err == nil {
+		return kinds[c.dtype].concat(p.parts, p.n), nil
 	}
-	return k.flat(d), nil
+	return d, err
 }
 
 // view is hostData that may return pieces, for the operations that take
