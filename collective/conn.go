@@ -25,27 +25,68 @@ type peerConn struct {
 	batch  *batchedConn // under TLS, gathers a frame's records
 	nc     net.Conn
 	shm    bool // nc is a shared-memory connection
-	br     *bufio.Reader
+	br     io.Reader
+	viewer viewer   // nc, when its reader can see incoming bytes in place
 	hbuf   []byte   // the reader's header scratch
 	dims   []uint64 // the reader's shape scratch
 
 	wmu      sync.Mutex
-	wdl      time.Time // write deadline in effect (under wmu)
-	partial  bool      // a frame was cut short; the stream is unusable (under wmu)
+	wdl      time.Time   // write deadline in effect (under wmu)
+	wvec     [3][]byte   // a frame's pieces (under wmu)
+	wbufs    net.Buffers // wvec as writev takes it (under wmu)
+	partial  bool        // a frame was cut short; the stream is unusable (under wmu)
 	stopping atomic.Bool
 	goodbye  atomic.Bool   // the peer announced an orderly close
 	shut     chan struct{} // closed when shutdown has sent its final frame
 }
 
+// viewer is a connection whose reader can see incoming bytes in place:
+// the shared-memory connection.
+type viewer interface {
+	// view waits until n bytes (at most viewMax) have arrived and returns
+	// them without consuming them.
+	view(n int) ([]byte, error)
+	// consume frees the bytes of a view that returned no error.
+	consume(n int)
+	viewMax() int
+	// readPad returns the bytes from the read position to the next
+	// multiple of payloadAlign; writePad those from after bytes past the
+	// write position.
+	readPad() int
+	writePad(after int) int
+}
+
+// payloadAlign is the alignment of payloads over connections that show
+// frames in place: enough for every element type.
+const payloadAlign = 8
+
+// padTo returns the bytes from pos to the next multiple of payloadAlign.
+func padTo(pos uint64) int { return int(-pos % payloadAlign) }
+
+// readPadding skips the padding before a data frame's payload of n bytes
+// over a connection that shows frames in place (see write).
+func (c *peerConn) readPadding(n uint32) error {
+	if c.viewer == nil || n == 0 {
+		return nil
+	}
+	_, err := io.ReadFull(c.br, c.hbuf[:c.viewer.readPad()])
+	return err
+}
+
 func newPeerConn(nc net.Conn) *peerConn {
-	return &peerConn{
+	c := &peerConn{
 		rank: -1,
 		nc:   nc,
-		br:   bufio.NewReaderSize(nc, 64<<10),
 		hbuf: make([]byte, fixedLen+maxNameLen+8*maxRank),
 		dims: make([]uint64, 0, maxRank),
 		shut: make(chan struct{}),
 	}
+	if v, ok := nc.(viewer); ok {
+		c.br, c.viewer = nc, v // reads are copies from memory: no buffer to save calls
+	} else {
+		c.br = bufio.NewReaderSize(nc, 64<<10)
+	}
+	return c
 }
 
 // readHeader reads the next frame header. The name and shape alias the
@@ -82,10 +123,23 @@ func (c *peerConn) readPayload(n uint32) (*[]byte, error) {
 	return b, nil
 }
 
-// write sends the frame in bufs (header, payload) whole, with writev.
-func (c *peerConn) write(deadline time.Time, bufs *net.Buffers) error {
+// padding is zeros to align payloads with (see write).
+var padding [payloadAlign]byte
+
+// write sends a frame, its header and payload, whole, with writev. Over a
+// connection that shows frames in place, a data frame's payload (when not
+// empty) starts at a multiple of payloadAlign bytes of the stream: padding
+// follows the header as needed, which the reader skips (see
+// readPadding), so that the payload can be used where it lies.
+func (c *peerConn) write(deadline time.Time, hdr, payload []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	c.wvec[0], c.wvec[1], c.wvec[2] = hdr, nil, payload
+	if c.viewer != nil && len(payload) > 0 {
+		c.wvec[1] = padding[:c.viewer.writePad(len(hdr))]
+	}
+	c.wbufs = c.wvec[:]
+	defer func() { c.wvec = [3][]byte{} }()
 	if !deadline.Equal(c.wdl) {
 		if err := c.nc.SetWriteDeadline(deadline); err != nil {
 			return err
@@ -95,7 +149,7 @@ func (c *peerConn) write(deadline time.Time, bufs *net.Buffers) error {
 	if c.stopping.Load() || c.partial {
 		return errStopping
 	}
-	if _, err := bufs.WriteTo(c.nc); err != nil {
+	if _, err := c.wbufs.WriteTo(c.nc); err != nil {
 		c.partial = true
 		return err
 	}

@@ -21,9 +21,13 @@
 //
 // On Linux, members on one host move their frames from the loopback TCP
 // connection to shared memory once it is set up (WithSharedMemory, on by
-// default), as MPI and NCCL do: a frame is then copied into a ring and out
-// of it in user space, with no system call or kernel copy on the data
-// path. The connection still opens over TCP, with TLS when the group uses
+// default), as MPI and NCCL do: a frame is then copied into a ring in
+// user space, with no system call or kernel copy on the data path, and a
+// ring all-reduce's reader reduces (or copies) each payload from where it
+// lies in the ring straight into the result. Each side maps every ring
+// twice in a row, so that any frame is contiguous in its memory, and the
+// sender pads a data frame's header so that its payload starts at a
+// multiple of 8 bytes. The connection still opens over TCP, with TLS when the group uses
 // it, and the hello; the acceptor's hello then offers a random nonce and
 // the name of its abstract Unix socket, which only processes in its network
 // namespace can reach. A dialer that reaches it creates the segment (a

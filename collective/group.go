@@ -31,6 +31,7 @@ type Group struct {
 	wg      sync.WaitGroup
 
 	mu         sync.Mutex
+	applied    *sync.Cond // on mu: a reader ended an in-place application (see ringRecv)
 	names      map[string]*nameState
 	left       []bool // the peer closed its group in order
 	closing    []bool // the peer (or, at rank, this member) is closing: it starts no operation
@@ -92,6 +93,7 @@ func newGroup(cfg config, members []Member, rank int) *Group {
 			g.peers = append(g.peers, r)
 		}
 	}
+	g.applied = sync.NewCond(&g.mu)
 	g.setup = newSetupState(len(members))
 	return g
 }
@@ -157,8 +159,7 @@ func (g *Group) announceClosing() {
 	frame := appendHeader(nil, &header{kind: kindClosing, epoch: g.cfg.epoch})
 	deadline := time.Now().Add(g.cfg.linger)
 	for _, c := range conns {
-		bufs := net.Buffers{frame}
-		if err := c.write(deadline, &bufs); err != nil {
+		if err := c.write(deadline, frame, nil); err != nil {
 			g.log.Debug("collective closing frame not sent", zap.String("peer", c.member.Name), zap.Error(err))
 		}
 	}

@@ -8,8 +8,11 @@ import (
 
 // frame is a received data frame: its header (without name) and payload.
 type frame struct {
-	h   header
-	buf *[]byte // pooled; nil for an empty payload
+	h        header
+	buf      *[]byte // pooled; nil for an empty payload or an applied one
+	applied  bool    // the reader applied the payload to the call (see ringRecv)
+	admitted bool    // the call's ring checked the frame
+	err      error   // what that check found wrong
 }
 
 func (f *frame) payload() []byte {
@@ -34,6 +37,7 @@ type mailbox struct {
 	signal    chan struct{} // a frame arrived or a peer left
 	active    bool          // a local operation owns the mailbox
 	abandoned bool          // the local operation was cancelled; drop frames
+	ring      *ringRecv     // the receive side of a ring all-reduce, if any
 }
 
 func newMailbox(n int) *mailbox {
@@ -93,22 +97,82 @@ func (g *Group) box(name []byte, seq uint64) *mailbox {
 	return b
 }
 
-// deliver queues a data frame from peer for its operation.
+// deliver queues a data frame from peer, read into buf, for its
+// operation.
 func (g *Group) deliver(peer int, h header, buf *[]byte) {
+	b, f, _ := g.arrive(peer, h, false)
+	f.buf = buf
+	g.enqueue(b, peer, f, nil)
+}
+
+// deliverInPlace delivers a data frame from peer whose payload p lies in
+// the connection's memory: the reader applies it to its call if the call
+// takes it so (see ringRecv), else copies it into a buffer.
+func (g *Group) deliverInPlace(peer int, h header, p []byte) {
+	b, f, rr := g.arrive(peer, h, true)
+	if b == nil {
+		return
+	}
+	if rr != nil {
+		if f.applied = rr.apply(&f.h, p); !f.applied {
+			b = nil // the call has ended
+		}
+	} else {
+		f.buf = getBuf(len(p))
+		copy(*f.buf, p)
+	}
+	g.enqueue(b, peer, f, rr)
+}
+
+// arrive returns the mailbox of a data frame from peer, nil if the frame
+// is to be dropped, and the frame. When inPlace and the frame's call has a
+// ring that takes frames in place, the ring checks the frame and, if it
+// may be applied, arrive returns the ring, counting the application in
+// progress. Other frames are checked as they are queued.
+func (g *Group) arrive(peer int, h header, inPlace bool) (*mailbox, frame, *ringRecv) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	f := frame{h: h, buf: buf}
 	if g.err != nil {
-		f.release()
-		return
+		return nil, frame{}, nil
 	}
 	b := g.box(h.name, h.seq)
 	if b.abandoned {
+		return nil, frame{}, nil
+	}
+	f := frame{h: h}
+	f.h.name = nil
+	f.h.dims = slices.Clone(h.dims) // h.dims aliases the reader's scratch
+	if rr := b.ring; inPlace && rr != nil && rr.inPlace && peer == rr.from {
+		var apply bool
+		apply, f.err = rr.admit(&f.h)
+		f.admitted = true
+		if apply && f.err == nil {
+			rr.applying++
+			return b, f, rr
+		}
+	}
+	return b, f, nil
+}
+
+// enqueue queues f, from peer, in b (dropping it if b is nil, abandoned
+// or the group broken), has the call's ring check it if it has not, and
+// ends the in-place application to rr, if any.
+func (g *Group) enqueue(b *mailbox, peer int, f frame, rr *ringRecv) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if rr != nil {
+		if rr.applying--; rr.applying == 0 {
+			g.applied.Broadcast()
+		}
+	}
+	if b == nil || b.abandoned || g.err != nil {
 		f.release()
 		return
 	}
-	f.h.name = nil
-	f.h.dims = slices.Clone(h.dims) // h.dims aliases the reader's scratch
+	if r := b.ring; r != nil && peer == r.from && !f.admitted {
+		_, f.err = r.admit(&f.h)
+		f.admitted = true
+	}
 	b.queues[peer] = append(b.queues[peer], f)
 	b.notify()
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"time"
@@ -22,8 +21,6 @@ type op struct {
 	deadline  time.Time // bound on writes: the earlier of timeout and ctx deadline
 	cancelled bool      // ctx ended the call
 	hdr       []byte    // encoded header scratch
-	vec       [2][]byte
-	bufs      net.Buffers
 }
 
 // start registers a call under the next sequence number of its name.
@@ -73,6 +70,9 @@ func (o *op) end(err error) error {
 	o.stopTimer()
 	g := o.g
 	g.mu.Lock()
+	if o.box.ring != nil {
+		o.box.ring.detach()
+	}
 	o.box.drop()
 	if o.cancelled {
 		o.box.abandoned = true
@@ -91,9 +91,7 @@ func (o *op) send(peer int, step, chunk, offset int, payload []byte) error {
 	h := &o.self
 	h.step, h.chunk, h.offset, h.length = uint32(step), uint32(chunk), uint64(offset), uint32(len(payload))
 	o.hdr = appendHeader(o.hdr[:0], h)
-	o.vec[0], o.vec[1] = o.hdr, payload
-	o.bufs = o.vec[:]
-	err := o.g.conns[peer].write(o.deadline, &o.bufs)
+	err := o.g.conns[peer].write(o.deadline, o.hdr, payload)
 	if err == nil {
 		o.g.sent.Add(int64(len(payload)))
 		return nil

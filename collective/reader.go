@@ -40,6 +40,18 @@ func (g *Group) handleFrame(c *peerConn, h header) error {
 	}
 	switch h.kind {
 	case kindData:
+		if err := c.readPadding(h.length); err != nil {
+			return err
+		}
+		if v := c.viewer; v != nil && h.length > 0 && int(h.length) <= v.viewMax() {
+			p, err := v.view(int(h.length))
+			if err != nil {
+				return err
+			}
+			g.deliverInPlace(c.rank, h, p)
+			v.consume(len(p))
+			return nil
+		}
 		buf, err := c.readPayload(h.length)
 		if err != nil {
 			return err

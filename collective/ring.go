@@ -47,25 +47,27 @@ func mod(a, n int) int { return ((a % n) + n) % n }
 // src; later steps send what the member has just reduced or received, so
 // dst needs no copy of src first. Chunks are cut in elements so that a
 // frame's payload on the wire, compressed or not, is at most chunkBytes.
+// Frames are checked, and over shared memory reduced, as they arrive (see
+// ringRecv).
 func (o *op) ringReduce(dst, src []byte) error {
 	g := o.g
 	n, rank := len(g.members), g.rank
-	next, prev := mod(rank+1, n), mod(rank-1, n)
+	next := mod(rank+1, n)
 	r := newRing(len(dst)/o.self.dtype.Size(), n, max(1, g.cfg.chunkBytes/o.wireSize()))
-	expect := make([]int, r.chunks) // next step expected per chunk
+	rr := o.receiveRing(r, dst, src)
 	sent0 := 0
 	for ; sent0 < min(g.cfg.ringWindow, r.chunks); sent0++ {
-		if err := o.sendSource(next, r, src, sent0); err != nil {
+		if err := o.sendSource(next, rr, src, sent0); err != nil {
 			return err
 		}
 	}
 	for range 2 * (n - 1) * r.chunks {
-		k, err := o.ringStep(prev, next, r, dst, src, expect)
+		k, err := o.ringStep(rr, next)
 		if err != nil {
 			return err
 		}
 		if k == 0 && sent0 < r.chunks {
-			if err := o.sendSource(next, r, src, sent0); err != nil {
+			if err := o.sendSource(next, rr, src, sent0); err != nil {
 				return err
 			}
 			sent0++
@@ -84,8 +86,9 @@ func (o *op) wireSize() int {
 
 // sendSource sends chunk c of step 0 (this member's own segment) from src,
 // compressed through a pooled buffer if the call compresses.
-func (o *op) sendSource(to int, r ring, src []byte, c int) error {
-	lo, hi := r.chunk(o.g.rank, c)
+func (o *op) sendSource(to int, rr *ringRecv, src []byte, c int) error {
+	defer rr.sentChunk(c)
+	lo, hi := rr.r.chunk(o.g.rank, c)
 	size, w := o.self.dtype.Size(), o.wireSize()
 	data := src[lo*size : hi*size]
 	if o.self.wire != 0 {
@@ -97,29 +100,27 @@ func (o *op) sendSource(to int, r ring, src []byte, c int) error {
 	return o.send(to, 0, c, lo*w, data)
 }
 
-// ringStep receives the next chunk from prev, checks that it is the one the
-// schedule allows, reduces it with src's chunk or copies it into dst, and
-// sends next what follows from it (chunk c of step k+1). It returns k.
-func (o *op) ringStep(prev, next int, r ring, dst, src []byte, expect []int) (int, error) {
-	f, err := o.recv(prev, nil)
+// ringStep takes the next chunk from the previous member, which arrived
+// checked against the schedule, reduces it with src's chunk or copies it
+// into dst unless that was done as it arrived, and sends next what
+// follows from it (chunk c of step k+1). It returns k.
+func (o *op) ringStep(rr *ringRecv, next int) (int, error) {
+	f, err := o.recv(rr.from, nil)
 	if err != nil {
 		return 0, err
 	}
 	defer f.release()
-	k, c := int(f.h.step), int(f.h.chunk)
-	steps := 2 * (r.n - 1)
-	if c >= r.chunks || expect[c] != k || k >= steps {
-		return 0, o.protocolErr(prev, "unexpected step %d chunk %d", k, c)
+	if f.err != nil {
+		return 0, f.err
 	}
-	expect[c]++
-	lo, hi := r.chunk(mod(o.g.rank-k-1, r.n), c)
-	size, w := o.self.dtype.Size(), o.wireSize()
-	if f.h.offset != uint64(lo*w) || int(f.h.length) != (hi-lo)*w {
-		return 0, o.protocolErr(prev, "chunk at %d+%d, want %d+%d", f.h.offset, f.h.length, lo*w, (hi-lo)*w)
+	k := int(f.h.step)
+	out, local := rr.chunk(&f.h)
+	if !f.applied {
+		out = o.ringApply(k, out, local, f.payload())
 	}
-	out := o.ringApply(k, dst[lo*size:hi*size], src[lo*size:hi*size], f.payload())
-	if k+1 < steps {
-		return k, o.send(next, k+1, c, lo*w, out)
+	if k+1 < 2*(rr.r.n-1) {
+		defer rr.sentChunk(int(f.h.chunk))
+		return k, o.send(next, k+1, int(f.h.chunk), int(f.h.offset), out)
 	}
 	return k, nil
 }

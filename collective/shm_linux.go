@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -135,7 +136,7 @@ func (c *shmConn) release() {
 	}
 	c.mu.Unlock()
 	if unmap {
-		_ = unix.Munmap(mem)
+		_ = unmapSegment(mem)
 	}
 }
 
@@ -210,18 +211,71 @@ func (c *shmConn) Read(p []byte) (int, error) {
 			}
 			return 0, io.EOF
 		}
-		if err := c.waitData(); err != nil {
+		if err := c.waitData(1); err != nil {
 			return 0, err
 		}
 	}
 }
 
-// waitData sleeps until the peer writes to the incoming ring or goes.
-func (c *shmConn) waitData() error {
+// viewMax is the longest run of incoming bytes view can return.
+func (c *shmConn) viewMax() int { return int(c.in.size) }
+
+// view waits until n bytes (at most viewMax) have arrived and returns
+// them in place, without consuming them: the reader, alone, may read them
+// until it calls consume, which every view that returns no error needs.
+// A peer that closes or goes before it has sent n bytes fails it with
+// io.ErrUnexpectedEOF.
+func (c *shmConn) view(n int) ([]byte, error) {
+	if !c.acquire() {
+		return nil, net.ErrClosed
+	}
+	r := c.in
+	for {
+		avail, err := r.avail()
+		switch {
+		case err != nil:
+		case avail >= n:
+			return r.at(n), nil
+		case r.closed.Load() != 0 || c.gone.Load():
+			if again, _ := r.avail(); again < n { // else written before the close
+				err = io.ErrUnexpectedEOF
+			}
+		default:
+			err = c.waitData(n)
+		}
+		if err != nil {
+			c.release()
+			return nil, err
+		}
+	}
+}
+
+// readPad returns the bytes from the read position to the next multiple
+// of payloadAlign.
+func (c *shmConn) readPad() int { return padTo(c.in.pos) }
+
+// writePad returns the bytes from after bytes past the write position to
+// the next multiple of payloadAlign; the caller holds the write side.
+func (c *shmConn) writePad(after int) int { return padTo(c.out.pos + uint64(after)) }
+
+// consume frees the n bytes a view returned.
+func (c *shmConn) consume(n int) {
+	r := c.in
+	r.skip(n)
+	if r.writerWaiting.Load() != 0 {
+		signal(c.spaceIn)
+	}
+	c.release()
+}
+
+// waitData sleeps until the incoming ring holds n bytes, or the peer
+// closes or goes. A wake-up that brings fewer returns to the caller, which
+// waits again if need be.
+func (c *shmConn) waitData(n int) error {
 	r := c.in
 	r.readerWaiting.Store(1)
 	defer r.readerWaiting.Store(0)
-	if avail, err := r.avail(); avail > 0 || err != nil || r.closed.Load() != 0 || c.gone.Load() {
+	if avail, err := r.avail(); avail >= n || err != nil || r.closed.Load() != 0 || c.gone.Load() {
 		return nil
 	}
 	return sleep(c.dataIn)
@@ -304,7 +358,7 @@ func newSegment(ringBytes int) (fds []int, mem []byte, err error) {
 	if _, err := unix.FcntlInt(uintptr(mfd), unix.F_ADD_SEALS, shmSeals); err != nil {
 		return fds, nil, fmt.Errorf("sealing the segment: %w", err)
 	}
-	mem, err = mapSegment(mfd, size)
+	mem, err = mapSegment(mfd, ringBytes)
 	if err != nil {
 		return fds, nil, err
 	}
@@ -312,14 +366,37 @@ func newSegment(ringBytes int) (fds []int, mem []byte, err error) {
 	return fds, mem, nil
 }
 
-// mapSegment maps a segment with its pages in place (MAP_POPULATE), so that
-// the first turns of the rings do not fault them in one by one.
-func mapSegment(fd, size int) ([]byte, error) {
-	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+// mapSegment maps a segment with rings of ringBytes (a multiple of the page
+// size): its header page, then each ring twice in a row, so that a run of
+// bytes that wraps around the ring's end is contiguous in memory. Pages are
+// mapped in place (MAP_POPULATE), so that the first turns of the rings do
+// not fault them in one by one. unmapSegment undoes it.
+func mapSegment(fd, ringBytes int) ([]byte, error) {
+	total := shmMappedBytes(ringBytes)
+	base, err := unix.MmapPtr(-1, 0, nil, uintptr(total), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
-		return nil, fmt.Errorf("mapping the segment: %w", err)
+		return nil, fmt.Errorf("reserving memory for the segment: %w", err)
 	}
-	return mem, nil
+	type piece struct{ at, off, n int }
+	pieces := []piece{{0, 0, shmHeaderBytes}}
+	for d := range 2 {
+		off, at := shmHeaderBytes+d*ringBytes, shmHeaderBytes+2*d*ringBytes
+		pieces = append(pieces, piece{at, off, ringBytes}, piece{at + ringBytes, off, ringBytes})
+	}
+	for _, p := range pieces {
+		_, err := unix.MmapPtr(fd, int64(p.off), unsafe.Add(base, p.at), uintptr(p.n),
+			unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED|unix.MAP_POPULATE)
+		if err != nil {
+			_ = unix.MunmapPtr(base, uintptr(total))
+			return nil, fmt.Errorf("mapping the segment: %w", err)
+		}
+	}
+	return unsafe.Slice((*byte)(base), total), nil
+}
+
+// unmapSegment unmaps what mapSegment mapped.
+func unmapSegment(mem []byte) error {
+	return unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(mem)), uintptr(len(mem)))
 }
 
 func closeFDs(fds []int) {
@@ -347,7 +424,7 @@ func dialShm(name string, nonce []byte, deadline time.Time, tcp net.Conn) (net.C
 	closeFDs(fds[4:]) // the mapping stays; the acceptor maps its own copy
 	if err != nil {
 		_ = uc.Close()
-		_ = unix.Munmap(mem)
+		_ = unmapSegment(mem)
 		closeFDs(fds[:4])
 		return nil, fmt.Errorf("sending the segment: %w", err)
 	}
@@ -370,7 +447,9 @@ func (d shmDelivery) open(tcp net.Conn) (net.Conn, error) {
 		d.discard()
 		return nil, fmt.Errorf("segment: %w", err)
 	}
-	if st.Size < shmHeaderBytes || st.Size > shmHeaderBytes+2*shmMaxRingBytes {
+	ringBytes := (st.Size - shmHeaderBytes) / 2
+	if st.Size < shmHeaderBytes || ringBytes <= 0 || ringBytes > shmMaxRingBytes || ringBytes%int64(os.Getpagesize()) != 0 ||
+		st.Size != int64(shmSegmentBytes(int(ringBytes))) {
 		d.discard()
 		return nil, fmt.Errorf("segment of %d bytes", st.Size)
 	}
@@ -378,9 +457,9 @@ func (d shmDelivery) open(tcp net.Conn) (net.Conn, error) {
 		d.discard()
 		return nil, fmt.Errorf("segment not sealed (seals %#x, %v)", seals, err)
 	}
-	mem, err := mapSegment(mfd, int(st.Size))
+	mem, err := mapSegment(mfd, int(ringBytes))
 	if err == nil && !shmHeaderOK(mem) {
-		_ = unix.Munmap(mem)
+		_ = unmapSegment(mem)
 		err = errors.New("segment header is not tfdist's")
 	}
 	if err != nil {

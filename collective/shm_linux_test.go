@@ -12,6 +12,7 @@ import (
 	"os"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -94,7 +95,7 @@ func TestSharedMemoryRefusesUnknownSegments(t *testing.T) {
 	_, _, err = uc.(*net.UnixConn).WriteMsgUnix(bytes.Repeat([]byte{7}, shmNonceLen), unix.UnixRights(fds...), nil)
 	require.NoError(t, err)
 	closeFDs(fds)
-	require.NoError(t, unix.Munmap(mem))
+	require.NoError(t, unmapSegment(mem))
 	waitForLog(t, logs, 2)
 	_ = uc.Close()
 
@@ -224,4 +225,47 @@ func TestShmConnCorruptCounters(t *testing.T) {
 	a.(*shmConn).out.tail.Store(1 << 40)
 	_, err = a.Write([]byte("more"))
 	require.ErrorIs(t, err, errRingCorrupt)
+}
+
+// Over shared memory a data frame's payload lies at a multiple of
+// payloadAlign in the reader's memory, whatever the lengths of the
+// headers and payloads before it, so that the reader can reduce it where
+// it lies; and it holds the bytes sent, across turns of the ring.
+func TestSharedMemoryPayloadsLieAligned(t *testing.T) {
+	noLeaks(t)
+	a, b := shmPair(t)
+	w, r := newPeerConn(a), newPeerConn(b)
+	require.NotNil(t, r.viewer)
+	rng := rand.New(rand.NewPCG(3, 3))
+	payloads := make([][]byte, 200) // about twice the ring
+	for i := range payloads {
+		payloads[i] = make([]byte, 2*(1+rng.IntN(20000))) // float16s: any even length
+		for j := range payloads[i] {
+			payloads[i][j] = byte(rng.Uint32())
+		}
+	}
+	name := func(i int) []byte { return bytes.Repeat([]byte{'n'}, 1+i%9) }
+	done := make(chan error, 1)
+	go func() {
+		for i, p := range payloads {
+			h := header{kind: kindData, op: opAllReduce, dtype: Float16, name: name(i), length: uint32(len(p))}
+			if err := w.write(time.Now().Add(5*time.Second), appendHeader(nil, &h), p); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for i, want := range payloads {
+		h, err := r.readHeader()
+		require.NoError(t, err)
+		require.Equal(t, name(i), h.name)
+		require.NoError(t, r.readPadding(h.length))
+		p, err := r.viewer.view(int(h.length))
+		require.NoError(t, err)
+		require.Zero(t, uintptr(unsafe.Pointer(unsafe.SliceData(p)))%payloadAlign, "payload %d", i)
+		require.True(t, bytes.Equal(want, p), "payload %d", i)
+		r.viewer.consume(len(p))
+	}
+	require.NoError(t, <-done)
 }

@@ -1,0 +1,116 @@
+package collective
+
+import (
+	"runtime"
+	"sync/atomic"
+)
+
+// ringRecv is the receive side of a ring all-reduce, which the reader of
+// the connection from the previous member runs, under g.mu, as the frames
+// arrive: it checks each against the ring's schedule in arrival order
+// and, for a call that is not compressed, over a connection that shows
+// frames in place (shared memory), has the reader reduce or copy the
+// payload from where it lies straight into dst, saving a copy into a
+// buffer.
+//
+// An all-gather frame overwrites a region of dst (or, when dst is src,
+// of src) that this member has sent from before: the frame's own value
+// comes after that send around the ring, yet the reader waits until the
+// call has counted the send as returned (sent), so that the region is not
+// written while a send may read it, whatever the peers do.
+type ringRecv struct {
+	o        *op
+	r        ring
+	from     int // the previous member, the only one that sends to this call
+	dst, src []byte
+	arrived  []int          // by chunk, the step of its next frame
+	sent     []atomic.Int32 // by chunk, this member's sends of it that returned
+	ending   atomic.Bool    // the call is ending: apply nothing more
+	inPlace  bool           // frames may be applied where they lie
+	applying int            // in-place applications in progress
+}
+
+// receiveRing attaches the receive side of a ring all-reduce to the call
+// and checks the frames that arrived before it.
+func (o *op) receiveRing(r ring, dst, src []byte) *ringRecv {
+	g := o.g
+	rr := &ringRecv{o: o, r: r, from: mod(g.rank-1, r.n), dst: dst, src: src,
+		arrived: make([]int, r.chunks), sent: make([]atomic.Int32, r.chunks), inPlace: o.self.wire == 0}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	o.box.ring = rr
+	q := o.box.queues[rr.from]
+	for i := range q {
+		_, q[i].err = rr.admit(&q[i].h)
+		q[i].admitted = true
+	}
+	return rr
+}
+
+// admit checks a frame that has just arrived: a frame the call's header
+// disagrees with is left to recv to report; one out of the schedule gets
+// a protocol error. It returns whether the frame may be applied in place.
+// Caller holds g.mu.
+func (rr *ringRecv) admit(h *header) (bool, error) {
+	o := rr.o
+	if o.check(rr.from, h) != nil {
+		return false, nil
+	}
+	k, c := int(h.step), int(h.chunk)
+	if c >= rr.r.chunks || k >= 2*(rr.r.n-1) || rr.arrived[c] != k {
+		return false, o.protocolErr(rr.from, "unexpected step %d chunk %d", k, c)
+	}
+	lo, hi := rr.elems(k, c)
+	if w := o.wireSize(); h.offset != uint64(lo*w) || int(h.length) != (hi-lo)*w {
+		return false, o.protocolErr(rr.from, "chunk at %d+%d, want %d+%d", h.offset, h.length, lo*w, (hi-lo)*w)
+	}
+	rr.arrived[c]++
+	return rr.inPlace, nil
+}
+
+// elems returns the element range that chunk c of step k covers.
+func (rr *ringRecv) elems(k, c int) (lo, hi int) {
+	return rr.r.chunk(mod(rr.o.g.rank-k-1, rr.r.n), c)
+}
+
+// chunk returns the bytes of dst and src that an admitted frame covers.
+func (rr *ringRecv) chunk(h *header) (dst, src []byte) {
+	lo, hi := rr.elems(int(h.step), int(h.chunk))
+	size := rr.o.self.dtype.Size()
+	return rr.dst[lo*size : hi*size], rr.src[lo*size : hi*size]
+}
+
+// apply reduces or copies an admitted frame's payload into dst, once the
+// sends from the region it writes have returned. It returns false, having
+// applied nothing, if the call ends first.
+func (rr *ringRecv) apply(h *header, payload []byte) bool {
+	// Step k writes the region that step k-n reduced and step k-n+1 sent
+	// on; step n-1, this member's own segment, which step 0 sent from src.
+	need := int32(int(h.step) - rr.r.n + 2)
+	for rr.sent[h.chunk].Load() < need {
+		if rr.ending.Load() {
+			return false
+		}
+		runtime.Gosched()
+	}
+	dst, src := rr.chunk(h)
+	rr.o.ringApply(int(h.step), dst, src, payload)
+	return true
+}
+
+// sentChunk records that a send of chunk c returned, whether or not it
+// succeeded: a frame that needs it to have been received cannot come
+// otherwise.
+func (rr *ringRecv) sentChunk(c int) { rr.sent[c].Add(1) }
+
+// detach stops the reader from applying frames to the call and waits for
+// the applications in progress, so that dst is the caller's again. Caller
+// holds g.mu.
+func (rr *ringRecv) detach() {
+	g := rr.o.g
+	rr.o.box.ring = nil
+	rr.ending.Store(true)
+	for rr.applying > 0 {
+		g.applied.Wait()
+	}
+}
