@@ -1,6 +1,8 @@
 package collective
 
 import (
+	"bytes"
+	"context"
 	"testing"
 	"time"
 
@@ -95,4 +97,31 @@ func TestRingAllGatherWaitsForTheSendFromItsRegion(t *testing.T) {
 	rr.sentChunk(0) // step 0's send: not the one it waits for
 	rr.ending.Store(true)
 	assert.False(t, <-applied, "applied while the call was ending")
+}
+
+// A ring all-reduce cancelled while its peer's frames arrive (and are
+// reduced where they lie in shared memory) leaves the caller's buffer
+// alone once it has returned: nothing writes it afterwards (the race
+// detector would see such a write against the reads below).
+func TestCancelledRingLeavesTheBufferAlone(t *testing.T) {
+	noLeaks(t)
+	for _, delay := range []time.Duration{0, 200 * time.Microsecond, time.Millisecond, 5 * time.Millisecond} {
+		gs := newGroups(t, 2, WithTimeout(300*time.Millisecond), func(c *config) { c.chunkBytes = 16 << 10 })
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(delay, cancel)
+		bufs := [][]byte{make([]byte, 8<<20), make([]byte, 8<<20)}
+		errs := onAll(gs, func(i int, g *Group) error {
+			if i == 0 {
+				return g.AllReduce(ctx, "x", Sum, Float32, bufs[0])
+			}
+			return g.AllReduce(context.Background(), "x", Sum, Float32, bufs[1])
+		})
+		if errs[0] == nil {
+			continue // finished before the cancellation
+		}
+		require.ErrorIs(t, errs[0], context.Canceled, "delay %v", delay)
+		before := bytes.Clone(bufs[0])
+		time.Sleep(20 * time.Millisecond)
+		require.True(t, bytes.Equal(before, bufs[0]), "delay %v: the buffer changed after the call returned", delay)
+	}
 }
