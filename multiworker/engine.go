@@ -210,7 +210,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		WorkerID:          w.workerID,
 		CrossDeviceOps:    cross,
 		GradientReducer:   reducer,
-		SessionOptions:    w.sessionOptions(c, tfrt.WithoutThreadSpinning()),
+		SessionOptions:    w.sessionOptions(c, engineSessionOptions(c, w.nLocal)...),
 		Logger:            w.log,
 		DiagnoseRunError:  s.diagnose,
 		AbortPeers:        g.Abort,
@@ -223,4 +223,17 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	s.engine = e
 	return s, nil
+}
+
+// engineSessionOptions tunes a worker's session for steps that wait on
+// tfdist's engine: TensorFlow's pools sleep rather than spin while they
+// do, and a worker with one device, unless WithThreads sets the inter-op
+// pool, runs its steps on the calling thread, which saves thread
+// hand-offs in every step.
+func engineSessionOptions(c config, nLocal int) []tfrt.ConfigOption {
+	opts := []tfrt.ConfigOption{tfrt.WithoutThreadSpinning()}
+	if nLocal == 1 && c.inter <= 0 {
+		opts = append(opts, tfrt.WithStepsOnCallerThread())
+	}
+	return opts
 }

@@ -138,6 +138,9 @@ func WithSharedMemory(on bool) Option { return func(c *config) { c.tcpOnly = !on
 func WithStartupTimeout(d time.Duration) Option { return func(c *config) { c.startupTimeout = d } }
 
 // WithThreads sets TensorFlow's intra-op and inter-op thread pool sizes.
+// Without an inter-op size, a worker with one device on tfdist's engine
+// runs each step's ops on the thread that calls Run, which saves thread
+// hand-offs in every step; with one, on the inter-op pool.
 func WithThreads(intraOp, interOp int) Option {
 	return func(c *config) { c.intra, c.inter = intraOp, interOp }
 }

@@ -47,6 +47,17 @@ func WithoutThreadSpinning() ConfigOption {
 	}
 }
 
+// WithStepsOnCallerThread makes a session whose graph lies on one device
+// run each step's ops on the thread that calls Run, as TensorFlow advises
+// for graphs whose steps are short (inter_op_parallelism_threads -1): a
+// step starts without handing off to the inter-op pool, and what follows
+// an async kernel runs on the thread that completes it. Ops still use the
+// intra-op pool. A graph over several devices runs on the inter-op pool
+// as before. It overrides WithThreads' inter-op size.
+func WithStepsOnCallerThread() ConfigOption {
+	return func(c *pb.ConfigProto) { c.InterOpParallelismThreads = -1 }
+}
+
 // WithCollectiveGroupLeader names the task that leads collective groups, e.g.
 // "/job:worker/replica:0/task:0", for CollectiveReduceV2 across tasks.
 func WithCollectiveGroupLeader(task string) ConfigOption {
