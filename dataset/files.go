@@ -480,6 +480,7 @@ func (it *recordIter) closeFile() error {
 	if it.f == nil {
 		return nil
 	}
+	_ = it.r.Close() // its buffer goes to the next file's reader
 	err := it.f.Close()
 	it.f, it.r = nil, nil
 	if err != nil {

@@ -95,6 +95,22 @@ func (r *Reader) release() {
 	r.r = nil
 }
 
+// ErrClosed is returned by Next after Close.
+var ErrClosed = errors.New("tfrecord: reader closed")
+
+// Close ends reading before the end of the stream: it hands the read
+// buffer on to later readers (one that reaches the end, or fails, does so
+// itself), and Next then returns ErrClosed. It does not close the
+// underlying reader, and leaves the record Next last returned as it was
+// (records live in the Reader's own buffer, not the read buffer).
+func (r *Reader) Close() error {
+	if r.err == nil {
+		r.err = ErrClosed
+	}
+	r.release()
+	return nil
+}
+
 // Offset returns the byte offset of the next record's header: after a
 // successful Next, the offset just past the record returned.
 func (r *Reader) Offset() int64 { return r.off }

@@ -354,3 +354,34 @@ func TestReadersReuseBuffersSafely(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// A reader closed before the end of its stream reads no more, and the
+// readers after it, which reuse its read buffer, read their own streams
+// exactly; the last record it returned stays intact.
+func TestCloseEndsAReaderEarly(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	recs := randomRecords(rng, 50)
+	data := writeAll(t, recs)
+	for i := range 20 {
+		r := tfrecord.NewReader(bytes.NewReader(data))
+		var last []byte
+		for j := range i % 7 {
+			rec, err := r.Next()
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(recs[j], rec))
+			last = rec
+		}
+		require.NoError(t, r.Close())
+		_, err := r.Next()
+		require.ErrorIs(t, err, tfrecord.ErrClosed)
+		got, err := readAll(data)
+		require.NoError(t, err)
+		require.Len(t, got, len(recs))
+		for j := range got {
+			require.True(t, bytes.Equal(recs[j], got[j]), "pass %d record %d", i, j)
+		}
+		if n := i % 7; n > 0 {
+			require.True(t, bytes.Equal(recs[n-1], last), "pass %d: the last record read before Close", i)
+		}
+	}
+}
