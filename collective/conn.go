@@ -24,9 +24,8 @@ type peerConn struct {
 	cert   mtls.Peer    // the certificate the peer presented, under TLS
 	batch  *batchedConn // under TLS, gathers a frame's records
 	nc     net.Conn
-	shm    bool // nc is a shared-memory connection
 	br     io.Reader
-	viewer viewer   // nc, when its reader can see incoming bytes in place
+	viewer viewer   // nc, when it is a shared-memory connection, whose reader sees incoming bytes in place
 	hbuf   []byte   // the reader's header scratch
 	dims   []uint64 // the reader's shape scratch
 

@@ -100,16 +100,19 @@ func (g *Group) box(name []byte, seq uint64) *mailbox {
 // deliver queues a data frame from peer, read into buf, for its
 // operation.
 func (g *Group) deliver(peer int, h header, buf *[]byte) {
-	b, f, _ := g.arrive(peer, h, false)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b, f := g.arriveLocked(peer, h)
 	f.buf = buf
-	g.enqueue(b, peer, f, nil)
+	g.enqueueLocked(b, peer, f)
 }
 
 // deliverInPlace delivers a data frame from peer whose payload p lies in
 // the connection's memory: the reader applies it to its call if the call
-// takes it so (see ringRecv), else copies it into a buffer.
+// takes it so (see ringRecv), else copies it into a buffer, in either case
+// outside g.mu.
 func (g *Group) deliverInPlace(peer int, h header, p []byte) {
-	b, f, rr := g.arrive(peer, h, true)
+	b, f, rr := g.arriveInPlace(peer, h)
 	if b == nil {
 		return
 	}
@@ -121,28 +124,28 @@ func (g *Group) deliverInPlace(peer int, h header, p []byte) {
 		f.buf = getBuf(len(p))
 		copy(*f.buf, p)
 	}
-	g.enqueue(b, peer, f, rr)
-}
-
-// arrive returns the mailbox of a data frame from peer, nil if the frame
-// is to be dropped, and the frame. When inPlace and the frame's call has a
-// ring that takes frames in place, the ring checks the frame and, if it
-// may be applied, arrive returns the ring, counting the application in
-// progress. Other frames are checked as they are queued.
-func (g *Group) arrive(peer int, h header, inPlace bool) (*mailbox, frame, *ringRecv) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.err != nil {
-		return nil, frame{}, nil
+	if rr != nil {
+		if rr.applying--; rr.applying == 0 {
+			g.applied.Broadcast()
+		}
 	}
-	b := g.box(h.name, h.seq)
-	if b.abandoned {
-		return nil, frame{}, nil
+	g.enqueueLocked(b, peer, f)
+}
+
+// arriveInPlace is arriveLocked for a frame that lies in place: when its
+// call has a ring that takes frames so, the ring checks the frame and, if
+// it may be applied, arriveInPlace returns the ring, counting the
+// application in progress.
+func (g *Group) arriveInPlace(peer int, h header) (*mailbox, frame, *ringRecv) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b, f := g.arriveLocked(peer, h)
+	if b == nil {
+		return nil, f, nil
 	}
-	f := frame{h: h}
-	f.h.name = nil
-	f.h.dims = slices.Clone(h.dims) // h.dims aliases the reader's scratch
-	if rr := b.ring; inPlace && rr != nil && rr.inPlace && peer == rr.from {
+	if rr := b.ring; rr != nil && rr.inPlace() && peer == rr.from {
 		var apply bool
 		apply, f.err = rr.admit(&f.h)
 		f.admitted = true
@@ -154,17 +157,26 @@ func (g *Group) arrive(peer int, h header, inPlace bool) (*mailbox, frame, *ring
 	return b, f, nil
 }
 
-// enqueue queues f, from peer, in b (dropping it if b is nil, abandoned
-// or the group broken), has the call's ring check it if it has not, and
-// ends the in-place application to rr, if any.
-func (g *Group) enqueue(b *mailbox, peer int, f frame, rr *ringRecv) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if rr != nil {
-		if rr.applying--; rr.applying == 0 {
-			g.applied.Broadcast()
-		}
+// arriveLocked returns the mailbox of a data frame from peer, nil if the
+// frame is to be dropped, and the frame. Caller holds g.mu.
+func (g *Group) arriveLocked(peer int, h header) (*mailbox, frame) {
+	if g.err != nil {
+		return nil, frame{}
 	}
+	b := g.box(h.name, h.seq)
+	if b.abandoned {
+		return nil, frame{}
+	}
+	f := frame{h: h}
+	f.h.name = nil
+	f.h.dims = slices.Clone(h.dims) // h.dims aliases the reader's scratch
+	return b, f
+}
+
+// enqueueLocked queues f, from peer, in b (dropping it if b is nil,
+// abandoned or the group broken), having the call's ring check it if it
+// has not. Caller holds g.mu.
+func (g *Group) enqueueLocked(b *mailbox, peer int, f frame) {
 	if b == nil || b.abandoned || g.err != nil {
 		f.release()
 		return

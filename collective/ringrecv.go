@@ -26,7 +26,6 @@ type ringRecv struct {
 	arrived  []int          // by chunk, the step of its next frame
 	sent     []atomic.Int32 // by chunk, this member's sends of it that returned
 	ending   atomic.Bool    // the call is ending: apply nothing more
-	inPlace  bool           // frames may be applied where they lie
 	applying int            // in-place applications in progress
 }
 
@@ -35,7 +34,7 @@ type ringRecv struct {
 func (o *op) receiveRing(r ring, dst, src []byte) *ringRecv {
 	g := o.g
 	rr := &ringRecv{o: o, r: r, from: mod(g.rank-1, r.n), dst: dst, src: src,
-		arrived: make([]int, r.chunks), sent: make([]atomic.Int32, r.chunks), inPlace: o.self.wire == 0}
+		arrived: make([]int, r.chunks), sent: make([]atomic.Int32, r.chunks)}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	o.box.ring = rr
@@ -65,8 +64,12 @@ func (rr *ringRecv) admit(h *header) (bool, error) {
 		return false, o.protocolErr(rr.from, "chunk at %d+%d, want %d+%d", h.offset, h.length, lo*w, (hi-lo)*w)
 	}
 	rr.arrived[c]++
-	return rr.inPlace, nil
+	return rr.inPlace(), nil
 }
+
+// inPlace reports whether the call's frames may be applied where they
+// lie: not when compressed, as the all-gather forwards what it received.
+func (rr *ringRecv) inPlace() bool { return rr.o.self.wire == 0 }
 
 // elems returns the element range that chunk c of step k covers.
 func (rr *ringRecv) elems(k, c int) (lo, hi int) {

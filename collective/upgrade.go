@@ -176,7 +176,7 @@ func (g *Group) takeSegment(c *peerConn, ch chan shmDelivery) (*peerConn, error)
 // over returns a connection to c's peer over nc, with c's identity.
 func (c *peerConn) over(nc net.Conn) *peerConn {
 	u := newPeerConn(nc)
-	u.cert, u.shm = c.cert, true
+	u.cert = c.cert
 	return u
 }
 
