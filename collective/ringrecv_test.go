@@ -3,6 +3,7 @@ package collective
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 func ringCall(n, rank, elems, chunkElems int) *ringRecv {
 	members := make([]Member, n)
 	for i := range members {
-		members[i] = Member{Name: "worker:" + string(rune('0'+i)), Addr: "127.0.0.1:1"}
+		members[i] = Member{Name: fmt.Sprintf("worker:%d", i), Addr: "127.0.0.1:1"}
 	}
 	g := newGroup(defaultConfig(), members, rank)
 	o := &op{g: g, name: "grad", self: header{kind: kindData, op: opAllReduce, dtype: Float32, red: Sum, count: uint64(elems)}}
