@@ -64,7 +64,7 @@ func BenchmarkAllReduce(b *testing.B) {
 			sizes := []int64{1 << 20, 16 << 20, 64 << 20}
 			ts := map[string][]allreducebench.Timing{}
 			for _, r := range runs {
-				r.c.Sizes, r.c.Iters = sizes, 10
+				r.c.Sizes = sizes
 				res, err := allreducebench.AllReduce(ctx, self, workers, r.c)
 				if err != nil {
 					b.Fatalf("%s, %d workers: %v", r.name, workers, err)

@@ -24,8 +24,10 @@ var benchAllReduceCommand = &command{
 	summary: "measure the all-reduce bandwidth between worker processes on this machine",
 	help: `Bench allreduce starts --workers MultiWorkerMirrored worker processes on
 127.0.0.1 (this tfdist binary, re-executed) and times the all-reduce (sum)
-of a float32 tensor of each of --sizes between them: --iters runs of each
-size after 5 warm-ups. It prints, per size, the time per all-reduce, the
+of a float32 tensor of each of --sizes between them, after 5 warm-ups:
+--iters runs of each size, or by default enough runs to move 1 GiB (at
+least 10, at most 1,000), so that a small size's time is averaged over
+long enough to be steady on a busy machine. It prints, per size, the time per all-reduce, the
 algorithm bandwidth (bytes / time) and the bus bandwidth (algorithm
 bandwidth x 2(N-1)/N for N workers, the share of the data each worker sends
 and receives in a ring all-reduce, which compares with a link's bandwidth
@@ -43,7 +45,8 @@ too, in the same run: the table adds TLS's bus bandwidth as a ratio of
 plaintext's (add --tcp, or TLS carries only the handshake).
 --sizes takes bytes, or whole numbers with a KiB, MiB or GiB suffix; each a
 multiple of 4. With --json, bench allreduce prints only worker 0's timings,
-one JSON line: [{"bytes":…,"seconds":…},…], seconds per all-reduce.
+one JSON line: [{"bytes":…,"seconds":…,"runs":…},…], seconds per all-reduce
+and the number of timed all-reduces.
 
 The measurement stops after 10 minutes; a worker's failure stops the others
 and shows that worker's last output lines.
@@ -66,7 +69,7 @@ Examples
 		workers := fs.Int("workers", 2, "worker processes, 2 or more")
 		backend := fs.String("backend", string(allreducebench.Tfdist), "collectives: tfdist or tensorflow")
 		sizes := fs.String("sizes", "1MiB,16MiB,64MiB", "comma-separated sizes to all-reduce: bytes, or with a KiB, MiB or GiB suffix")
-		iters := fs.Int("iters", 10, "timed all-reduces of each size")
+		iters := fs.Int("iters", 0, "timed all-reduces of each size; 0: enough to move 1 GiB, from 10 to 1,000")
 		jsonOut := fs.Bool("json", false, "print worker 0's timings as one JSON line instead of the table")
 		useTLS := fs.Bool("tls", false, "run over mutual TLS and compare with plaintext (tfdist's engine only; with --tcp, since workers on one host otherwise use shared memory)")
 		tcpOnly := fs.Bool("tcp", false, "keep the traffic between workers on one host on loopback TCP instead of shared memory (tfdist's engine only)")
@@ -102,8 +105,8 @@ Examples
 			if err != nil {
 				return usage("--sizes %q: %v", *sizes, err)
 			}
-			if *iters < 1 {
-				return usage("--iters %d: expected 1 or more", *iters)
+			if *iters < 0 {
+				return usage("--iters %d: expected 0 (by size) or more", *iters)
 			}
 			c := allreducebench.Config{Backend: b, TLS: *useTLS, TCP: *tcpOnly, Sizes: sz, Iters: *iters, Warmup: allreducebench.DefaultWarmup}
 			run := benchAllReduce
@@ -216,9 +219,9 @@ func writeTimings(out io.Writer, workers int, c allreducebench.Config, timings [
 	if c.Backend == allreducebench.Tfdist && !c.TCP {
 		security += ", shared memory between workers on one host"
 	}
-	fmt.Fprintf(out, "backend %s (%s)%s, %d timed runs per size after %d warm-ups\n\n", c.Backend, backendDescriptions[c.Backend], security, c.Iters, c.Warmup)
+	fmt.Fprintf(out, "backend %s (%s)%s, timed runs of each size after %d warm-ups\n\n", c.Backend, backendDescriptions[c.Backend], security, c.Warmup)
 	tw := tabwriter.NewWriter(out, 0, 4, 3, ' ', 0)
-	head := "size\ttime/all-reduce\talgbw\tbusbw"
+	head := "size\truns\ttime/all-reduce\talgbw\tbusbw"
 	if tcp > 0 {
 		head += "\tbusbw/tcp"
 	}
@@ -227,7 +230,7 @@ func writeTimings(out io.Writer, workers int, c allreducebench.Config, timings [
 	}
 	fmt.Fprintln(tw, head)
 	for i, t := range timings {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s", allreducebench.FormatSize(t.Bytes), formatSeconds(t.Seconds),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s", allreducebench.FormatSize(t.Bytes), t.Runs, formatSeconds(t.Seconds),
 			allreducebench.FormatBandwidth(t.AlgBW()), allreducebench.FormatBandwidth(t.BusBW(workers)))
 		if tcp > 0 {
 			fmt.Fprintf(tw, "\t%.3f", t.BusBW(workers)/tcp)

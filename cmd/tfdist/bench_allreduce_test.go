@@ -29,6 +29,7 @@ func TestBenchAllReducePrintsWorker0sTimings(t *testing.T) {
 	require.Len(t, ts, 1)
 	assert.Equal(t, int64(4096), ts[0].Bytes)
 	assert.Positive(t, ts[0].Seconds)
+	assert.Equal(t, 2, ts[0].Runs)
 }
 
 func TestBenchAllReduceTable(t *testing.T) {
@@ -36,7 +37,7 @@ func TestBenchAllReduceTable(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	assert.Contains(t, out, "between 2 worker processes")
 	assert.Contains(t, out, "backend tensorflow")
-	assert.Regexp(t, `(?m)^4 KiB\s+[\d.]+ (µs|ms|s)\s+[\d.]+ [MG]iB/s\s+[\d.]+ [MG]iB/s\s+[\d.]+$`, out)
+	assert.Regexp(t, `(?m)^4 KiB\s+2\s+[\d.]+ (µs|ms|s)\s+[\d.]+ [MG]iB/s\s+[\d.]+ [MG]iB/s\s+[\d.]+$`, out)
 	assert.Regexp(t, `(?m)^64 KiB\s`, out)
 	assert.Regexp(t, `(?m)^plain TCP copy of 256 MiB between two processes: [\d.]+ [MG]iB/s$`, out)
 }
@@ -81,7 +82,7 @@ func TestBenchAllReduceAsClusterWorkers(t *testing.T) {
 		assert.Equal(t, exitOK, exitCode(t, cmd, 2*time.Minute), "worker %d", w)
 	}
 	assert.Contains(t, outs[0].String(), "between the 2 workers of TF_CONFIG's cluster")
-	assert.Regexp(t, `(?m)^4 KiB\s+[\d.]+ (µs|ms|s)\s+[\d.]+ [MG]iB/s\s+[\d.]+ [MG]iB/s$`, outs[0].String())
+	assert.Regexp(t, `(?m)^4 KiB\s+2\s+[\d.]+ (µs|ms|s)\s+[\d.]+ [MG]iB/s\s+[\d.]+ [MG]iB/s$`, outs[0].String())
 	assert.Empty(t, outs[1].String(), "only worker 0 prints")
 }
 
@@ -102,7 +103,7 @@ func TestBenchAllReduceFlagErrors(t *testing.T) {
 		{[]string{"--sizes", "1MiB,3x"}, `--sizes "1MiB,3x": size "3x": expected a positive whole number of bytes`},
 		{[]string{"--sizes", "6"}, `size "6": expected a multiple of 4 bytes`},
 		{[]string{"--sizes", ""}, `--sizes "": size ""`},
-		{[]string{"--iters", "0"}, "--iters 0: expected 1 or more"},
+		{[]string{"--iters", "-1"}, "--iters -1: expected 0 (by size) or more"},
 		{[]string{"--workers", "two"}, `invalid value "two" for flag -workers`},
 		{[]string{"extra"}, `unexpected arguments ["extra"]`},
 		{[]string{"--worker", "--workers", "3"}, "--workers 3 with --worker: the cluster in TF_CONFIG says how many workers there are"},

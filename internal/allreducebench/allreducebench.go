@@ -95,7 +95,8 @@ type Config struct {
 	// Sizes are the bytes of float32 all-reduced, in turn; each is a
 	// positive multiple of 4.
 	Sizes []int64 `json:"sizes"`
-	// Iters is how many all-reduces of each size are timed.
+	// Iters is how many all-reduces of each size are timed; 0 means
+	// ItersFor each size.
 	Iters int `json:"iters"`
 	// Warmup is how many all-reduces of each size run before the timed
 	// ones; 0 means DefaultWarmup.
@@ -112,6 +113,24 @@ type Config struct {
 // DefaultWarmup is the warm-up all-reduces of each size when a Config sets
 // none.
 const DefaultWarmup = 5
+
+// ItersFor is how many timed all-reduces of size bytes a Config with no
+// Iters runs: enough to move 1 GiB, at least 10 and at most 1,000, so that
+// a small size is timed over long enough for the machine's scheduling
+// noise to average out (1,000 runs of 1 MiB) and a large one stays short
+// (10 runs of 64 MiB), as OSU's micro-benchmarks run more iterations of
+// small messages.
+func ItersFor(size int64) int {
+	return int(min(max((1<<30)/size, 10), 1000))
+}
+
+// iters is how many timed all-reduces of size bytes c runs.
+func (c Config) iters(size int64) int {
+	if c.Iters > 0 {
+		return c.Iters
+	}
+	return ItersFor(size)
+}
 
 // Check reports what is wrong with c, if anything.
 func (c Config) Check() error {
@@ -137,8 +156,8 @@ func (c Config) Check() error {
 			return fmt.Errorf("size %d bytes: expected a positive multiple of 4 (float32 elements)", n)
 		}
 	}
-	if c.Iters < 1 {
-		return fmt.Errorf("%d iterations: expected at least 1", c.Iters)
+	if c.Iters < 0 {
+		return fmt.Errorf("%d iterations: expected 0 (by size) or more", c.Iters)
 	}
 	if c.Warmup < 0 {
 		return fmt.Errorf("%d warm-ups: expected 0 or more", c.Warmup)
@@ -150,7 +169,8 @@ func (c Config) Check() error {
 type Timing struct {
 	Label   string  `json:"label,omitempty"` // an overlap measurement's part
 	Bytes   int64   `json:"bytes"`
-	Seconds float64 `json:"seconds"` // per all-reduce
+	Seconds float64 `json:"seconds"`        // per all-reduce
+	Runs    int     `json:"runs,omitempty"` // timed all-reduces
 }
 
 // AlgBW is the algorithm bandwidth: bytes all-reduced per second.
@@ -200,7 +220,7 @@ func RunRole() (int, bool) {
 // Worker joins the cluster TF_CONFIG describes as a MultiWorkerMirrored
 // worker with c's backend and, for every size of c in turn, all-reduces
 // (sums) a float32 variable of that size with the other workers: c.Warmup
-// times, then c.Iters times timed. Worker 0 writes the timings to out as
+// times, then c.iters(size) times timed. Worker 0 writes the timings to out as
 // one JSON line, [{"bytes":…,"seconds":…},…]; the others write nothing.
 func Worker(ctx context.Context, c Config, out io.Writer) error {
 	if c.Warmup == 0 {
@@ -276,13 +296,13 @@ func allReduces(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timin
 				return nil, fmt.Errorf("%d bytes, warm-up: %w", size, err)
 			}
 		}
-		start := time.Now()
-		for range c.Iters {
+		start, n := time.Now(), c.iters(size)
+		for range n {
 			if _, err := s.RunReplicas(ctx, step, feeds, 1); err != nil {
 				return nil, fmt.Errorf("%d bytes: %w", size, err)
 			}
 		}
-		out = append(out, Timing{Bytes: size, Seconds: time.Since(start).Seconds() / float64(c.Iters)})
+		out = append(out, Timing{Bytes: size, Seconds: time.Since(start).Seconds() / float64(n), Runs: n})
 	}
 	return out, nil
 }

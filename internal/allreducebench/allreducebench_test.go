@@ -77,6 +77,15 @@ func TestBusBW(t *testing.T) {
 	assert.InDelta(t, 2*(2<<20)*3/4, tm.BusBW(4), 1e-6)
 }
 
+// TestItersFor checks that a size's default runs move about 1 GiB, never
+// fewer than 10 nor more than 1,000.
+func TestItersFor(t *testing.T) {
+	for size, want := range map[int64]int{4: 1000, 1 << 20: 1000, 16 << 20: 64, 64 << 20: 16, 100 << 20: 10, 1 << 30: 10} {
+		assert.Equal(t, want, ItersFor(size), "%d bytes", size)
+	}
+	assert.Equal(t, 3, Config{Iters: 3}.iters(1<<20), "a Config's Iters, when set")
+}
+
 func TestAllReduce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -87,6 +96,7 @@ func TestAllReduce(t *testing.T) {
 	assert.Equal(t, int64(64<<10), res.Timings[1].Bytes)
 	for _, tm := range res.Timings {
 		assert.Positive(t, tm.Seconds)
+		assert.Equal(t, 2, tm.Runs)
 	}
 	assert.True(t, strings.HasPrefix(res.Line, `[{"bytes":4096,"seconds":`), res.Line)
 }
@@ -125,8 +135,8 @@ func TestAllReduceRejectsBadConfigs(t *testing.T) {
 	assert.ErrorContains(t, err, `unknown backend "nccl"`)
 	_, err = AllReduce(ctx, self(), 2, Config{Backend: Tfdist, Sizes: []int64{6}, Iters: 1})
 	assert.ErrorContains(t, err, "size 6 bytes")
-	_, err = AllReduce(ctx, self(), 2, Config{Backend: Tfdist, Sizes: []int64{4}, Iters: 0})
-	assert.ErrorContains(t, err, "0 iterations")
+	_, err = AllReduce(ctx, self(), 2, Config{Backend: Tfdist, Sizes: []int64{4}, Iters: -1})
+	assert.ErrorContains(t, err, "-1 iterations: expected 0 (by size) or more")
 	_, err = AllReduce(ctx, Exec{Path: "/nonexistent/tfdist"}, 2, Config{Backend: Tfdist, Sizes: []int64{4}, Iters: 1})
 	assert.ErrorContains(t, err, "starting worker 0 of 2")
 }

@@ -57,7 +57,7 @@ func overlap(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timing, 
 		{Label: LabelStep, Bytes: bytes, Seconds: step}}, nil
 }
 
-// timeMLP builds the MLP on e and times c.Iters steps after c.Warmup, each
+// timeMLP builds the MLP on e and times c.iters steps after c.Warmup, each
 // applying opt to the gradients, or with commOnly to the variables' own
 // values standing in for them (the all-reduce without the compute). It
 // returns the seconds per step and the gradients' bytes.
@@ -102,12 +102,6 @@ func timeMLP(ctx context.Context, e engine, c Config, opt strategy.Optimizer, co
 			return 0, 0, err
 		}
 	}
-	start := time.Now()
-	for range c.Iters {
-		if _, err := e.RunReplicas(ctx, step, feeds, c.Batch); err != nil {
-			return 0, 0, err
-		}
-	}
 	var bytes int64
 	for _, v := range m.Vars() {
 		n := int64(4)
@@ -116,7 +110,13 @@ func timeMLP(ctx context.Context, e engine, c Config, opt strategy.Optimizer, co
 		}
 		bytes += n
 	}
-	return time.Since(start).Seconds() / float64(c.Iters), bytes, nil
+	start, n := time.Now(), c.iters(bytes)
+	for range n {
+		if _, err := e.RunReplicas(ctx, step, feeds, c.Batch); err != nil {
+			return 0, 0, err
+		}
+	}
+	return time.Since(start).Seconds() / float64(n), bytes, nil
 }
 
 // mlpBatch is one replica's batch of random examples.
