@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -251,7 +252,12 @@ func interleavePipeline(b *testing.B, dir string, parallel int, opts ...dataset.
 // collector's share of the work decides how far parallel reads scale. It
 // also reports the CPUs each way kept busy (the process's CPU time over the
 // wall time): the collector runs beside even a sequential read, so on 2
-// cores the speedup cannot pass 2 ÷ cpus-sequential.
+// cores the speedup cannot pass 2 ÷ cpus-sequential. Last, it measures
+// what two goroutines gain over one on this machine for a record's own
+// work, allocating and filling a parsed record's floats (copy-scaling),
+// and for a loop that touches no memory (scalar-scaling): where memory,
+// not the cores, is the limit, copy-scaling stays near 1 however many
+// cores there are, and so does a read that allocates per record.
 func BenchmarkInterleave(b *testing.B) {
 	dir := writeManyFiles(b)
 	seq, par := interleavePipeline(b, dir, 1), interleavePipeline(b, dir, 4)
@@ -286,8 +292,71 @@ func BenchmarkInterleave(b *testing.B) {
 			b.ReportMetric(tSeq.Seconds()/tLoose.Seconds(), "nondeterministic-speedup")
 			b.ReportMetric(cSeq.Seconds()/tSeq.Seconds(), "cpus-sequential")
 			b.ReportMetric(cPar.Seconds()/tPar.Seconds(), "cpus-parallel")
+			// What two goroutines gain over one on this machine's CPUs,
+			// for the work a record costs (a parsed record's allocation
+			// and copy) and for a scalar loop: the ceiling of any
+			// parallel read.
+			b.StopTimer()
+			b.ReportMetric(scaling(copyRecords), "copy-scaling")
+			b.ReportMetric(scaling(scalarLoop), "scalar-scaling")
 		})
 	}
+}
+
+// scaling returns how many times faster two goroutines do work(n) between
+// them, each work(n/2), than one goroutine does work(n): the best of three
+// tries each way.
+func scaling(work func(n int)) float64 {
+	const n = 1 << 16
+	best := func(f func()) time.Duration {
+		d := time.Duration(1<<63 - 1)
+		for range 3 {
+			start := time.Now()
+			f()
+			d = min(d, time.Since(start))
+		}
+		return d
+	}
+	one := best(func() { work(n) })
+	two := best(func() {
+		var wg sync.WaitGroup
+		wg.Add(2)
+		for range 2 {
+			go func() {
+				defer wg.Done()
+				work(n / 2)
+			}()
+		}
+		wg.Wait()
+	})
+	return one.Seconds() / two.Seconds()
+}
+
+// recordSink keeps copyRecords' allocations from being optimised away.
+var recordSink atomic.Pointer[[]float32]
+
+// copyRecords allocates n slices of a parsed record's floats and copies
+// the record's values into each, as ExampleParser does for every record.
+func copyRecords(n int) {
+	src := make([]float32, imageFeatures)
+	for range n {
+		dst := make([]float32, imageFeatures)
+		copy(dst, src)
+		recordSink.Store(&dst)
+	}
+}
+
+// scalarSink keeps scalarLoop's result.
+var scalarSink atomic.Uint64
+
+// scalarLoop runs a loop of n×1,000 dependent integer operations that
+// touches no memory.
+func scalarLoop(n int) {
+	x := uint64(n)
+	for i := range n * 1000 {
+		x = x*6364136223846793005 + uint64(i)
+	}
+	scalarSink.Store(x)
 }
 
 // processCPU returns the CPU time the process has used, in user and kernel
