@@ -69,6 +69,7 @@ func (o origin) String() string {
 type hostElem struct {
 	cols   []namedColumn
 	origin origin
+	loans  []loan // buffers its values lie in, lent by a parser (see recycle.go)
 }
 
 type namedColumn struct {
@@ -205,7 +206,11 @@ func (it *elemIter) Next(ctx context.Context) (Element, error) {
 	if err != nil {
 		return nil, err
 	}
-	return e.element()
+	el, err := e.element()
+	if err == nil {
+		e.giveBack()
+	}
+	return el, err
 }
 
 func (it *elemIter) Close() error {

@@ -637,10 +637,13 @@ func (g *globalStepper) step1(ctx context.Context) (*Batch, error) {
 	}
 	switch {
 	case W == 1:
+		defer e.giveBack()
 		return g.batch(e, 0, n, nil, n, true)
 	case d.policy == ShardData:
+		defer e.giveBack()
 		return g.dataShare(e, n, W, w)
 	case d.policy == ShardFile:
+		defer e.giveBack()
 		return g.batch(e, 0, n, nil, n+(W-1)*(g.nominal/W), false)
 	default: // ShardOff: the global batch becomes W consecutive steps
 		g.offCur, g.offB, g.offNext = e, evenSplit(n, W), 0
@@ -688,6 +691,7 @@ func (g *globalStepper) offStep() (*Batch, error) {
 	lo, hi := g.offB[j], g.offB[j+1]
 	b, err := g.batch(g.offCur, lo, hi, nil, g.d.ictx.NumInputPipelines*(hi-lo), true)
 	if g.offNext == len(g.offB)-1 {
+		g.offCur.giveBack()
 		g.offCur, g.offB = hostElem{}, nil
 	}
 	return b, err
@@ -736,6 +740,10 @@ func (f *fnStepper) nextStep(ctx context.Context) (*Batch, error) {
 		return nil, io.EOF
 	}
 	b, err := f.build()
+	for _, e := range f.pending {
+		e.giveBack()
+	}
+	clear(f.pending)
 	f.pending = f.pending[:0]
 	if err != nil {
 		f.s.err = err

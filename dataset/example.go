@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"unicode/utf8"
 	"unsafe"
 
@@ -73,8 +74,9 @@ type compiledFeature struct {
 	list   int8 // the Feature field that must hold the values
 	shape  []int64
 	n      int
-	def    any  // flat default of n values, or nil; a VarLen feature's padding value
-	varLen bool // n is then the padded length, 0 for none
+	def    any        // flat default of n values, or nil; a VarLen feature's padding value
+	varLen bool       // n is then the padded length, 0 for none
+	lend   *sync.Pool // buffers of n float32 that parsed values are lent in, or nil
 }
 
 // The fields of tensorflow.Feature's oneof, which are also the list kinds.
@@ -127,6 +129,9 @@ func NewExampleParser(spec FeatureSpec) (*ExampleParser, error) {
 				return nil, fmt.Errorf("dataset: feature spec: feature %q: default: %w", name, err)
 			}
 			cf.def = def
+		}
+		if cf.dtype == tf.Float && !cf.varLen && cf.n >= minLentFloats {
+			cf.lend = newFloatPool(cf.n)
 		}
 		p.index[name] = len(p.feats)
 		p.feats = append(p.feats, cf)
@@ -229,11 +234,16 @@ func toInt32(v []int64) ([]int32, error) {
 
 // Parse parses one serialized tf.Example into tensors.
 func (p *ExampleParser) Parse(record []byte) (Element, error) {
-	cols, err := p.parse(record)
+	cols, loans, err := p.parse(record)
 	if err != nil {
 		return nil, fmt.Errorf("dataset: parse tf.Example: %w", err)
 	}
-	return hostElem{cols: cols}.element()
+	e := hostElem{cols: cols, loans: loans}
+	el, err := e.element()
+	if err == nil {
+		e.giveBack()
+	}
+	return el, err
 }
 
 // slot gathers the values of one spec feature while parsing.
@@ -243,6 +253,7 @@ type slot struct {
 	floats  []float32
 	ints    []int64
 	bytes   [][]byte
+	lent    *[]float32 // the lent buffer floats started in, if any
 }
 
 func (s *slot) reset() {
@@ -293,18 +304,44 @@ func skipField(num protowire.Number, typ protowire.Type, b []byte) (int, error) 
 	return n, nil
 }
 
-// parse follows proto.Unmarshal's merge rules: a repeated Features message
-// or map entry merges into the map, a later entry for a key replaces the
-// earlier, repeated occurrences of the same oneof member merge (their lists
-// concatenate) and a different member replaces it, and fields of an
-// unexpected number or wire type are skipped as unknown.
-func (p *ExampleParser) parse(b []byte) ([]namedColumn, error) {
+// parse parses a serialized tf.Example into the spec's columns, the values
+// of its larger fixed-length float features in buffers the parser lends,
+// and returns those loans (see recycle.go).
+func (p *ExampleParser) parse(b []byte) ([]namedColumn, []loan, error) {
 	var few [4]slot // the slots of a small spec stay off the heap
 	slots := few[:]
 	if len(p.feats) > len(few) {
 		slots = make([]slot, len(p.feats))
 	}
 	slots = slots[:len(p.feats)]
+	for i := range slots {
+		if buf := borrow(p.feats[i].lend); buf != nil {
+			slots[i].floats, slots[i].lent = *buf, buf
+		}
+	}
+	cols, err := p.parseWire(b, slots)
+	var loans []loan
+	for i := range slots {
+		if slots[i].lent == nil {
+			continue
+		}
+		var data any
+		if err == nil {
+			c, _ := hostElem{cols: cols}.get(p.feats[i].name)
+			data = c.data
+		}
+		loans = settle(p.feats[i].lend, slots[i].lent, data, loans)
+	}
+	return cols, loans, err
+}
+
+// parseWire parses b into slots and returns the spec's columns. It follows
+// proto.Unmarshal's merge rules: a repeated Features message or map entry
+// merges into the map, a later entry for a key replaces the earlier,
+// repeated occurrences of the same oneof member merge (their lists
+// concatenate) and a different member replaces it, and fields of an
+// unexpected number or wire type are skipped as unknown.
+func (p *ExampleParser) parseWire(b []byte, slots []slot) ([]namedColumn, error) {
 	for len(b) > 0 {
 		num, typ, n, err := consumeTag(b)
 		if err != nil {
@@ -663,7 +700,7 @@ func ParseExamples(ds Dataset, p *ExampleParser, opts ...MapOption) Dataset {
 
 // parseRecord parses record number i, found at o.
 func (p *ExampleParser) parseRecord(i int64, rec []byte, o origin) (hostElem, error) {
-	cols, err := p.parse(rec)
+	cols, loans, err := p.parse(rec)
 	if err != nil {
 		where := o.String()
 		if where == "" {
@@ -671,7 +708,7 @@ func (p *ExampleParser) parseRecord(i int64, rec []byte, o origin) (hostElem, er
 		}
 		return hostElem{}, fmt.Errorf("dataset: parse tf.Example at %s: %w", where, err)
 	}
-	return hostElem{cols: cols, origin: o}, nil
+	return hostElem{cols: cols, origin: o, loans: loans}, nil
 }
 
 // parseDS is ParseExamples: a map that, on the caller's goroutine, parses

@@ -395,6 +395,9 @@ func (it *batchIter) next(ctx context.Context) (hostElem, error) {
 		it.pending = append(it.pending, e)
 	}
 	out, err := it.stack(it.pending)
+	if err == nil {
+		out.loans = gatherLoans(it.pending) // the batch's rows may still lie in them
+	}
 	clear(it.pending)
 	it.pending = it.pending[:0]
 	if err != nil {
