@@ -44,14 +44,16 @@ var transports = []struct {
 // BenchmarkAllReduceCompressed is BenchmarkAllReduce sent plain, compressed
 // to float16 and compressed to bfloat16, measured in turn in one run:
 // compare the three's ns/op (busMB/s counts float32 bytes for all three).
-// It runs over loopback TCP and over connections paced to 10 and 1 Gb/s
-// each way. Members in one process share its processors, which converting
-// loads, where members on a real network would each have their own.
+// It runs over shared memory, over loopback TCP and over connections paced
+// to 10 and 1 Gb/s each way. Members in one process share its processors,
+// which converting loads, where members on a real network would each have
+// their own.
 func BenchmarkAllReduceCompressed(b *testing.B) {
 	links := []struct {
 		name string
 		each func(int) []Option
-	}{{"loopback", func(int) []Option { return transports[0].opts }}, {"10Gbps", paced(10e9 / 8)}, {"1Gbps", paced(1e9 / 8)}}
+	}{{"shm", func(int) []Option { return nil }}, {"loopback", func(int) []Option { return transports[0].opts }},
+		{"10Gbps", paced(10e9 / 8)}, {"1Gbps", paced(1e9 / 8)}}
 	for _, link := range links {
 		for _, n := range []int{2, 3} {
 			for _, s := range benchSizes[2:] {

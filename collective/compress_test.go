@@ -45,6 +45,34 @@ func TestCompressedAllReduce(t *testing.T) {
 	}
 }
 
+// Over shared memory the reader reduces compressed frames where they lie
+// in the ring, and over TCP it copies them into a buffer first: every
+// member gets the same bits either way, and with members of both kinds in
+// one ring.
+func TestCompressedAllReduceSameBitsOverEitherTransport(t *testing.T) {
+	for _, n := range []int{2, 3, 5} {
+		t.Run(fmt.Sprintf("members=%d", n), func(t *testing.T) {
+			cases := compressedCases(rand.New(rand.NewPCG(uint64(n), 12)), n)
+			run := func(each func(int) []Option) [][][]byte {
+				lns, members := listeners(t, n)
+				gs, err := formGroups(lns, members, each, ringOnly)
+				require.NoError(t, err)
+				defer closeAll(gs)
+				return runConcurrently(t, gs, cases)
+			}
+			tcp := run(func(int) []Option { return []Option{WithSharedMemory(false)} })
+			shm := run(nil)
+			mixed := run(func(i int) []Option { return optional(func(c *config) { c.sharedMemory = i != 1 }) })
+			for i, c := range cases {
+				for m := range n {
+					assert.Equal(t, tcp[i][m], shm[i][m], "%s, member %d: shared memory and TCP differ", c.name, m)
+					assert.Equal(t, tcp[i][m], mixed[i][m], "%s, member %d: mixed transports and TCP differ", c.name, m)
+				}
+			}
+		})
+	}
+}
+
 // compressedCases returns sums and means of float32 buffers of several
 // lengths, most not dividing by n, compressed to each wire type.
 func compressedCases(rng *rand.Rand, n int) []reduceCase {

@@ -117,7 +117,7 @@ func (g *Group) deliverInPlace(peer int, h header, p []byte) {
 		return
 	}
 	if rr != nil {
-		if f.applied = rr.apply(&f.h, p); !f.applied {
+		if f.applied = rr.apply(&f, p); !f.applied {
 			b = nil // the call has ended
 		}
 	} else {
@@ -145,7 +145,7 @@ func (g *Group) arriveInPlace(peer int, h header) (*mailbox, frame, *ringRecv) {
 	if b == nil {
 		return nil, f, nil
 	}
-	if rr := b.ring; rr != nil && rr.inPlace() && peer == rr.from {
+	if rr := b.ring; rr != nil && peer == rr.from {
 		var apply bool
 		apply, f.err = rr.admit(&f.h)
 		f.admitted = true

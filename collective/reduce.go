@@ -215,22 +215,23 @@ func divideHalf(dt DType, buf []uint16, n float32) {
 }
 
 // reduceWire reduces a compressed chunk w (16-bit floats of type wire) with
-// local in float32 and rounds the result back into w. When out is given (the
-// last step of a segment's reduction), Mean's division by n comes before the
-// rounding, and out receives the rounded result in float32.
-func reduceWire(red Reduction, wire DType, w []uint16, local, out []float32, n int) {
+// local in float32 and rounds the result into to, which may be w. When out
+// is given (the last step of a segment's reduction), Mean's division by n
+// comes before the rounding, and out receives the rounded result in
+// float32.
+func reduceWire(red Reduction, wire DType, to, w []uint16, local, out []float32, n int) {
 	var a [halfBlock]float32
 	for lo := 0; lo < len(w); lo += halfBlock {
-		b := w[lo:min(lo+halfBlock, len(w))]
-		x := a[:len(b)]
-		decodeHalf(wire, x, b)
+		hi := min(lo+halfBlock, len(w))
+		x := a[:hi-lo]
+		decodeHalf(wire, x, w[lo:hi])
 		reduceFloat32(red, x, local[lo:])
 		if out != nil && red == Mean {
 			divide(x, float32(n))
 		}
-		encodeHalf(wire, b, x)
+		encodeHalf(wire, to[lo:hi], x)
 		if out != nil {
-			decodeHalf(wire, out[lo:lo+len(b)], b)
+			decodeHalf(wire, out[lo:hi], to[lo:hi])
 		}
 	}
 }

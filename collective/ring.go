@@ -115,8 +115,11 @@ func (o *op) ringStep(rr *ringRecv, next int) (int, error) {
 	}
 	k := int(f.h.step)
 	out, local := rr.chunk(&f.h)
-	if !f.applied {
+	switch {
+	case !f.applied:
 		out = o.ringApply(k, out, local, f.payload())
+	case o.self.wire != 0:
+		out = f.payload() // the rounded reduction the reader left to send on
 	}
 	if k+1 < 2*(rr.r.n-1) {
 		defer rr.sentChunk(int(f.h.chunk))
@@ -156,9 +159,28 @@ func (o *op) ringApplyWire(k int, dst, local, recv []byte) []byte {
 	case k >= n-1:
 		decodeHalf(wire, view[float32](dst), w)
 	case k == n-2:
-		reduceWire(o.self.red, wire, w, view[float32](local), view[float32](dst), n)
+		reduceWire(o.self.red, wire, w, w, view[float32](local), view[float32](dst), n)
 	default:
-		reduceWire(o.self.red, wire, w, view[float32](local), nil, n)
+		reduceWire(o.self.red, wire, w, w, view[float32](local), nil, n)
 	}
 	return recv
+}
+
+// ringApplyWireFrom is ringApplyWire for a compressed chunk that lies in
+// the connection's memory, which it reads there: a reduce-scatter step
+// leaves the rounded reduction to send on in a pooled buffer, f.buf; the
+// last all-gather step decodes into dst. (The other all-gather steps, which
+// forward the bits received, are not applied in place.)
+func (o *op) ringApplyWireFrom(f *frame, k int, dst, local, recv []byte) {
+	n, wire := len(o.g.members), o.self.wire
+	if k >= n-1 {
+		decodeHalf(wire, view[float32](dst), view[uint16](recv))
+		return
+	}
+	var out []float32
+	if k == n-2 {
+		out = view[float32](dst)
+	}
+	f.buf = getBuf(len(recv))
+	reduceWire(o.self.red, wire, view[uint16](*f.buf), view[uint16](recv), view[float32](local), out, n)
 }

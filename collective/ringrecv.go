@@ -8,10 +8,10 @@ import (
 // ringRecv is the receive side of a ring all-reduce, which the reader of
 // the connection from the previous member runs, under g.mu, as the frames
 // arrive: it checks each against the ring's schedule in arrival order
-// and, for a call that is not compressed, over a connection that shows
-// frames in place (shared memory), has the reader reduce or copy the
-// payload from where it lies straight into dst, saving a copy into a
-// buffer.
+// and, over a connection that shows frames in place (shared memory), has
+// the reader reduce or copy the payload from where it lies straight into
+// dst (compressed, into the buffer the member sends on), saving a copy
+// into a buffer.
 //
 // An all-gather frame overwrites a region of dst (or, when dst is src,
 // of src) that this member has sent from before: the frame's own value
@@ -64,12 +64,16 @@ func (rr *ringRecv) admit(h *header) (bool, error) {
 		return false, o.protocolErr(rr.from, "chunk at %d+%d, want %d+%d", h.offset, h.length, lo*w, (hi-lo)*w)
 	}
 	rr.arrived[c]++
-	return rr.inPlace(), nil
+	return rr.inPlace(k), nil
 }
 
-// inPlace reports whether the call's frames may be applied where they
-// lie: not when compressed, as the all-gather forwards what it received.
-func (rr *ringRecv) inPlace() bool { return rr.o.self.wire == 0 }
+// inPlace reports whether frames of step k may be applied where they lie:
+// all of them, but for a compressed call's all-gather steps that forward
+// the 16 bits they received, which a buffer keeps for the send.
+func (rr *ringRecv) inPlace(k int) bool {
+	n := rr.r.n
+	return rr.o.self.wire == 0 || k < n-1 || k == 2*(n-1)-1
+}
 
 // elems returns the element range that chunk c of step k covers.
 func (rr *ringRecv) elems(k, c int) (lo, hi int) {
@@ -84,9 +88,11 @@ func (rr *ringRecv) chunk(h *header) (dst, src []byte) {
 }
 
 // apply reduces or copies an admitted frame's payload into dst, once the
-// sends from the region it writes have returned. It returns false, having
-// applied nothing, if the call ends first.
-func (rr *ringRecv) apply(h *header, payload []byte) bool {
+// sends from the region it writes have returned; a compressed
+// reduce-scatter step leaves what the member sends on in f.buf. It
+// returns false, having applied nothing, if the call ends first.
+func (rr *ringRecv) apply(f *frame, payload []byte) bool {
+	h := &f.h
 	// Step k writes the region that step k-n reduced and step k-n+1 sent
 	// on; step n-1, this member's own segment, which step 0 sent from src.
 	need := int32(int(h.step) - rr.r.n + 2)
@@ -97,6 +103,10 @@ func (rr *ringRecv) apply(h *header, payload []byte) bool {
 		runtime.Gosched()
 	}
 	dst, src := rr.chunk(h)
+	if rr.o.self.wire != 0 {
+		rr.o.ringApplyWireFrom(f, int(h.step), dst, src, payload)
+		return true
+	}
 	rr.o.ringApply(int(h.step), dst, src, payload)
 	return true
 }

@@ -31,8 +31,22 @@ func ringCall(n, rank, elems, chunkElems int) *ringRecv {
 func frameOf(rr *ringRecv, k, c int) header {
 	h := rr.o.self
 	lo, hi := rr.elems(k, c)
-	h.step, h.chunk, h.offset, h.length = uint32(k), uint32(c), uint64(4*lo), uint32(4*(hi-lo))
+	w := rr.o.wireSize()
+	h.step, h.chunk, h.offset, h.length = uint32(k), uint32(c), uint64(w*lo), uint32(w*(hi-lo))
 	return h
+}
+
+// A compressed call's frames are applied where they lie but for the
+// all-gather steps that forward the 16 bits they received.
+func TestCompressedRingFramesInPlace(t *testing.T) {
+	rr := ringCall(3, 1, 3*40, 40) // one chunk per segment
+	rr.o.self.wire = Float16
+	for k, want := range []bool{true, true, false, true} { // reduce-scatter, reduce-scatter, forwarding all-gather, last all-gather
+		h := frameOf(rr, k, 0)
+		inPlace, err := rr.admit(&h)
+		require.NoError(t, err, "step %d", k)
+		assert.Equal(t, want, inPlace, "step %d", k)
+	}
 }
 
 // Frames are checked against the ring's schedule as they arrive: every
@@ -82,7 +96,7 @@ func TestRingAllGatherWaitsForTheSendFromItsRegion(t *testing.T) {
 	h := frameOf(rr, 1, 0) // the final values of segment 0, which step 0 sent from src
 
 	applied := make(chan bool, 1)
-	go func() { applied <- rr.apply(&h, payload) }()
+	go func() { applied <- rr.apply(&frame{h: h}, payload) }()
 	assert.Never(t, func() bool { return len(applied) > 0 }, 50*time.Millisecond, time.Millisecond,
 		"applied before the send from the region returned")
 	rr.sentChunk(0)
@@ -90,11 +104,11 @@ func TestRingAllGatherWaitsForTheSendFromItsRegion(t *testing.T) {
 	assert.Equal(t, payload, rr.dst[:16])
 
 	h = frameOf(rr, 0, 0) // a reduce-scatter frame waits for nothing
-	require.True(t, rr.apply(&h, make([]byte, 16)))
+	require.True(t, rr.apply(&frame{h: h}, make([]byte, 16)))
 
 	rr = ringCall(3, 0, 12, 4)
 	h = frameOf(rr, 3, 0) // overwrites what step 0 reduced and step 1 sent
-	go func() { applied <- rr.apply(&h, make([]byte, 16)) }()
+	go func() { applied <- rr.apply(&frame{h: h}, make([]byte, 16)) }()
 	rr.sentChunk(0) // step 0's send: not the one it waits for
 	rr.ending.Store(true)
 	assert.False(t, <-applied, "applied while the call was ending")
