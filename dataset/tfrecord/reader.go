@@ -56,6 +56,7 @@ type Reader struct {
 	buf         []byte
 	hdr         [HeaderSize]byte // fields, not locals: passed to io.ReadFull they would escape
 	ftr         [FooterSize]byte
+	peeked      bool  // the record Next returned last lies in the read buffer
 	err         error // sticky, once framing is lost or the stream ended
 }
 
@@ -85,8 +86,8 @@ func (r *Reader) start() error {
 }
 
 // release gives the read buffer back once the stream has ended or failed
-// for good: no later call reads it, and no record returned still points
-// into it (records are copied out of it).
+// for good: no later call reads it, and the record Next returned last, if
+// it lies in the buffer, was valid only until this call (see Close).
 func (r *Reader) release() {
 	if r.r != nil && r.r.Size() == defaultBufferSize {
 		r.r.Reset(nil)
@@ -101,11 +102,14 @@ var ErrClosed = errors.New("tfrecord: reader closed")
 // Close ends reading before the end of the stream: it hands the read
 // buffer on to later readers (one that reaches the end, or fails, does so
 // itself), and Next then returns ErrClosed. It does not close the
-// underlying reader, and leaves the record Next last returned as it was
-// (records live in the Reader's own buffer, not the read buffer).
+// underlying reader, and leaves the record Next last returned as it was:
+// when that record lies in the read buffer, the buffer is left to it.
 func (r *Reader) Close() error {
 	if r.err == nil {
 		r.err = ErrClosed
+	}
+	if r.peeked {
+		r.r = nil
 	}
 	r.release()
 	return nil
@@ -157,21 +161,19 @@ func (r *Reader) Next() ([]byte, error) {
 		return nil, r.fail(&CorruptError{Offset: start,
 			Reason: fmt.Sprintf("record length %d exceeds the maximum %d", length, r.max)})
 	}
-	data, err := r.readData(int(length))
+	data, ftr, err := r.body(int(length))
 	if err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) || err == io.EOF {
+		got := len(data) + len(ftr)
+		switch {
+		case !(errors.Is(err, io.ErrUnexpectedEOF) || err == io.EOF):
+			return nil, r.fail(fmt.Errorf("tfrecord: read record at byte offset %d: %w", start, err))
+		case got < int(length):
 			return nil, r.fail(&CorruptError{Offset: start, Truncated: true,
-				Reason: fmt.Sprintf("truncated data: %d of %d bytes", len(data), length)})
-		}
-		return nil, r.fail(fmt.Errorf("tfrecord: read record at byte offset %d: %w", start, err))
-	}
-	ftr := r.ftr[:]
-	if n, err := io.ReadFull(r.r, ftr); err != nil {
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
+				Reason: fmt.Sprintf("truncated data: %d of %d bytes", got, length)})
+		default:
 			return nil, r.fail(&CorruptError{Offset: start, Truncated: true,
-				Reason: fmt.Sprintf("truncated data checksum: %d of %d bytes", n, FooterSize)})
+				Reason: fmt.Sprintf("truncated data checksum: %d of %d bytes", got-int(length), FooterSize)})
 		}
-		return nil, r.fail(fmt.Errorf("tfrecord: read record at byte offset %d: %w", start, err))
 	}
 	r.off = start + HeaderSize + int64(length) + FooterSize
 	if got, want := MaskedCRC(data), binary.LittleEndian.Uint32(ftr); got != want {
@@ -179,6 +181,27 @@ func (r *Reader) Next() ([]byte, error) {
 			Reason: fmt.Sprintf("data checksum mismatch: stored 0x%08x, computed 0x%08x over %d bytes", want, got, length)}
 	}
 	return data, nil
+}
+
+// body reads a record's n bytes of data and its footer. A record that fits
+// in the read buffer is returned where it lies there, sparing a copy; a
+// larger one is read into r.buf. On an error, data and ftr hold what was
+// read.
+func (r *Reader) body(n int) (data, ftr []byte, err error) {
+	if n+FooterSize <= r.r.Size() {
+		b, err := r.r.Peek(n + FooterSize)
+		if _, derr := r.r.Discard(len(b)); err == nil {
+			err = derr
+		}
+		r.peeked = err == nil
+		return b[:min(n, len(b))], b[min(n, len(b)):], err
+	}
+	r.peeked = false
+	if data, err = r.readData(n); err != nil {
+		return data, nil, err
+	}
+	m, err := io.ReadFull(r.r, r.ftr[:])
+	return data, r.ftr[:m], err
 }
 
 // readData reads n bytes into r.buf. It grows the buffer as data arrives, so
