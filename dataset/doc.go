@@ -141,19 +141,20 @@
 // a training loop waits for its input 6 to 8 times, to about 0.05 ms a step.
 //
 // Reading, parsing and batching 64 TFRecord files of 784-float tf.Examples
-// through an Interleave of cycle 4 (BenchmarkInterleave) runs at 470,000 to
-// 490,000 records per second sequentially at Go's default GOGC, about as
+// through an Interleave of cycle 4 (BenchmarkInterleave) runs at 520,000 to
+// 630,000 records per second sequentially at Go's default GOGC, about as
 // fast as at GOGC=400: an ExampleParser lends the buffers it parses wide
 // float features into, and the pipeline's output takes them back once it
 // has copied the values into tensors, so that a steady pipeline allocates
 // less than half of each record's values (1.4 to 1.6 times as fast as when
-// each record's values were allocated afresh). Four parallel reads make it
-// 1.2 to 1.25 times as fast at the default GOGC, and 1.25 to 1.4 times at
-// GOGC=400; in no fixed order (Deterministic(false)), 1.35 to 1.55 times.
-// Memory is what limits it on the 2-vCPU machine that runs the tests: there
-// two goroutines allocating and filling records' floats get no more done
-// between them than one (the benchmark's copy-scaling, 0.9 to 1.1 in the
-// same runs), while a loop that touches no memory runs twice as fast on two
-// (scalar-scaling, 2.0), and each record is copied out of the page cache
-// and into a new batch tensor. Two processes gain about 1.7 times.
+// each record's values were allocated afresh), and a record read from a
+// file is parsed where it lies in the reader's buffer. Four parallel reads
+// make it 1.1 to 1.3 times as fast, at either GOGC; in no fixed order
+// (Deterministic(false)), 1.2 to 1.55 times. Memory is what limits it on
+// the 2-vCPU machine that runs the tests: there two goroutines allocating
+// and filling records' floats get no more done between them than one (the
+// benchmark's copy-scaling, 0.9 to 1.2 in the same runs), while a loop
+// that touches no memory runs twice as fast on two (scalar-scaling, 2.0),
+// and each record is copied out of the page cache and into a new batch
+// tensor. Two processes gain about 1.7 times.
 package dataset
