@@ -154,15 +154,7 @@ func (o *op) ringApply(k int, dst, local, recv []byte) []byte {
 // decoded rounded values, the very values every other member decodes from
 // the 16 bits it forwards unchanged in the all-gather.
 func (o *op) ringApplyWire(k int, dst, local, recv []byte) []byte {
-	n, wire, w := len(o.g.members), o.self.wire, view[uint16](recv)
-	switch {
-	case k >= n-1:
-		decodeHalf(wire, view[float32](dst), w)
-	case k == n-2:
-		reduceWire(o.self.red, wire, w, w, view[float32](local), view[float32](dst), n)
-	default:
-		reduceWire(o.self.red, wire, w, w, view[float32](local), nil, n)
-	}
+	o.applyWire(k, dst, local, recv, recv)
 	return recv
 }
 
@@ -172,15 +164,26 @@ func (o *op) ringApplyWire(k int, dst, local, recv []byte) []byte {
 // last all-gather step decodes into dst. (The other all-gather steps, which
 // forward the bits received, are not applied in place.)
 func (o *op) ringApplyWireFrom(f *frame, k int, dst, local, recv []byte) {
+	var to []byte
+	if k < len(o.g.members)-1 {
+		f.buf = getBuf(len(recv))
+		to = *f.buf
+	}
+	o.applyWire(k, dst, local, to, recv)
+}
+
+// applyWire decodes an all-gather step's chunk recv into dst, or reduces a
+// reduce-scatter step's with local and rounds the result into to (and, on
+// the step that completes the segment, into dst as float32).
+func (o *op) applyWire(k int, dst, local, to, recv []byte) {
 	n, wire := len(o.g.members), o.self.wire
-	if k >= n-1 {
+	var out []float32
+	switch {
+	case k >= n-1:
 		decodeHalf(wire, view[float32](dst), view[uint16](recv))
 		return
-	}
-	var out []float32
-	if k == n-2 {
+	case k == n-2:
 		out = view[float32](dst)
 	}
-	f.buf = getBuf(len(recv))
-	reduceWire(o.self.red, wire, view[uint16](*f.buf), view[uint16](recv), view[float32](local), out, n)
+	reduceWire(o.self.red, wire, view[uint16](to), view[uint16](recv), view[float32](local), out, n)
 }
