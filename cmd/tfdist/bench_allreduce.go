@@ -27,12 +27,12 @@ var benchAllReduceCommand = &command{
 of a float32 tensor of each of --sizes between them, after 5 warm-ups:
 --iters runs of each size, or by default enough runs to move 1 GiB (at
 least 10, at most 1,000), so that a small size's time is averaged over
-long enough to be steady on a busy machine. It prints, per size, the time per all-reduce, the
-algorithm bandwidth (bytes / time) and the bus bandwidth (algorithm
-bandwidth x 2(N-1)/N for N workers, the share of the data each worker sends
-and receives in a ring all-reduce, which compares with a link's bandwidth
-whatever N is), and for reference what a plain TCP copy between two
-processes reaches in the same run. The workers share this machine's CPUs:
+long enough to be steady on a busy machine. It prints, per size, the
+time per all-reduce, the algorithm bandwidth (bytes / time) and the bus
+bandwidth (algorithm bandwidth x 2(N-1)/N for N workers, the share of the
+data each worker sends and receives in a ring all-reduce, which compares
+with a link's bandwidth whatever N is), and for reference what a plain
+TCP copy between two processes reaches in the same run. The workers share this machine's CPUs:
 compare the ratios, not the absolute numbers, between machines.
 
 --backend chooses the collectives: tfdist (tfdist's own collective engine,

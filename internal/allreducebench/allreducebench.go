@@ -96,7 +96,7 @@ type Config struct {
 	// positive multiple of 4.
 	Sizes []int64 `json:"sizes"`
 	// Iters is how many all-reduces of each size are timed; 0 means
-	// ItersFor each size.
+	// enough to move 1 GiB (see itersFor).
 	Iters int `json:"iters"`
 	// Warmup is how many all-reduces of each size run before the timed
 	// ones; 0 means DefaultWarmup.
@@ -114,13 +114,13 @@ type Config struct {
 // none.
 const DefaultWarmup = 5
 
-// ItersFor is how many timed all-reduces of size bytes a Config with no
+// itersFor is how many timed all-reduces of size bytes a Config with no
 // Iters runs: enough to move 1 GiB, at least 10 and at most 1,000, so that
 // a small size is timed over long enough for the machine's scheduling
 // noise to average out (1,000 runs of 1 MiB) and a large one stays short
-// (10 runs of 64 MiB), as OSU's micro-benchmarks run more iterations of
+// (16 runs of 64 MiB), as OSU's micro-benchmarks run more iterations of
 // small messages.
-func ItersFor(size int64) int {
+func itersFor(size int64) int {
 	return int(min(max((1<<30)/size, 10), 1000))
 }
 
@@ -129,7 +129,7 @@ func (c Config) iters(size int64) int {
 	if c.Iters > 0 {
 		return c.Iters
 	}
-	return ItersFor(size)
+	return itersFor(size)
 }
 
 // Check reports what is wrong with c, if anything.

@@ -77,11 +77,11 @@ func TestBusBW(t *testing.T) {
 	assert.InDelta(t, 2*(2<<20)*3/4, tm.BusBW(4), 1e-6)
 }
 
-// TestItersFor checks that a size's default runs move about 1 GiB, never
+// TestItersBySize checks that a size's default runs move about 1 GiB, never
 // fewer than 10 nor more than 1,000.
-func TestItersFor(t *testing.T) {
+func TestItersBySize(t *testing.T) {
 	for size, want := range map[int64]int{4: 1000, 1 << 20: 1000, 16 << 20: 64, 64 << 20: 16, 100 << 20: 10, 1 << 30: 10} {
-		assert.Equal(t, want, ItersFor(size), "%d bytes", size)
+		assert.Equal(t, want, itersFor(size), "%d bytes", size)
 	}
 	assert.Equal(t, 3, Config{Iters: 3}.iters(1<<20), "a Config's Iters, when set")
 }
