@@ -76,7 +76,7 @@ type compiledFeature struct {
 	n      int
 	def    any        // flat default of n values, or nil; a VarLen feature's padding value
 	varLen bool       // n is then the padded length, 0 for none
-	lend   *sync.Pool // buffers of n float32 that parsed values are lent in, or nil
+	lend   *sync.Pool // buffers of n values (float32 or int64, as list says) to parse into, or nil
 }
 
 // The fields of tensorflow.Feature's oneof, which are also the list kinds.
@@ -130,8 +130,12 @@ func NewExampleParser(spec FeatureSpec) (*ExampleParser, error) {
 			}
 			cf.def = def
 		}
-		if cf.dtype == tf.Float && !cf.varLen && cf.n >= minLentFloats {
-			cf.lend = newFloatPool(cf.n)
+		switch {
+		case cf.varLen || cf.n < minLent:
+		case cf.list == listFloat:
+			cf.lend = newPool[float32](cf.n)
+		case cf.list == listInt64:
+			cf.lend = newPool[int64](cf.n)
 		}
 		p.index[name] = len(p.feats)
 		p.feats = append(p.feats, cf)
@@ -253,7 +257,8 @@ type slot struct {
 	floats  []float32
 	ints    []int64
 	bytes   [][]byte
-	lent    *[]float32 // the lent buffer floats started in, if any
+	lentF   *[]float32 // the lent buffer floats started in, if any
+	lentI   *[]int64   // the lent buffer ints started in, if any
 }
 
 func (s *slot) reset() {
@@ -305,8 +310,8 @@ func skipField(num protowire.Number, typ protowire.Type, b []byte) (int, error) 
 }
 
 // parse parses a serialized tf.Example into the spec's columns, the values
-// of its larger fixed-length float features in buffers the parser lends,
-// and returns those loans (see recycle.go).
+// of its larger fixed-length float and int64 features in buffers the
+// parser lends, and returns those loans (see recycle.go).
 func (p *ExampleParser) parse(b []byte) ([]namedColumn, []loan, error) {
 	var few [4]slot // the slots of a small spec stay off the heap
 	slots := few[:]
@@ -315,22 +320,31 @@ func (p *ExampleParser) parse(b []byte) ([]namedColumn, []loan, error) {
 	}
 	slots = slots[:len(p.feats)]
 	for i := range slots {
-		if buf := borrow(p.feats[i].lend); buf != nil {
-			slots[i].floats, slots[i].lent = *buf, buf
+		if f := &p.feats[i]; f.lend != nil {
+			s := &slots[i]
+			if f.list == listFloat {
+				s.lentF = borrow[float32](f.lend)
+				s.floats = *s.lentF
+			} else {
+				s.lentI = borrow[int64](f.lend)
+				s.ints = *s.lentI
+			}
 		}
 	}
 	cols, err := p.parseWire(b, slots)
 	var loans []loan
 	for i := range slots {
-		if slots[i].lent == nil {
+		f := &p.feats[i]
+		if f.lend == nil {
 			continue
 		}
 		var data any
 		if err == nil {
-			c, _ := hostElem{cols: cols}.get(p.feats[i].name)
+			c, _ := hostElem{cols: cols}.get(f.name)
 			data = c.data
 		}
-		loans = settle(p.feats[i].lend, slots[i].lent, data, loans)
+		loans = settle(f.lend, slots[i].lentF, data, loans)
+		loans = settle(f.lend, slots[i].lentI, data, loans)
 	}
 	return cols, loans, err
 }

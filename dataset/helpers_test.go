@@ -46,6 +46,10 @@ func ints(t testing.TB, x *tf.Tensor) []int64 {
 			for _, y := range v {
 				walk(y)
 			}
+		case [][]int32:
+			for _, y := range v {
+				walk(y)
+			}
 		default:
 			t.Fatalf("unexpected tensor value %T", v)
 		}

@@ -1,16 +1,20 @@
 package dataset
 
 import (
+	"math"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
-// An ExampleParser lends the float32 buffers it parses fixed-length float
-// features into, and the pipeline's output gives them back once it has
-// copied their values into tensors, so that a steady pipeline parses into
-// memory it used moments before instead of allocating each record's values
-// afresh: about 3 KB a record for a 784-float image, which otherwise keeps
-// Go's collector running every millisecond or two.
+// An ExampleParser lends the buffers it parses fixed-length float and
+// integer features into, and the pipeline's output gives them back once it
+// has copied their values into tensors, so that a steady pipeline parses
+// into memory it used moments before instead of allocating each record's
+// values afresh: about 3 KB a record for a 784-float image, which
+// otherwise keeps Go's collector running every millisecond or two. (An
+// int32 feature's values are parsed as int64 and converted: its buffer is
+// only scratch, back in the pool as soon as the record is parsed.)
 //
 // A buffer is given back only by the holder of the last reference to it.
 // The element that the parser made carries its loans through the stages
@@ -25,39 +29,40 @@ import (
 // Rebatch) are never given back and are the collector's, as without
 // lending.
 
-// minLentFloats is the smallest fixed-length float feature whose buffers
-// are lent: below it the bookkeeping costs about what an allocation does.
-const minLentFloats = 64
+// minLent is the fewest values of a fixed-length feature whose buffers are
+// lent: below it the bookkeeping costs about what an allocation does.
+const minLent = 64
 
 // loan is one buffer an element holds from a parser's pool.
 type loan struct {
 	pool *sync.Pool
-	buf  *[]float32 // its full capacity, as the pool hands it out
+	buf  any // a *[]float32 or *[]int64 of the pool's full capacity
 }
 
-// newFloatPool returns a pool of float32 buffers of capacity n.
-func newFloatPool(n int) *sync.Pool {
+// newPool returns a pool of buffers of capacity n.
+func newPool[T float32 | int64](n int) *sync.Pool {
 	return &sync.Pool{New: func() any {
-		b := make([]float32, 0, n)
+		b := make([]T, 0, n)
 		return &b
 	}}
 }
 
 // borrow takes a buffer from pool, or nil for none.
-func borrow(pool *sync.Pool) *[]float32 {
+func borrow[T float32 | int64](pool *sync.Pool) *[]T {
 	if pool == nil {
 		return nil
 	}
-	return pool.Get().(*[]float32)
+	return pool.Get().(*[]T)
 }
 
 // settle turns a borrowed buffer into a loan when data, a feature's parsed
-// values, lies in it; a buffer the values do not use goes back at once.
-func settle(pool *sync.Pool, buf *[]float32, data any, loans []loan) []loan {
+// values, lies in it; a buffer the values do not use (a default, a
+// conversion to int32, an error) goes back at once.
+func settle[T float32 | int64](pool *sync.Pool, buf *[]T, data any, loans []loan) []loan {
 	if buf == nil {
 		return loans
 	}
-	if d, ok := data.([]float32); ok && len(d) > 0 && unsafe.SliceData(d) == unsafe.SliceData(*buf) {
+	if d, ok := data.([]T); ok && len(d) > 0 && unsafe.SliceData(d) == unsafe.SliceData(*buf) {
 		return append(loans, loan{pool, buf})
 	}
 	pool.Put(buf)
@@ -68,7 +73,32 @@ func settle(pool *sync.Pool, buf *[]float32, data any, loans []loan) []loan {
 // holder of e's values calls it, once it no longer reads them.
 func (e hostElem) giveBack() {
 	for _, l := range e.loans {
+		if poisonLoans.Load() {
+			poison(l.buf)
+		}
 		l.pool.Put(l.buf)
+	}
+}
+
+// poisonLoans, which tests set, has giveBack overwrite each buffer it
+// returns, so that a value read after its buffer went back shows at once
+// rather than when a parser happens to reuse the buffer.
+var poisonLoans atomic.Bool
+
+// poison overwrites a lent buffer's whole capacity with values no parser
+// wrote: NaN, or -1.
+func poison(buf any) {
+	switch b := buf.(type) {
+	case *[]float32:
+		fill((*b)[:cap(*b)], float32(math.NaN()))
+	case *[]int64:
+		fill((*b)[:cap(*b)], -1)
+	}
+}
+
+func fill[T any](s []T, v T) {
+	for i := range s {
+		s[i] = v
 	}
 }
 
