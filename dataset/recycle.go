@@ -47,13 +47,8 @@ func newPool[T float32 | int64](n int) *sync.Pool {
 	}}
 }
 
-// borrow takes a buffer from pool, or nil for none.
-func borrow[T float32 | int64](pool *sync.Pool) *[]T {
-	if pool == nil {
-		return nil
-	}
-	return pool.Get().(*[]T)
-}
+// borrow takes a buffer from pool.
+func borrow[T float32 | int64](pool *sync.Pool) *[]T { return pool.Get().(*[]T) }
 
 // settle turns a borrowed buffer into a loan when data, a feature's parsed
 // values, lies in it; a buffer the values do not use (a default, a
