@@ -41,7 +41,8 @@ func (g *Group) auditRefused(remote net.Addr, claimed string, p mtls.Peer, reaso
 // auditJoined records a peer that joined the group.
 func (g *Group) auditJoined(c *peerConn) {
 	fs := []zap.Field{zap.String("address", c.nc.RemoteAddr().String()), zap.String("task", c.member.Name),
-		zap.Bool("tls", g.cfg.tls != nil), zap.Bool("shared_memory", c.viewer != nil)}
+		zap.Bool("tls", g.cfg.tls != nil), zap.Bool("shared_memory", c.viewer != nil),
+		zap.Bool("reads_peer_memory", c.remote != nil && c.remote.canRead())}
 	g.audit.Info("peer joined", append(fs, certFields(c.cert)...)...)
 }
 

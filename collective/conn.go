@@ -25,9 +25,10 @@ type peerConn struct {
 	batch  *batchedConn // under TLS, gathers a frame's records
 	nc     net.Conn
 	br     io.Reader
-	viewer viewer   // nc, when it is a shared-memory connection, whose reader sees incoming bytes in place
-	hbuf   []byte   // the reader's header scratch
-	dims   []uint64 // the reader's shape scratch
+	viewer viewer    // nc, when it is a shared-memory connection, whose reader sees incoming bytes in place
+	remote remoteMem // nc, when it is a shared-memory connection (see remote.go)
+	hbuf   []byte    // the reader's header scratch
+	dims   []uint64  // the reader's shape scratch
 
 	wmu      sync.Mutex
 	wdl      time.Time   // write deadline in effect (under wmu)
@@ -80,6 +81,7 @@ func newPeerConn(nc net.Conn) *peerConn {
 		dims: make([]uint64, 0, maxRank),
 		shut: make(chan struct{}),
 	}
+	c.remote, _ = nc.(remoteMem)
 	if v, ok := nc.(viewer); ok {
 		c.br, c.viewer = nc, v // reads are copies from memory: no buffer to save calls
 	} else {

@@ -10,7 +10,7 @@ import (
 // Wire constants. All integers are little-endian.
 const (
 	frameMagic   uint32 = 0x43444654 // "TFDC"
-	frameVersion uint8  = 5          // 2 added kindClosing, 3 the wire type, 4 the upgrade, 5 aligned payloads over shared memory
+	frameVersion uint8  = 6          // 2 added kindClosing, 3 the wire type, 4 the upgrade, 5 aligned payloads over shared memory, 6 remote chunks
 	fixedLen            = 64         // bytes of a header before the name
 	maxNameLen          = 4096       // longest tensor name
 	maxRank             = 32         // most dimensions a shape may have
@@ -40,6 +40,11 @@ const (
 	// 1 if it sent a segment) and acknowledges the answer (acceptor).
 	kindUpgrade
 )
+
+// flagRemote marks a ring all-reduce's data frame whose chunk stays in the
+// sender's memory: the payload is a remoteRef (see remote.go), or empty on
+// the frame that says the sender has read every chunk it was sent so.
+const flagRemote uint8 = 1
 
 // opKind is the collective operation a data frame belongs to.
 type opKind uint8
@@ -71,7 +76,7 @@ func (k opKind) String() string {
 //	8 reduction u8 | 9 rank u8 | 10 name length u16 | 12 epoch u32
 //	16 seq u64 | 24 element count u64 | 32 chunk offset u64 (wire bytes)
 //	40 root u32 | 44 step u32 | 48 chunk index u32 | 52 payload length u32
-//	56 wire type u8 (0: the dtype itself) | 57 reserved (7 bytes, sent as zero)
+//	56 wire type u8 (0: the dtype itself) | 57 flags u8 | 58 reserved (6 bytes, sent as zero)
 //	64 name, then rank dimensions u64 (the shape, when the caller gave one)
 type header struct {
 	kind   frameKind
@@ -87,6 +92,7 @@ type header struct {
 	chunk  uint32
 	length uint32
 	wire   DType // the type data travels as (Compress); 0 for dtype itself
+	flags  uint8 // flagRemote, on data frames only
 	name   []byte
 	dims   []uint64 // the tensor's shape; none when the caller gave none
 }
@@ -105,7 +111,7 @@ func appendHeader(dst []byte, h *header) []byte {
 	dst = le.AppendUint32(dst, h.step)
 	dst = le.AppendUint32(dst, h.chunk)
 	dst = le.AppendUint32(dst, h.length)
-	dst = append(dst, byte(h.wire), 0, 0, 0, 0, 0, 0, 0)
+	dst = append(dst, byte(h.wire), h.flags, 0, 0, 0, 0, 0, 0)
 	dst = append(dst, h.name...)
 	for _, d := range h.dims {
 		dst = le.AppendUint64(dst, d)
@@ -131,7 +137,10 @@ func parseFixed(b []byte) (header, int, int, error) {
 	nameLen := int(le.Uint16(b[10:]))
 	h.epoch, h.seq, h.count = le.Uint32(b[12:]), le.Uint64(b[16:]), le.Uint64(b[24:])
 	h.offset, h.root, h.step = le.Uint64(b[32:]), le.Uint32(b[40:]), le.Uint32(b[44:])
-	h.chunk, h.length, h.wire = le.Uint32(b[48:]), le.Uint32(b[52:]), DType(b[56])
+	h.chunk, h.length, h.wire, h.flags = le.Uint32(b[48:]), le.Uint32(b[52:]), DType(b[56]), b[57]
+	if h.flags&^flagRemote != 0 || h.flags != 0 && (h.kind != kindData || h.op != opAllReduce) {
+		return h, 0, 0, fmt.Errorf("%w: flags %#x on a %d frame of %s", errProtocol, h.flags, h.kind, h.op)
+	}
 	rank := int(b[9])
 	if rank > maxRank {
 		return h, 0, 0, fmt.Errorf("%w: shape of %d dimensions", errProtocol, rank)

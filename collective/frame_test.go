@@ -31,6 +31,23 @@ func TestDecodeHeaderRejectsForeignBytes(t *testing.T) {
 	assert.ErrorContains(t, err, "version 9")
 }
 
+// Only a ring all-reduce's data frames may be flagged remote, and no other
+// flag exists.
+func TestDecodeHeaderRejectsMisplacedFlags(t *testing.T) {
+	ok := header{kind: kindData, op: opAllReduce, dtype: Float32, length: remoteRefLen, flags: flagRemote}
+	_, _, err := decodeHeader(appendHeader(nil, &ok))
+	require.NoError(t, err)
+	for _, h := range []header{
+		{kind: kindData, op: opAllGather, dtype: Float32, flags: flagRemote},
+		{kind: kindAbort, flags: flagRemote},
+		{kind: kindData, op: opAllReduce, dtype: Float32, flags: 2},
+	} {
+		_, _, err := decodeHeader(appendHeader(nil, &h))
+		require.ErrorIs(t, err, errProtocol, "%+v", h)
+		assert.ErrorContains(t, err, "flags")
+	}
+}
+
 func TestAbortRoundTrip(t *testing.T) {
 	me := &MismatchError{Op: "all-reduce", Name: "w", Members: [2]Member{{"worker:0", "a:1"}, {"worker:1", "b:2"}},
 		Has: [2]string{"float32[2]", "float32[3]"}}
@@ -48,6 +65,7 @@ func TestAbortRoundTrip(t *testing.T) {
 func FuzzDecodeHeader(f *testing.F) {
 	f.Add(appendHeader(nil, &header{kind: kindData, op: opAllReduce, dtype: Float32, red: Sum, count: 10, length: 40, name: []byte("x")}))
 	f.Add(appendHeader(nil, &header{kind: kindData, op: opAllReduce, dtype: Float32, red: Mean, count: 10, length: 20, wire: BFloat16, name: []byte("g")}))
+	f.Add(appendHeader(nil, &header{kind: kindData, op: opAllReduce, dtype: Float32, red: Sum, count: 1 << 20, offset: 1 << 20, step: 1, chunk: 3, length: remoteRefLen, flags: flagRemote, name: []byte("r")}))
 	f.Add(appendHeader(nil, &header{kind: kindHello, seq: 0xfeed, root: 1, count: 2}))
 	f.Add(appendHeader(nil, &header{kind: kindAbort, length: 7}))
 	f.Add(appendHeader(nil, &header{kind: kindData, op: opAllGather, dtype: Int64, count: 6, name: []byte("rows"), dims: []uint64{3, 2}}))

@@ -47,8 +47,9 @@ type Group struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	started [opBarrier + 1]atomic.Int64 // operations started, by kind
-	sent    atomic.Int64                // payload bytes of data frames written
+	started     [opBarrier + 1]atomic.Int64 // operations started, by kind
+	sent        atomic.Int64                // payload bytes of data frames written
+	remoteReads atomic.Int64                // chunks read from a peer's memory (remote.go)
 }
 
 // Stats counts the operations a member has started, by kind: those that

@@ -18,9 +18,11 @@ type op struct {
 	box       *mailbox
 	timer     *time.Timer
 	timerC    <-chan time.Time
-	deadline  time.Time // bound on writes: the earlier of timeout and ctx deadline
-	cancelled bool      // ctx ended the call
-	hdr       []byte    // encoded header scratch
+	deadline  time.Time          // bound on writes: the earlier of timeout and ctx deadline
+	cancelled bool               // ctx ended the call
+	hdr       []byte             // encoded header scratch
+	lease     *remoteLease       // exposes this call's buffers to the next member (remote.go)
+	ref       [remoteRefLen]byte // a remote chunk's payload scratch
 }
 
 // start registers a call under the next sequence number of its name.
@@ -67,6 +69,7 @@ func (o *op) stopTimer() {
 // end unregisters the call and returns its result. Any error but the
 // caller's cancellation breaks the group.
 func (o *op) end(err error) error {
+	o.revokeLease()
 	o.stopTimer()
 	g := o.g
 	g.mu.Lock()

@@ -44,17 +44,38 @@ func (c reduceCase) opts() []CallOption {
 	return []CallOption{Compress(c.wire)}
 }
 
+// testTransports are the benchmarks' transports and shared memory with
+// every ring chunk read from the sender's memory (remote.go).
+var testTransports = append(transports[:len(transports):len(transports)],
+	struct {
+		name string
+		opts []Option
+	}{"shm-remote", []Option{everyChunkRemote}})
+
+func everyChunkRemote(c *config) { c.remoteMin = 1 }
+
 func TestAllReduceMatchesReference(t *testing.T) {
-	for _, tr := range transports {
+	for _, tr := range testTransports {
 		for n := 1; n <= 5; n++ {
 			t.Run(fmt.Sprintf("transport=%s/members=%d", tr.name, n), func(t *testing.T) {
-				testAllReduceMatchesReference(t, n, append(tr.opts, smallChunks)...)
+				gs := testAllReduceMatchesReference(t, n, append(tr.opts, smallChunks)...)
+				if tr.name == "shm-remote" && n > 1 && shmSupported {
+					assert.Positive(t, remoteReads(gs), "no chunk was read from a peer's memory")
+				}
 			})
 		}
 	}
 }
 
-func testAllReduceMatchesReference(t *testing.T, n int, opts ...Option) {
+// remoteReads counts the chunks gs's members read from a peer's memory.
+func remoteReads(gs []*Group) (n int64) {
+	for _, g := range gs {
+		n += g.remoteReads.Load()
+	}
+	return n
+}
+
+func testAllReduceMatchesReference(t *testing.T, n int, opts ...Option) []*Group {
 	gs := newGroups(t, n, opts...)
 	rng := rand.New(rand.NewPCG(uint64(n), 7))
 	var cases []reduceCase
@@ -73,6 +94,7 @@ func testAllReduceMatchesReference(t *testing.T, n int, opts ...Option) {
 	for i, c := range cases {
 		checkReduced(t, c, outs[i])
 	}
+	return gs
 }
 
 // runConcurrently issues every case on every member at once, each member
@@ -145,7 +167,7 @@ func typed[T int32 | int64](bs [][]byte) [][]T {
 
 func TestAllReduceLargeBuffersUseChunkedRing(t *testing.T) {
 	const chunk = 64 << 10
-	for _, tr := range transports {
+	for _, tr := range testTransports {
 		gs := newGroups(t, 3, append(tr.opts, func(c *config) { c.chunkBytes = chunk })...)
 		rng := rand.New(rand.NewPCG(9, 9))
 		c := reduceCase{name: "large", dt: Float32, red: Sum}
@@ -357,7 +379,7 @@ func TestBarrierWaitsForEveryMember(t *testing.T) {
 // AllReduceTo leaves its source as it was and writes into its destination
 // what AllReduce computes in place, on the direct path and the ring.
 func TestAllReduceToLeavesTheSourceAlone(t *testing.T) {
-	gs := newGroups(t, 3, smallChunks)
+	gs := newGroups(t, 3, smallChunks, everyChunkRemote)
 	errs := onAll(gs, func(i int, g *Group) error {
 		for _, elems := range []int{5, 40_001} {
 			src := make([]byte, 8*elems)

@@ -34,11 +34,13 @@ type config struct {
 	log            *zap.Logger
 
 	// Tuning, set by this package's tests.
-	helloTimeout time.Duration // bound on an accepted connection's hello
-	linger       time.Duration // bound on the orderly shutdown of a connection
-	chunkBytes   int           // largest payload of a data frame
-	directMax    int           // largest all-reduce that takes the direct path
-	ringWindow   int           // step-0 chunks a ring member sends before receiving
+	helloTimeout time.Duration         // bound on an accepted connection's hello
+	linger       time.Duration         // bound on the orderly shutdown of a connection
+	chunkBytes   int                   // largest payload of a data frame
+	directMax    int                   // largest all-reduce that takes the direct path
+	ringWindow   int                   // step-0 chunks a ring member sends before receiving
+	remoteMin    int                   // smallest ring chunk sent as its address (remote.go); 0: none, and peers are not read
+	beforeRemote func(step, chunk int) // called before a chunk is read from a peer's memory
 }
 
 func defaultConfig() config {
@@ -52,6 +54,7 @@ func defaultConfig() config {
 		chunkBytes:     defaultChunkBytes,
 		directMax:      defaultDirectMax,
 		ringWindow:     defaultRingWindow,
+		remoteMin:      defaultRemoteMin,
 	}
 }
 

@@ -59,12 +59,18 @@ func reduceInto(red Reduction, dt DType, dst, src []byte) {
 // float32 sum, else as a copy of a then reduceInto. dst is a or disjoint
 // from both; all three have the same length.
 func reduceTo(red Reduction, dt DType, dst, a, b []byte) {
-	if dt == Float32 && (red == Sum || red == Mean) && aligned(dst, 4) && aligned(a, 4) && aligned(b, 4) {
+	if addsInOnePass(red, dt, dst, a, b) {
 		addFloat32(view[float32](dst), view[float32](a), view[float32](b))
 		return
 	}
 	copyIfDistinct(dst, a)
 	reduceInto(red, dt, dst, b)
+}
+
+// addsInOnePass reports whether reduceTo reduces in one pass, reading each
+// element of a and b before it writes dst's: dst may then be b as well.
+func addsInOnePass(red Reduction, dt DType, dst, a, b []byte) bool {
+	return dt == Float32 && (red == Sum || red == Mean) && aligned(dst, 4) && aligned(a, 4) && aligned(b, 4)
 }
 
 // addFloat32 sets dst[i] = a[i] + b[i], in SIMD instructions where the

@@ -1,5 +1,7 @@
 package collective
 
+import "errors"
+
 // ring partitions a buffer for the ring all-reduce: n segments (one per
 // member, sizes differing by at most one element), each cut into the same
 // number of chunks.
@@ -73,7 +75,7 @@ func (o *op) ringReduce(dst, src []byte) error {
 			sent0++
 		}
 	}
-	return nil
+	return o.finishRemote(rr, next)
 }
 
 // wireSize returns the bytes an element takes on the wire.
@@ -97,7 +99,7 @@ func (o *op) sendSource(to int, rr *ringRecv, src []byte, c int) error {
 		encodeHalf(o.self.wire, view[uint16](*b), view[float32](data))
 		data = *b
 	}
-	return o.send(to, 0, c, lo*w, data)
+	return o.sendChunk(to, 0, c, lo*w, data)
 }
 
 // ringStep takes the next chunk from the previous member, which arrived
@@ -110,10 +112,17 @@ func (o *op) ringStep(rr *ringRecv, next int) (int, error) {
 		return 0, err
 	}
 	defer f.release()
+	k := int(f.h.step)
+	if f.h.flags&flagRemote != 0 && !f.applied && f.err == nil {
+		out, local := rr.chunk(&f.h)
+		f.err, f.applied = rr.fetch(&f.h, out, local, f.payload()), true
+	}
+	if errors.Is(f.err, errReleased) {
+		return 0, o.awaitEnd(rr.from)
+	}
 	if f.err != nil {
 		return 0, f.err
 	}
-	k := int(f.h.step)
 	out, local := rr.chunk(&f.h)
 	switch {
 	case !f.applied:
@@ -123,7 +132,7 @@ func (o *op) ringStep(rr *ringRecv, next int) (int, error) {
 	}
 	if k+1 < 2*(rr.r.n-1) {
 		defer rr.sentChunk(int(f.h.chunk))
-		return k, o.send(next, k+1, int(f.h.chunk), int(f.h.offset), out)
+		return k, o.sendChunk(next, k+1, int(f.h.chunk), int(f.h.offset), out)
 	}
 	return k, nil
 }

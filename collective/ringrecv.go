@@ -27,6 +27,8 @@ type ringRecv struct {
 	sent     []atomic.Int32 // by chunk, this member's sends of it that returned
 	ending   atomic.Bool    // the call is ending: apply nothing more
 	applying int            // in-place applications in progress
+	remote   remoteMem      // the connection from `from`, if this member can read the peer's memory
+	remoteIn bool           // a remote chunk arrived (under g.mu)
 }
 
 // receiveRing attaches the receive side of a ring all-reduce to the call
@@ -35,6 +37,9 @@ func (o *op) receiveRing(r ring, dst, src []byte) *ringRecv {
 	g := o.g
 	rr := &ringRecv{o: o, r: r, from: mod(g.rank-1, r.n), dst: dst, src: src,
 		arrived: make([]int, r.chunks), sent: make([]atomic.Int32, r.chunks)}
+	if c := g.conns[rr.from]; c != nil && c.remote != nil && c.remote.canRead() {
+		rr.remote = c.remote
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	o.box.ring = rr
@@ -56,12 +61,23 @@ func (rr *ringRecv) admit(h *header) (bool, error) {
 		return false, nil
 	}
 	k, c := int(h.step), int(h.chunk)
+	remote := h.flags&flagRemote != 0
+	if remote && k == rr.doneStep() && c == 0 && h.length == 0 {
+		return false, nil // the next member has read this one's chunks (n = 2: it is also the previous)
+	}
 	if c >= rr.r.chunks || k >= 2*(rr.r.n-1) || rr.arrived[c] != k {
 		return false, o.protocolErr(rr.from, "unexpected step %d chunk %d", k, c)
 	}
 	lo, hi := rr.elems(k, c)
-	if w := o.wireSize(); h.offset != uint64(lo*w) || int(h.length) != (hi-lo)*w {
-		return false, o.protocolErr(rr.from, "chunk at %d+%d, want %d+%d", h.offset, h.length, lo*w, (hi-lo)*w)
+	length := (hi - lo) * o.wireSize()
+	if remote {
+		if rr.remote == nil || o.self.wire != 0 {
+			return false, o.protocolErr(rr.from, "a chunk to read from its memory, which this member cannot")
+		}
+		rr.remoteIn, length = true, remoteRefLen
+	}
+	if w := o.wireSize(); h.offset != uint64(lo*w) || int(h.length) != length {
+		return false, o.protocolErr(rr.from, "chunk at %d+%d, want %d+%d", h.offset, h.length, lo*w, length)
 	}
 	rr.arrived[c]++
 	return rr.inPlace(k), nil
@@ -103,6 +119,10 @@ func (rr *ringRecv) apply(f *frame, payload []byte) bool {
 		runtime.Gosched()
 	}
 	dst, src := rr.chunk(h)
+	if h.flags&flagRemote != 0 {
+		f.err = rr.fetch(h, dst, src, payload)
+		return true
+	}
 	if rr.o.self.wire != 0 {
 		rr.o.ringApplyWireFrom(f, int(h.step), dst, src, payload)
 		return true

@@ -140,3 +140,15 @@ func TestCancelledRingLeavesTheBufferAlone(t *testing.T) {
 		require.True(t, bytes.Equal(before, bufs[0]), "delay %v: the buffer changed after the call returned", delay)
 	}
 }
+
+// A chunk flagged as lying in the sender's memory, from a peer this member
+// cannot read (over TCP, say), is a protocol error naming the peer.
+func TestRemoteChunkFromAnUnreadablePeer(t *testing.T) {
+	rr := ringCall(3, 1, 120, 10)
+	h := frameOf(rr, 0, 0)
+	h.flags, h.length = flagRemote, remoteRefLen
+	_, err := rr.admit(&h)
+	require.ErrorIs(t, err, errProtocol)
+	assert.ErrorContains(t, err, "worker:0")
+	assert.ErrorContains(t, err, "cannot")
+}

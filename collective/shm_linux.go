@@ -49,6 +49,14 @@ type shmConn struct {
 	mu     sync.Mutex
 	users  int  // Reads and Writes in progress
 	closed bool // Close was called; the segment is unmapped once users is 0
+
+	// Cross-memory reads (shm_remote_linux.go).
+	side     int  // the ring this side writes: 0 for the dialer, 1 for the acceptor
+	pid      int  // the peer's process, once known
+	readable bool // this side can read the peer's memory (set before use)
+	leaseMu  sync.Mutex
+	leased   uint64 // bit i: slot i is leased
+	gens     [shmLeases]uint64
 }
 
 // shmSeals fix a segment's size for good.
@@ -73,7 +81,7 @@ const (
 func newShmConn(mem []byte, efds [4]int, side int, ctl *net.UnixConn, local, remote net.Addr) *shmConn {
 	file := func(i int) *os.File { return os.NewFile(uintptr(efds[i]), "tfdist-shm-eventfd") }
 	d0, s0, d1, s1 := file(efdData0), file(efdSpace0), file(efdData1), file(efdSpace1)
-	c := &shmConn{mem: mem, ctl: ctl, watchDone: make(chan struct{}), local: local, remote: remote}
+	c := &shmConn{mem: mem, ctl: ctl, watchDone: make(chan struct{}), local: local, remote: remote, side: side}
 	c.out, c.in = ringOf(mem, side), ringOf(mem, 1-side)
 	if side == 0 {
 		c.dataOut, c.spaceOut, c.dataIn, c.spaceIn = d0, s0, d1, s1
@@ -420,6 +428,7 @@ func dialShm(name string, nonce []byte, deadline time.Time, tcp net.Conn) (net.C
 		_ = uc.Close()
 		return nil, err
 	}
+	publishMapping(mem, 0)
 	_, _, err = uc.(*net.UnixConn).WriteMsgUnix(nonce, unix.UnixRights(fds...), nil)
 	closeFDs(fds[4:]) // the mapping stays; the acceptor maps its own copy
 	if err != nil {
@@ -466,6 +475,7 @@ func (d shmDelivery) open(tcp net.Conn) (net.Conn, error) {
 		d.discard()
 		return nil, err
 	}
+	publishMapping(mem, 1)
 	return newShmConn(mem, [4]int(d.fds[:4]), 1, d.ctl, tcp.LocalAddr(), tcp.RemoteAddr()), nil
 }
 

@@ -269,3 +269,37 @@ func TestSharedMemoryPayloadsLieAligned(t *testing.T) {
 	}
 	require.NoError(t, <-done)
 }
+
+// Each side of a segment probes the other and publishes whether it can
+// read the peer's memory, unless told not to; a lease vouches for exposed
+// memory until it is revoked; a read of memory the peer does not have
+// fails with an error.
+func TestShmConnCrossMemory(t *testing.T) {
+	noLeaks(t)
+	da, db := shmPair(t)
+	a, b := da.(*shmConn), db.(*shmConn)
+	probeShm(a, true)
+	probeShm(b, false)
+	assert.True(t, a.canRead())
+	assert.False(t, b.canRead())
+	assert.False(t, a.peerReads(), "b declined")
+	assert.True(t, b.peerReads())
+
+	exposed := []byte("gradient chunk in b's memory")
+	got := make([]byte, len(exposed))
+	require.NoError(t, a.readRemote(got, uint64(uintptr(unsafe.Pointer(&exposed[0])))))
+	assert.Equal(t, exposed, got)
+	assert.Error(t, a.readRemote(got, 4096), "the first page is never mapped")
+
+	slot, gen, ok := b.lease()
+	require.True(t, ok)
+	assert.True(t, a.leaseHeld(slot, gen))
+	b.revoke(slot)
+	assert.False(t, a.leaseHeld(slot, gen))
+	again, gen2, ok := b.lease()
+	require.True(t, ok)
+	assert.Equal(t, slot, again, "a revoked slot is free again")
+	assert.True(t, a.leaseHeld(slot, gen2))
+	assert.False(t, a.leaseHeld(slot, gen), "an old generation stays revoked")
+	assert.False(t, a.leaseHeld(shmLeases, gen2), "no such slot")
+}

@@ -165,6 +165,7 @@ func (g *Group) takeSegment(c *peerConn, ch chan shmDelivery) (*peerConn, error)
 		if err != nil {
 			return nil, err
 		}
+		probeShm(sc, g.cfg.remoteMin > 0) // the dialer published its mapping before it sent the segment
 		return c.over(sc), nil
 	case <-t.C:
 		return nil, fmt.Errorf("no segment within %v", g.cfg.helloTimeout)
@@ -214,6 +215,7 @@ func (g *Group) dialUpgrade(c *peerConn, peer int, n uint32) (*peerConn, error) 
 	case sc == nil:
 		return c, nil
 	}
+	probeShm(sc, g.cfg.remoteMin > 0) // the acceptor published its mapping before it answered
 	_ = c.nc.Close()
 	return c.over(sc), nil
 }
