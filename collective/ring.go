@@ -44,8 +44,9 @@ func mod(a, n int) int { return ((a % n) + n) % n }
 // receives segment rank-k-1, reducing it for k < n-1 and copying it after.
 // Every chunk is pipelined on its own: receiving chunk c of step k lets the
 // member send chunk c of step k+1 at once, and a window of step-0 chunks
-// keeps the ring busy. Each element is reduced along one fixed path and
-// then copied, so every member ends with the same bits. Step 0 sends from
+// keeps the ring busy (all of them, when they go as addresses). Each
+// element is reduced along one fixed path and then copied, so every
+// member ends with the same bits. Step 0 sends from
 // src; later steps send what the member has just reduced or received, so
 // dst needs no copy of src first. Chunks are cut in elements so that a
 // frame's payload on the wire, compressed or not, is at most chunkBytes.
@@ -57,10 +58,13 @@ func (o *op) ringReduce(dst, src []byte) error {
 	next := mod(rank+1, n)
 	r := newRing(len(dst)/o.self.dtype.Size(), n, max(1, g.cfg.chunkBytes/o.wireSize()))
 	rr := o.receiveRing(r, dst, src)
-	sent0 := 0
-	for ; sent0 < min(g.cfg.ringWindow, r.chunks); sent0++ {
+	sent0, window := 0, g.cfg.ringWindow
+	for ; sent0 < min(window, r.chunks); sent0++ {
 		if err := o.sendSource(next, rr, src, sent0); err != nil {
 			return err
+		}
+		if o.lease != nil {
+			window = r.chunks // addresses take no room in the ring: send them all
 		}
 	}
 	for range 2 * (n - 1) * r.chunks {
