@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+	"slices"
 	"sort"
 
 	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/strategy"
 	tf "github.com/wamuir/graft/tensorflow"
 	pb "github.com/wamuir/graft/tensorflow/core/protobuf/for_core_protos_go_proto"
 	"google.golang.org/protobuf/proto"
@@ -35,6 +37,18 @@ type Entry struct {
 // String returns the name, type and shape.
 func (e Entry) String() string {
 	return fmt.Sprintf("%s:%s%v", e.Name, graphutil.DTypeName(e.DType), e.Shape)
+}
+
+// fits reports whether the tensor can restore v: the same dtype and
+// shape, but for the first dimension where v takes any number of rows.
+func (e Entry) fits(v strategy.Saveable) bool {
+	if e.DType != v.DType || len(e.Shape) != len(v.Shape) {
+		return false
+	}
+	if v.AnyRows && len(v.Shape) > 0 {
+		return slices.Equal(e.Shape[1:], v.Shape[1:])
+	}
+	return slices.Equal(e.Shape, v.Shape)
 }
 
 // index is what a checkpoint's index file holds.

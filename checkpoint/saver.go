@@ -229,7 +229,7 @@ func (s *Saver) plan(prefix string, ix *index, items []strategy.Saveable) ([]str
 			continue
 		}
 		taken[v.Name] = true
-		if ent.DType != v.DType || !slices.Equal(ent.Shape, v.Shape) {
+		if !ent.fits(v) {
 			merr.Mismatched = append(merr.Mismatched, Mismatch{Name: v.Name, CheckpointDType: ent.DType,
 				CheckpointShape: ent.Shape, ModelDType: v.DType, ModelShape: v.Shape})
 			continue

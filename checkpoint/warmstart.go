@@ -89,7 +89,7 @@ func warmPlan(prefix string, ix *index, model []strategy.Saveable, names NameMap
 			missing = append(missing, fmt.Sprintf("%q (for variable %q)", key, name))
 			continue
 		}
-		if ent.DType != v.DType || !slices.Equal(ent.Shape, v.Shape) {
+		if !ent.fits(v) {
 			merr.Mismatched = append(merr.Mismatched, Mismatch{Name: name, CheckpointDType: ent.DType,
 				CheckpointShape: ent.Shape, ModelDType: v.DType, ModelShape: v.Shape})
 			continue

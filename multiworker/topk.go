@@ -119,7 +119,10 @@ func (s *Strategy) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (*strat
 // State returns the engine's checkpoint state (see strategy.InGraph.State)
 // and, under TopK, every worker's residuals: saved as one [workers, n]
 // tensor per residual, gathered from the workers at the save (every worker
-// saves), each worker restoring its own row.
+// saves), each worker restoring its own row. Restored into another number
+// of workers, every worker takes the rows' mean instead: what the workers
+// had not yet sent, as a share of the all-reduced sum, stays the same
+// (exactly so when each worker has as many replicas as before).
 func (s *Strategy) State() strategy.State {
 	if s.residuals == nil {
 		return s.engine.State()
@@ -143,9 +146,23 @@ func (rs residualState) Saveables() []strategy.Saveable {
 	return out
 }
 
+// residualRow builds this worker's residual from a saved [rows, n] tensor:
+// its own row when the job saved it with as many workers, else the rows'
+// mean.
+func (s *Strategy) residualRow(sc *op.Scope, saved tf.Output) tf.Output {
+	axis := op.Const(sc.SubScope("axis"), int32(0))
+	rows := op.GatherV2(sc.SubScope("rows"), op.Shape(sc.SubScope("shape"), saved), axis, axis)
+	last := op.Sub(sc.SubScope("last"), rows, op.Const(sc.SubScope("one"), int32(1)))
+	row := op.Minimum(sc.SubScope("row"), op.Const(sc.SubScope("worker"), int32(s.workerID)), last)
+	own := op.GatherV2(sc.SubScope("own"), saved, row, axis)
+	mean := op.Mean(sc.SubScope("mean"), saved, axis)
+	same := op.Equal(sc.SubScope("same"), rows, op.Const(sc.SubScope("workers"), int32(len(s.workers))))
+	return op.Select(sc.SubScope("mine"), same, own, mean)
+}
+
 func (s *Strategy) residualSaveable(r *residual) strategy.Saveable {
 	group := s.residuals.group
-	return strategy.Saveable{Name: r.name, DType: tf.Float, Shape: []int64{int64(len(s.workers)), r.n},
+	return strategy.Saveable{Name: r.name, DType: tf.Float, Shape: []int64{int64(len(s.workers)), r.n}, AnyRows: true,
 		Slices: []strategy.SaveSlice{{
 			Device: s.engine.State().HostDevice(),
 			Read: func(sc *op.Scope) (tf.Output, error) {
@@ -154,9 +171,7 @@ func (s *Strategy) residualSaveable(r *residual) strategy.Saveable {
 				return tfrt.AllGather(sc.SubScope("gather"), row, group, "save/"+r.name), sc.Err()
 			},
 			Write: func(sc *op.Scope, value tf.Output) ([]*tf.Operation, error) {
-				mine := op.GatherV2(sc.SubScope("mine"), value, op.Const(sc.SubScope("worker"), int32(s.workerID)),
-					op.Const(sc.SubScope("axis"), int32(0)))
-				return []*tf.Operation{op.AssignVariableOp(sc.SubScope("assign"), r.handle, mine)}, sc.Err()
+				return []*tf.Operation{op.AssignVariableOp(sc.SubScope("assign"), r.handle, s.residualRow(sc, value))}, sc.Err()
 			},
 			Restored: func() {
 				s.residuals.mu.Lock()

@@ -40,6 +40,10 @@ type Saveable struct {
 	// DType and Shape describe the whole tensor.
 	DType tf.DataType
 	Shape []int64
+	// AnyRows lets a checkpoint hold the tensor with another first
+	// dimension (one row per worker, saved by a job of another size):
+	// Write then gets it as saved and makes the slice's value from it.
+	AnyRows bool
 	// Variable is the model variable saved, or nil for a strategy's own
 	// state (such as a counter).
 	Variable Variable

@@ -162,6 +162,30 @@ func TestTopKKeepsAccuracyAndResumes(t *testing.T) {
 	assert.Equal(t, sparse.FinalLoss, resumed.FinalLoss)
 }
 
+// A TopK job's checkpoint resumes into another number of workers: every
+// worker of the larger job starts from the mean of the saved residuals,
+// and they train on to the same model.
+func TestTopKResumesIntoMoreWorkers(t *testing.T) {
+	needBinaries(t)
+	dir := t.TempDir()
+	run := func(workers, steps int) map[string]classifier.Result {
+		out, err := launch(t, 3*time.Minute, []string{"--workers", fmt.Sprint(workers)}, "-strategy", "multiworker", "-devices", "2",
+			"-global-batch", "96", "-steps", fmt.Sprint(steps), "-compression", "topk(0.01)", "-checkpoint-dir", dir,
+			"-checkpoint-every", "50", "-json", "-log-every", "0", "-collective-timeout", "10s")
+		require.NoError(t, err, out)
+		if workers == 3 {
+			assert.Contains(t, out, "resuming after step 150")
+		}
+		got := results(t, out)
+		require.Len(t, got, workers, out)
+		return got
+	}
+	run(2, 150)
+	got := run(3, 300)
+	assert.Equal(t, got["worker:0"].ParamL2, got["worker:2"].ParamL2, "the workers hold the same model")
+	assert.GreaterOrEqual(t, got["worker:0"].Accuracy, 0.9)
+}
+
 // What the rule set aside each step reaches the log (info), the -json
 // output and TensorBoard: under the median, the NaN vote of worker 2 of
 // 3, every step.
