@@ -50,21 +50,22 @@
 //
 // Over shared memory, where each side can read the other's memory
 // (process_vm_readv: same user, or CAP_SYS_PTRACE, and no seccomp policy
-// against it), a ring all-reduce's chunks of 64 KiB and more travel as
-// their address, as MPI's single-copy transports (cross-memory attach) do:
-// the receiver copies each chunk from the sender's buffer straight into
-// its result, and reduces it there, one copy instead of two (into the
-// ring, out of it). Each side probes the other when the segment is set up,
-// by reading the record of its mapping address the peer keeps in the
-// segment at that very address, in the process the Unix socket's
-// credentials name, and publishes whether it can; a side that cannot, or
-// would not, gets bytes. A call that sent addresses ends only once the
-// next member says it has read every chunk, and a call that ends early (an
-// error, a cancelled context) first revokes the lease that vouched for its
+// against it), the chunks of 64 KiB and more of an all-reduce's ring, an
+// all-gather or a broadcast travel as their address, as MPI's single-copy
+// transports (cross-memory attach) do: the receiver copies each chunk
+// from the sender's buffer straight into its result, and reduces it
+// there, one copy instead of two (into the ring, out of it). Each side
+// probes the other when the segment is set up, by reading the record of
+// its mapping address the peer keeps in the segment at that very
+// address, in the process the Unix socket's credentials name, and
+// publishes whether it can; a side that cannot, or would not, gets bytes.
+// A call that sent addresses ends only once each peer it sent them to
+// says it has read every chunk, and a call that ends early (an error, a
+// cancelled context) first revokes the lease that vouched for its
 // buffers, so a read that overlaps it fails instead of taking bytes the
-// caller may have reused. Compressed calls, gathers and broadcasts move
-// bytes as before. The audit trail's reads_peer_memory says which peers a
-// member reads.
+// caller may have reused. Compressed all-reduces and the direct path of
+// small ones move bytes as before. The audit trail's reads_peer_memory
+// says which peers a member reads.
 //
 // # Matching
 //

@@ -41,9 +41,9 @@ const (
 	kindUpgrade
 )
 
-// flagRemote marks a ring all-reduce's data frame whose chunk stays in the
-// sender's memory: the payload is a remoteRef (see remote.go), or empty on
-// the frame that says the sender has read every chunk it was sent so.
+// flagRemote marks a data frame whose chunk stays in the sender's memory:
+// the payload is a remoteRef (see remote.go), or empty on the frame that
+// says the sender has read every chunk it was sent so.
 const flagRemote uint8 = 1
 
 // opKind is the collective operation a data frame belongs to.
@@ -138,7 +138,7 @@ func parseFixed(b []byte) (header, int, int, error) {
 	h.epoch, h.seq, h.count = le.Uint32(b[12:]), le.Uint64(b[16:]), le.Uint64(b[24:])
 	h.offset, h.root, h.step = le.Uint64(b[32:]), le.Uint32(b[40:]), le.Uint32(b[44:])
 	h.chunk, h.length, h.wire, h.flags = le.Uint32(b[48:]), le.Uint32(b[52:]), DType(b[56]), b[57]
-	if h.flags&^flagRemote != 0 || h.flags != 0 && (h.kind != kindData || h.op != opAllReduce) {
+	if h.flags&^flagRemote != 0 || h.flags != 0 && (h.kind != kindData || h.op == opBarrier) {
 		return h, 0, 0, fmt.Errorf("%w: flags %#x on a %d frame of %s", errProtocol, h.flags, h.kind, h.op)
 	}
 	rank := int(b[9])

@@ -31,14 +31,14 @@ func TestDecodeHeaderRejectsForeignBytes(t *testing.T) {
 	assert.ErrorContains(t, err, "version 9")
 }
 
-// Only a ring all-reduce's data frames may be flagged remote, and no other
-// flag exists.
+// Only the data frames of operations that move data may be flagged
+// remote, and no other flag exists.
 func TestDecodeHeaderRejectsMisplacedFlags(t *testing.T) {
 	ok := header{kind: kindData, op: opAllReduce, dtype: Float32, length: remoteRefLen, flags: flagRemote}
 	_, _, err := decodeHeader(appendHeader(nil, &ok))
 	require.NoError(t, err)
 	for _, h := range []header{
-		{kind: kindData, op: opAllGather, dtype: Float32, flags: flagRemote},
+		{kind: kindData, op: opBarrier, dtype: Float32, flags: flagRemote},
 		{kind: kindAbort, flags: flagRemote},
 		{kind: kindData, op: opAllReduce, dtype: Float32, flags: 2},
 	} {

@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -41,7 +42,7 @@ func (o *op) gather(data []byte, out [][]byte) error {
 			return err
 		}
 	}
-	return nil
+	return o.endReads()
 }
 
 // Broadcast overwrites data on every member with root's data. Every member
@@ -84,14 +85,17 @@ func (o *op) broadcastRoot(data []byte) error {
 			return err
 		}
 	}
-	return nil
+	return o.endReads()
 }
 
 func (o *op) broadcastLeaf(root int, data []byte) error {
 	if err := o.send(root, 0, 0, 0, nil); err != nil {
 		return err
 	}
-	return o.recvChunks(root, nil, &data)
+	if err := o.recvChunks(root, nil, &data); err != nil {
+		return err
+	}
+	return o.endReads()
 }
 
 // Barrier returns once every member has called it with name.
@@ -135,7 +139,7 @@ func (o *op) sendChunks(peers []int, data []byte) error {
 	for i := range ch.count() {
 		lo, hi := ch.bounds(i)
 		for _, p := range peers {
-			if err := o.send(p, 0, i, lo, data[lo:hi]); err != nil {
+			if err := o.sendChunk(p, 0, i, lo, data[lo:hi]); err != nil {
 				return err
 			}
 		}
@@ -163,12 +167,37 @@ func (o *op) recvChunks(peer int, later []int, dst *[]byte) error {
 			}
 		}
 		lo, hi := ch.bounds(i)
-		if int(f.h.chunk) != i || f.h.offset != uint64(lo) || int(f.h.length) != hi-lo || len(*dst) != ch.total {
-			f.release()
-			return o.protocolErr(peer, "chunk %d at %d+%d, want %d at %d+%d", f.h.chunk, f.h.offset, f.h.length, i, lo, hi-lo)
+		length, remote := hi-lo, f.h.flags&flagRemote != 0
+		if remote {
+			length = remoteRefLen
 		}
-		copy((*dst)[lo:hi], f.payload())
+		if int(f.h.chunk) != i || f.h.offset != uint64(lo) || int(f.h.length) != length || len(*dst) != ch.total {
+			f.release()
+			return o.protocolErr(peer, "chunk %d at %d+%d, want %d at %d+%d", f.h.chunk, f.h.offset, f.h.length, i, lo, length)
+		}
+		err = o.takeChunk(peer, &f, (*dst)[lo:hi], remote)
 		f.release()
+		if err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// takeChunk copies a frame's chunk into dst: its payload, or the remote
+// chunk it points to.
+func (o *op) takeChunk(peer int, f *frame, dst []byte, remote bool) error {
+	if !remote {
+		copy(dst, f.payload())
+		return nil
+	}
+	if !o.readable(peer) {
+		return o.protocolErr(peer, "a chunk to read from its memory, which this member cannot")
+	}
+	err := o.readChunk(peer, &f.h, dst, f.payload())
+	if errors.Is(err, errReleased) {
+		return o.awaitEnd(peer)
+	}
+	o.markRead(peer)
+	return err
 }

@@ -21,7 +21,8 @@ type op struct {
 	deadline  time.Time          // bound on writes: the earlier of timeout and ctx deadline
 	cancelled bool               // ctx ended the call
 	hdr       []byte             // encoded header scratch
-	lease     *remoteLease       // exposes this call's buffers to the next member (remote.go)
+	leases    []*remoteLease     // by peer: expose this call's buffers to it (remote.go)
+	readFrom  []bool             // by peer: the call read remote chunks from it
 	ref       [remoteRefLen]byte // a remote chunk's payload scratch
 }
 
@@ -69,7 +70,7 @@ func (o *op) stopTimer() {
 // end unregisters the call and returns its result. Any error but the
 // caller's cancellation breaks the group.
 func (o *op) end(err error) error {
-	o.revokeLease()
+	o.revokeLeases()
 	o.stopTimer()
 	g := o.g
 	g.mu.Lock()

@@ -311,7 +311,18 @@ func mixedOp(g *Group, i int) error {
 }
 
 func TestAllGatherDifferentLengths(t *testing.T) {
-	gs := newGroups(t, 3, smallChunks)
+	for _, tr := range testTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			gs := newGroups(t, 3, append(tr.opts, smallChunks)...)
+			testAllGatherDifferentLengths(t, gs)
+			if tr.name == "shm-remote" && crossMemoryWorks(t) {
+				assert.Positive(t, remoteReads(gs), "no chunk was read from a peer's memory")
+			}
+		})
+	}
+}
+
+func testAllGatherDifferentLengths(t *testing.T, gs []*Group) {
 	lengths := []int{0, 3, 1000} // 1000 float64 elements span many chunks
 	outs := make([][][]byte, len(gs))
 	ins := make([][]byte, len(gs))
@@ -335,7 +346,18 @@ func TestAllGatherDifferentLengths(t *testing.T) {
 }
 
 func TestBroadcastFromEachRoot(t *testing.T) {
-	gs := newGroups(t, 3, smallChunks)
+	for _, tr := range testTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			gs := newGroups(t, 3, append(tr.opts, smallChunks)...)
+			testBroadcastFromEachRoot(t, gs)
+			if tr.name == "shm-remote" && crossMemoryWorks(t) {
+				assert.Positive(t, remoteReads(gs), "no chunk was read from a peer's memory")
+			}
+		})
+	}
+}
+
+func testBroadcastFromEachRoot(t *testing.T, gs []*Group) {
 	for root := range gs {
 		for _, elems := range []int{0, 1, 999} {
 			bufs := make([][]byte, len(gs))

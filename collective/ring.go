@@ -63,7 +63,7 @@ func (o *op) ringReduce(dst, src []byte) error {
 		if err := o.sendSource(next, rr, src, sent0); err != nil {
 			return err
 		}
-		if o.lease != nil {
+		if o.leases != nil && o.leases[next] != nil {
 			window = r.chunks // addresses take no room in the ring: send them all
 		}
 	}
@@ -79,7 +79,13 @@ func (o *op) ringReduce(dst, src []byte) error {
 			sent0++
 		}
 	}
-	return o.finishRemote(rr, next)
+	g.mu.Lock()
+	read := rr.remoteIn
+	g.mu.Unlock()
+	if read {
+		o.markRead(rr.from)
+	}
+	return o.endReads()
 }
 
 // wireSize returns the bytes an element takes on the wire.

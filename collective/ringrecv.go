@@ -27,7 +27,7 @@ type ringRecv struct {
 	sent     []atomic.Int32 // by chunk, this member's sends of it that returned
 	ending   atomic.Bool    // the call is ending: apply nothing more
 	applying int            // in-place applications in progress
-	remote   remoteMem      // the connection from `from`, if this member can read the peer's memory
+	remote   bool           // this member can read the memory of `from`
 	remoteIn bool           // a remote chunk arrived (under g.mu)
 }
 
@@ -37,9 +37,7 @@ func (o *op) receiveRing(r ring, dst, src []byte) *ringRecv {
 	g := o.g
 	rr := &ringRecv{o: o, r: r, from: mod(g.rank-1, r.n), dst: dst, src: src,
 		arrived: make([]int, r.chunks), sent: make([]atomic.Int32, r.chunks)}
-	if c := g.conns[rr.from]; c != nil && c.remote != nil && c.remote.canRead() {
-		rr.remote = c.remote
-	}
+	rr.remote = o.readable(rr.from)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	o.box.ring = rr
@@ -62,7 +60,7 @@ func (rr *ringRecv) admit(h *header) (bool, error) {
 	}
 	k, c := int(h.step), int(h.chunk)
 	remote := h.flags&flagRemote != 0
-	if remote && k == rr.doneStep() && c == 0 && h.length == 0 {
+	if remote && h.step == stepReadsDone && c == 0 && h.length == 0 {
 		return false, nil // the next member has read this one's chunks (n = 2: it is also the previous)
 	}
 	if c >= rr.r.chunks || k >= 2*(rr.r.n-1) || rr.arrived[c] != k {
@@ -71,7 +69,7 @@ func (rr *ringRecv) admit(h *header) (bool, error) {
 	lo, hi := rr.elems(k, c)
 	length := (hi - lo) * o.wireSize()
 	if remote {
-		if rr.remote == nil || o.self.wire != 0 {
+		if !rr.remote || o.self.wire != 0 {
 			return false, o.protocolErr(rr.from, "a chunk to read from its memory, which this member cannot")
 		}
 		rr.remoteIn, length = true, remoteRefLen
