@@ -45,7 +45,7 @@ func (c reduceCase) opts() []CallOption {
 }
 
 // testTransports are the benchmarks' transports and shared memory with
-// every ring chunk read from the sender's memory (remote.go).
+// every chunk read from the sender's memory (remote.go).
 var testTransports = append(transports[:len(transports):len(transports)],
 	struct {
 		name string
@@ -54,16 +54,24 @@ var testTransports = append(transports[:len(transports):len(transports)],
 
 func everyChunkRemote(c *config) { c.remoteMin = 1 }
 
-func TestAllReduceMatchesReference(t *testing.T) {
+// overTestTransports runs test on groups of n members with small chunks
+// over each of testTransports, and checks that over shm-remote the members
+// did read each other's memory.
+func overTestTransports(t *testing.T, n int, test func(*testing.T, []*Group)) {
 	for _, tr := range testTransports {
-		for n := 1; n <= 5; n++ {
-			t.Run(fmt.Sprintf("transport=%s/members=%d", tr.name, n), func(t *testing.T) {
-				gs := testAllReduceMatchesReference(t, n, append(tr.opts, smallChunks)...)
-				if tr.name == "shm-remote" && n > 1 && crossMemoryWorks(t) {
-					assert.Positive(t, remoteReads(gs), "no chunk was read from a peer's memory")
-				}
-			})
-		}
+		t.Run(fmt.Sprintf("transport=%s/members=%d", tr.name, n), func(t *testing.T) {
+			gs := newGroups(t, n, append(tr.opts, smallChunks)...)
+			test(t, gs)
+			if tr.name == "shm-remote" && n > 1 && crossMemoryWorks(t) {
+				assert.Positive(t, remoteReads(gs), "no chunk was read from a peer's memory")
+			}
+		})
+	}
+}
+
+func TestAllReduceMatchesReference(t *testing.T) {
+	for n := 1; n <= 5; n++ {
+		overTestTransports(t, n, testAllReduceMatchesReference)
 	}
 }
 
@@ -75,8 +83,8 @@ func remoteReads(gs []*Group) (n int64) {
 	return n
 }
 
-func testAllReduceMatchesReference(t *testing.T, n int, opts ...Option) []*Group {
-	gs := newGroups(t, n, opts...)
+func testAllReduceMatchesReference(t *testing.T, gs []*Group) {
+	n := len(gs)
 	rng := rand.New(rand.NewPCG(uint64(n), 7))
 	var cases []reduceCase
 	for _, elems := range lengthsFor(n) {
@@ -94,7 +102,6 @@ func testAllReduceMatchesReference(t *testing.T, n int, opts ...Option) []*Group
 	for i, c := range cases {
 		checkReduced(t, c, outs[i])
 	}
-	return gs
 }
 
 // runConcurrently issues every case on every member at once, each member
@@ -311,15 +318,7 @@ func mixedOp(g *Group, i int) error {
 }
 
 func TestAllGatherDifferentLengths(t *testing.T) {
-	for _, tr := range testTransports {
-		t.Run(tr.name, func(t *testing.T) {
-			gs := newGroups(t, 3, append(tr.opts, smallChunks)...)
-			testAllGatherDifferentLengths(t, gs)
-			if tr.name == "shm-remote" && crossMemoryWorks(t) {
-				assert.Positive(t, remoteReads(gs), "no chunk was read from a peer's memory")
-			}
-		})
-	}
+	overTestTransports(t, 3, testAllGatherDifferentLengths)
 }
 
 func testAllGatherDifferentLengths(t *testing.T, gs []*Group) {
@@ -346,15 +345,7 @@ func testAllGatherDifferentLengths(t *testing.T, gs []*Group) {
 }
 
 func TestBroadcastFromEachRoot(t *testing.T) {
-	for _, tr := range testTransports {
-		t.Run(tr.name, func(t *testing.T) {
-			gs := newGroups(t, 3, append(tr.opts, smallChunks)...)
-			testBroadcastFromEachRoot(t, gs)
-			if tr.name == "shm-remote" && crossMemoryWorks(t) {
-				assert.Positive(t, remoteReads(gs), "no chunk was read from a peer's memory")
-			}
-		})
-	}
+	overTestTransports(t, 3, testBroadcastFromEachRoot)
 }
 
 func testBroadcastFromEachRoot(t *testing.T, gs []*Group) {
