@@ -44,10 +44,13 @@ func (s Setup) StepsOf(steps int) int {
 // collectives, and parameter-server training with a chief, 2 workers and 1
 // ps task. TensorFlow's distributed sessions refuse a step as a repeated
 // request about once in tens of thousands (docs/architecture.md), so the
-// run on its collectives stops at 10,000 steps, where that is rare. Two
+// run on its collectives stops at 10,000 steps, where that is rare. Three
 // more, which -strategies must name, soak the gradient paths of the
-// engine: "robust", 3 workers whose votes a trimmed mean combines, and
-// "topk", 2 workers of 2 logical CPUs sending TopK(0.01) gradients.
+// engine: "robust", 3 workers whose votes a trimmed mean combines,
+// "topk", 2 workers of 2 logical CPUs sending TopK(0.01) gradients, and
+// "wide", 2 workers of 2 logical CPUs training 1,024 hidden units, whose
+// gradients' all-reduce is large enough for each worker to read its
+// chunks from the other's memory.
 func Setups() []Setup {
 	return []Setup{
 		{Name: "default", Args: []string{"-strategy", "default"}},
@@ -62,6 +65,8 @@ func Setups() []Setup {
 			Args: []string{"-strategy", "multiworker", "-global-batch", "96", "-aggregation", "trimmed_mean(1)"}},
 		{Name: "topk", Launch: []launch.Option{launch.WithWorkers(2)},
 			Args: []string{"-strategy", "multiworker", "-devices", "2", "-compression", "topk(0.01)"}},
+		{Name: "wide", Launch: []launch.Option{launch.WithWorkers(2)},
+			Args: []string{"-strategy", "multiworker", "-devices", "2", "-hidden", "1024"}},
 	}
 }
 
