@@ -195,9 +195,12 @@ func (o *op) takeChunk(peer int, f *frame, dst []byte, remote bool) error {
 		return o.protocolErr(peer, "a chunk to read from its memory, which this member cannot")
 	}
 	err := o.readChunk(peer, &f.h, dst, f.payload())
-	if errors.Is(err, errReleased) {
+	switch {
+	case errors.Is(err, errReleased):
 		return o.awaitEnd(peer)
+	case err != nil:
+		return err
 	}
 	o.markRead(peer)
-	return err
+	return nil
 }

@@ -32,8 +32,9 @@ time per all-reduce, the algorithm bandwidth (bytes / time) and the bus
 bandwidth (algorithm bandwidth x 2(N-1)/N for N workers, the share of the
 data each worker sends and receives in a ring all-reduce, which compares
 with a link's bandwidth whatever N is), and for reference what a plain
-TCP copy between two processes reaches in the same run. The workers share this machine's CPUs:
-compare the ratios, not the absolute numbers, between machines.
+TCP copy between two processes reaches in the same run. The workers share
+this machine's CPUs: compare the ratios, not the absolute numbers,
+between machines.
 
 --backend chooses the collectives: tfdist (tfdist's own collective engine,
 the default) or tensorflow (TensorFlow's ring all-reduce over gRPC).
