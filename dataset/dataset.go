@@ -206,11 +206,7 @@ func (it *elemIter) Next(ctx context.Context) (Element, error) {
 	if err != nil {
 		return nil, err
 	}
-	el, err := e.element()
-	if err == nil {
-		e.giveBack()
-	}
-	return el, err
+	return e.emit()
 }
 
 func (it *elemIter) Close() error {

@@ -242,12 +242,7 @@ func (p *ExampleParser) Parse(record []byte) (Element, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dataset: parse tf.Example: %w", err)
 	}
-	e := hostElem{cols: cols, loans: loans}
-	el, err := e.element()
-	if err == nil {
-		e.giveBack()
-	}
-	return el, err
+	return hostElem{cols: cols, loans: loans}.emit()
 }
 
 // slot gathers the values of one spec feature while parsing.

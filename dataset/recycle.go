@@ -64,6 +64,16 @@ func settle[T float32 | int64](pool *sync.Pool, buf *[]T, data any, loans []loan
 	return loans
 }
 
+// emit returns e as tensors, for a pipeline's output, and then gives its
+// loans back: the tensors hold copies of the values.
+func (e hostElem) emit() (Element, error) {
+	el, err := e.element()
+	if err == nil {
+		e.giveBack()
+	}
+	return el, err
+}
+
 // giveBack returns the buffers e holds to their pools. Only the last
 // holder of e's values calls it, once it no longer reads them.
 func (e hostElem) giveBack() {
