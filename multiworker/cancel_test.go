@@ -2,6 +2,7 @@ package multiworker_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -221,6 +222,47 @@ func TestStartupEndsWithItsContext(t *testing.T) {
 			assert.Less(t, late, 2*time.Second, "returned %v after its context ended", late)
 			t.Logf("returned %v after its context ended", late)
 			leaks()
+		})
+	}
+}
+
+// Scope and Build build ops only, so a worker gets past them before any
+// peer has built its model: worker 0's initial values reach the peers by
+// the first step, which waits for them within its context. The workers
+// then hold the same model.
+func TestScopeWaitsForNoPeer(t *testing.T) {
+	for _, comm := range backends {
+		t.Run(comm.String(), func(t *testing.T) {
+			built := make(chan struct{})
+			params := make([]map[string][]float32, 2)
+			errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithCommunication(comm),
+				multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+				func(w int, s *multiworker.Strategy) error {
+					if w == 1 {
+						select {
+						case <-built:
+						case <-time.After(20 * time.Second):
+							return errors.New("worker 0's Scope and Build waited for worker 1's")
+						}
+					}
+					m, step, err := mlpStep(s)
+					if w == 0 {
+						close(built)
+					}
+					if err != nil {
+						return err
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					defer cancel()
+					if _, err := s.Run(ctx, step, oneExample(t)); err != nil {
+						return err
+					}
+					params[w], err = values(ctx, s, m.Vars())
+					return err
+				})
+			require.NoError(t, errs[0])
+			require.NoError(t, errs[1])
+			assert.Equal(t, params[0], params[1], "both workers hold worker 0's model, trained by one step")
 		})
 	}
 }

@@ -201,6 +201,10 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		}
 		reducer = compressed{c.packed(comp)}
 	}
+	var pendingInit func() ([]*tf.Operation, func())
+	if s.residuals != nil {
+		pendingInit = s.residuals.pending
+	}
 	e, err := strategy.NewInGraph(strategy.Config{
 		Name:              "multiworker",
 		Devices:           devices,
@@ -214,6 +218,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		Logger:            w.log,
 		DiagnoseRunError:  s.diagnose,
 		AbortPeers:        g.Abort,
+		PendingInit:       pendingInit,
 	})
 	if err != nil {
 		s.unregister()

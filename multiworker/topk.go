@@ -1,8 +1,6 @@
 package multiworker
 
 import (
-	"context"
-	"fmt"
 	"math"
 	"sort"
 	"sync"
@@ -36,8 +34,9 @@ type residuals struct {
 	list  []*residual
 }
 
-// add creates the residual of the all-reduce name, n elements, zero until
-// a step's build ends (initPending) or a checkpoint restores it.
+// add creates the residual of the all-reduce name, n elements: zero from
+// the engine's next initialisation (pending), unless a checkpoint restores
+// it first.
 func (rs *residuals) add(s *op.Scope, name string, n int64) *residual {
 	r := &residual{name: residualPrefix + name, n: n}
 	r.handle = op.VarHandleOp(s, tf.Float, tf.MakeShape(n), op.VarHandleOpSharedName(r.name))
@@ -49,9 +48,12 @@ func (rs *residuals) add(s *op.Scope, name string, n int64) *residual {
 	return r
 }
 
-// initPending zeroes the residuals that hold no value yet.
-func (rs *residuals) initPending(ctx context.Context, st strategy.State) error {
+// pending returns the initialisers of the residuals that hold no value
+// yet, which zero them, and a function that records that they ran: the
+// engine runs them with its variables' (strategy.Config.PendingInit).
+func (rs *residuals) pending() ([]*tf.Operation, func()) {
 	rs.mu.Lock()
+	defer rs.mu.Unlock()
 	var pending []*residual
 	var targets []*tf.Operation
 	for _, r := range rs.list {
@@ -59,18 +61,13 @@ func (rs *residuals) initPending(ctx context.Context, st strategy.State) error {
 			pending, targets = append(pending, r), append(targets, r.init)
 		}
 	}
-	rs.mu.Unlock()
-	if len(targets) == 0 {
-		return nil
-	}
-	_, err := st.Run(ctx, nil, nil, targets, func() {
+	return targets, func() {
 		rs.mu.Lock()
 		defer rs.mu.Unlock()
 		for _, r := range pending {
 			r.inited = true
 		}
-	})
-	return err
+	}
 }
 
 // sparseSum is the all-reduce (sum) of sum under TopK(c.topK): the worker
@@ -101,19 +98,6 @@ func (c *engineOps) sparseSize(v tf.Output) int64 {
 		return 0
 	}
 	return compressible(v)
-}
-
-// Build builds a step as the engine does and gives the TopK residuals
-// that the build created their zero values.
-func (s *Strategy) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (*strategy.Step, error) {
-	step, err := s.engine.Build(spec, fn)
-	if err != nil || s.residuals == nil {
-		return step, err
-	}
-	if err := s.residuals.initPending(context.Background(), s.engine.State()); err != nil {
-		return nil, fmt.Errorf("multiworker: initialise TopK residuals: %w", err)
-	}
-	return step, nil
 }
 
 // State returns the engine's checkpoint state (see strategy.InGraph.State)

@@ -105,7 +105,7 @@ func TestExportInsideScopeFails(t *testing.T) {
 	})
 	require.ErrorIs(t, err, strategy.ErrInScope)
 	require.ErrorContains(t, err, `variable "mlp/dense_0/bias"`)
-	require.ErrorContains(t, err, "initialised only when it returns")
+	require.ErrorContains(t, err, "exist only once it returns")
 }
 
 // TestExportRefusesAnotherStrategysVariables: a signature reading a

@@ -139,9 +139,6 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 	if err := e.finishAccumulation(root, st, ab, globals); err != nil {
 		return nil, err
 	}
-	if err := e.initPending(context.Background()); err != nil {
-		return nil, &BuildError{Replica: -1, Err: err}
-	}
 	e.log.Debug("step built", zap.Int("replicas", n), zap.Strings("inputs", st.names),
 		zap.Strings("outputs", st.outNames), zap.Strings("reduced_outputs", st.redNames), zap.Duration("took", time.Since(start)))
 	return st, nil

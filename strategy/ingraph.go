@@ -61,6 +61,11 @@ type Config struct {
 	// context ends while the run may wait in a collective, so that the
 	// run returns; either way it then refuses every later run.
 	AbortPeers func(error)
+	// PendingInit, when set, returns the initialisers that have not run of
+	// state kept outside the variables (TopK's residuals), and a function
+	// that records that they ran: the engine runs them with the variables'
+	// initialisers.
+	PendingInit func() (targets []*tf.Operation, ran func())
 }
 
 // InGraph is the in-graph replication engine: one TensorFlow graph holds
@@ -208,8 +213,10 @@ func (e *InGraph) newScope(name string) (*op.Scope, string) {
 	return op.NewScopeWithGraph(e.graph).SubScope(ns), ns
 }
 
-// Scope runs fn with a Scope that creates variables the strategy's way, then
-// initialises the new variables.
+// Scope runs fn with a Scope that creates variables the strategy's way.
+// It builds ops only and never waits for peers: the next call that takes a
+// context (a step's run, Value, a checkpoint's save or restore)
+// initialises the new variables first, bounded by that context.
 func (e *InGraph) Scope(fn func(Scope) error) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -221,10 +228,7 @@ func (e *InGraph) Scope(fn func(Scope) error) error {
 	err := graphutil.Safely(func() error { return fn(sc) })
 	e.scoping.Store(false)
 	sc.closed = true
-	if err != nil {
-		return err
-	}
-	return e.initPending(context.Background())
+	return err
 }
 
 // Variables returns every variable of the strategy, in creation order.
@@ -305,7 +309,8 @@ func (e *InGraph) newVariable(name string, dtype tf.DataType, shape []int64, ini
 	return v, nil
 }
 
-// initPending initialises every variable not yet initialised or restored.
+// initPending initialises every variable not yet initialised or restored,
+// and the state of Config.PendingInit.
 func (e *InGraph) initPending(ctx context.Context) error {
 	var targets []*tf.Operation
 	var pending []*variable
@@ -314,6 +319,12 @@ func (e *InGraph) initPending(ctx context.Context) error {
 			targets = append(targets, v.init)
 			pending = append(pending, v)
 		}
+	}
+	ran := func() {}
+	if e.cfg.PendingInit != nil {
+		var more []*tf.Operation
+		more, ran = e.cfg.PendingInit()
+		targets = append(targets, more...)
 	}
 	if len(targets) == 0 {
 		return nil
@@ -324,6 +335,7 @@ func (e *InGraph) initPending(ctx context.Context) error {
 	for _, v := range pending {
 		v.inited = true
 	}
+	ran()
 	return nil
 }
 

@@ -66,6 +66,9 @@ func (s engineState) Run(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fe
 		return nil, err
 	}
 	defer e.mu.Unlock()
+	if err := e.initPending(ctx); err != nil {
+		return nil, err
+	}
 	out, err := e.runLocked(ctx, feeds, fetches, targets)
 	if err == nil && after != nil {
 		after()

@@ -14,6 +14,8 @@ import (
 // implement it (they are InGraph engines).
 type Strategy interface {
 	// Scope runs fn with a Scope that creates variables the strategy's way.
+	// The in-graph strategies initialise them by the next call that takes
+	// a context, so Scope never waits for peers.
 	Scope(fn func(Scope) error) error
 	// NumReplicasInSync returns the number of replicas across all workers.
 	NumReplicasInSync() int

@@ -127,9 +127,9 @@ type Result map[string]PerReplica
 var ErrScopeClosed = errors.New("strategy: scope used after Scope returned")
 
 // ErrInScope is returned by a strategy's calls (Value, Run, Build, …) made
-// while its Scope function runs: the variables it creates are initialised
-// only when it returns, and the call would wait for it forever.
-var ErrInScope = errors.New("called while the strategy's Scope function runs: its variables are initialised only when it returns; call after Scope")
+// while its Scope function runs: the variables it creates exist only once
+// it returns, and the call would wait for it forever.
+var ErrInScope = errors.New("called while the strategy's Scope function runs: its variables exist only once it returns; call after Scope")
 
 // ErrCannotContinue is wrapped by a run error after which the strategy runs
 // nothing more: a synchronous step that failed across workers (a dead or
