@@ -31,11 +31,10 @@ task; "-strategies robust,topk,wide" soaks the engine's gradient paths
 too (3 workers under -aggregation trimmed_mean(1); 2 workers of 2 logical
 CPUs under -compression topk(0.01); 2 workers of 2 logical CPUs with
 -hidden 1024, whose all-reduce reads its chunks from the other worker's
-memory). Every -interval it
-samples each process's OS threads, resident memory and open file
-descriptors (from /proc, so Linux only), and the goroutines the program
-reports. It prints a table per strategy and fails when a process exits
-with an error or breaks a bound:
+memory). Every -interval it samples each process's OS threads, resident
+memory and open file descriptors (from /proc, so Linux only), and the
+goroutines the program reports. It prints a table per strategy and fails
+when a process exits with an error or breaks a bound:
 
 	OS threads         at most -max-threads at any time
 	resident memory    at the end, at most -max-rss-growth above its value
