@@ -12,7 +12,8 @@
 // TensorFlow's tensorflow/core/lib/hash/crc32c.h. Both checksums are verified
 // on every read: a flipped bit anywhere in a record is reported as a
 // [*CorruptError] that names the byte offset of the record, never returned as
-// data. Compressed (GZIP, ZLIB) TFRecord files are not supported.
+// data. GZIP and ZLIB compressed files are read with [WithCompression] and
+// written with [NewCompressedWriter].
 //
 // The package has no TensorFlow dependency; it is shared by the input
 // pipelines of package dataset and by writers of TensorBoard event files.
