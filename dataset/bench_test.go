@@ -19,6 +19,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/internal/pyenv"
 )
 
 const (
@@ -262,16 +263,7 @@ func BenchmarkInterleave(b *testing.B) {
 	dir := writeManyFiles(b)
 	seq, par := interleavePipeline(b, dir, 1), interleavePipeline(b, dir, 4)
 	loose := interleavePipeline(b, dir, 4, dataset.Deterministic(false))
-	count := func(b *testing.B, ds dataset.Dataset) (wall, cpu time.Duration) {
-		start, cpu0 := time.Now(), processCPU(b)
-		n := 0
-		for e, err := range dataset.All(context.Background(), ds) {
-			require.NoError(b, err)
-			n += int(e["y"].Shape()[0])
-		}
-		require.Equal(b, manyFiles*manyFileRecords, n)
-		return time.Since(start), processCPU(b) - cpu0
-	}
+	count := readPass
 	count(b, seq) // warm the page cache
 	for _, gogc := range []int{100, 400} {
 		b.Run(fmt.Sprintf("GOGC=%d", gogc), func(b *testing.B) {
@@ -300,6 +292,65 @@ func BenchmarkInterleave(b *testing.B) {
 			b.ReportMetric(scaling(copyRecords), "copy-scaling")
 			b.ReportMetric(scaling(scalarLoop), "scalar-scaling")
 		})
+	}
+}
+
+// readPass reads every batch of the many files from ds and returns the
+// wall time and the process's CPU time it took.
+func readPass(b *testing.B, ds dataset.Dataset) (wall, cpu time.Duration) {
+	start, cpu0 := time.Now(), processCPU(b)
+	n := 0
+	for e, err := range dataset.All(context.Background(), ds) {
+		require.NoError(b, err)
+		n += int(e["y"].Shape()[0])
+	}
+	require.Equal(b, manyFiles*manyFileRecords, n)
+	return time.Since(start), processCPU(b) - cpu0
+}
+
+// BenchmarkInterleaveAgainstTFData reads and parses the many files of
+// BenchmarkInterleave with tfdist's pipeline and with tf.data's, in Python
+// TensorFlow 2.18 (the cached virtual environment, as the tests that
+// compare with tf.data use), each sequentially and with 4 parallel reads.
+// tf.data runs the same pipeline (parse_single_example per record), and
+// its faster form that parses whole batches (parse_example after batch);
+// see testdata/tfdata_interleave_bench.py. It reports every pipeline's
+// milliseconds per pass and tf.data's time over tfdist's. tfdist's passes
+// run half before tf.data's and half after, so that a change in the
+// machine's load shows in neither alone. Run with -benchtime 1x.
+func BenchmarkInterleaveAgainstTFData(b *testing.B) {
+	const passes = 4
+	dir := writeManyFiles(b)
+	seq, par := interleavePipeline(b, dir, 1), interleavePipeline(b, dir, 4)
+	for range b.N {
+		readPass(b, seq) // warm the page cache and the parser's pools
+		readPass(b, par)
+		var tSeq, tPar time.Duration
+		half := func() {
+			for range passes / 2 {
+				w, _ := readPass(b, seq)
+				tSeq += w
+				w, _ = readPass(b, par)
+				tPar += w
+			}
+		}
+		half()
+		var tfdata map[string]map[string]float64
+		pyenv.TensorFlow(b).JSON(b, filepath.Join("testdata", "tfdata_interleave_bench.py"), map[string]any{
+			"pattern": filepath.Join(dir, "*.tfrecord"), "records": manyFiles * manyFileRecords,
+			"passes": passes, "batch": benchBatch, "features": imageFeatures}, &tfdata)
+		half()
+		ms := func(d time.Duration) float64 { return d.Seconds() * 1e3 / passes }
+		b.ReportMetric(ms(tSeq), "tfdist-sequential-ms")
+		b.ReportMetric(ms(tPar), "tfdist-parallel-ms")
+		b.ReportMetric(tSeq.Seconds()/tPar.Seconds(), "tfdist-speedup")
+		for _, form := range []string{"per_record", "batched"} {
+			t := tfdata[form]
+			b.ReportMetric(t["sequential"]*1e3, "tfdata-"+form+"-sequential-ms")
+			b.ReportMetric(t["parallel"]*1e3, "tfdata-"+form+"-parallel-ms")
+			b.ReportMetric(t["sequential"]/t["parallel"], "tfdata-"+form+"-speedup")
+			b.ReportMetric(t["parallel"]*1e3/ms(tPar), "tfdata-"+form+"-parallel/tfdist-parallel")
+		}
 	}
 }
 

@@ -157,5 +157,11 @@
 // benchmark's copy-scaling, 0.9 to 1.2 in the same runs), while a loop
 // that touches no memory runs twice as fast on two (scalar-scaling, 2.0),
 // and each record is copied out of the page cache and into a new batch
-// tensor. Two processes gain about 1.7 times.
+// tensor. Two processes gain about 1.7 times. tf.data, on the same files
+// in the same runs (BenchmarkInterleaveAgainstTFData, Python TensorFlow
+// 2.18), gains no more: 1.06 to 1.30 times with a parse per record, and
+// its faster form, which parses whole batches, gets slower with parallel
+// reads (0.49 to 0.69 times). tfdist's parallel pass takes 27 to 28 ms;
+// tf.data's takes 15 times as long parsing each record, and its fastest
+// pass (batches, sequential) about 4.3 times as long.
 package dataset
