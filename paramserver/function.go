@@ -1,7 +1,6 @@
 package paramserver
 
 import (
-	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -99,7 +98,7 @@ func (s *Strategy) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (*Funct
 		}
 		f.workers = append(f.workers, wf)
 	}
-	if err := s.initPending(context.Background()); err != nil {
+	if err := s.initPending(); err != nil {
 		return nil, &strategy.BuildError{Replica: -1, Err: err}
 	}
 	s.log.Debug("function built", zap.String("function", f.name), zap.Strings("inputs", f.names),

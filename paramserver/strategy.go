@@ -339,11 +339,14 @@ func (s *Strategy) Scope(fn func(strategy.Scope) error) error {
 	if err != nil {
 		return err
 	}
-	return s.initPending(context.Background())
+	return s.initPending()
 }
 
-// initPending runs the initialisers not run yet. s.mu is held.
-func (s *Strategy) initPending(ctx context.Context) error {
+// initPending runs the initialisers not run yet, within the operation
+// timeout: Scope and Build, which run it, take no context. s.mu is held.
+func (s *Strategy) initPending() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.opTimeout)
+	defer cancel()
 	var targets []*tf.Operation
 	for _, p := range s.pending {
 		if !p.inited() {
