@@ -266,3 +266,42 @@ func TestScopeWaitsForNoPeer(t *testing.T) {
 		})
 	}
 }
+
+// Workers whose first calls after Scope differ (worker 0 reads a variable,
+// worker 1 starts with a Reduce) both initialise the variables first, so
+// they meet in the same broadcast, and then in the Reduce.
+func TestWorkersWhoseFirstCallsDifferMeet(t *testing.T) {
+	for _, comm := range backends {
+		t.Run(comm.String(), func(t *testing.T) {
+			sums := make([]float32, 2)
+			errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithCommunication(comm),
+				multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(20 * time.Second)},
+				func(w int, s *multiworker.Strategy) error {
+					m, _, err := mlpStep(s)
+					if err != nil {
+						return err
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					defer cancel()
+					if w == 0 {
+						if _, err := s.Value(ctx, m.Vars()[0]); err != nil {
+							return err
+						}
+					}
+					x, err := tf.NewTensor(float32(w + 1))
+					if err != nil {
+						return err
+					}
+					sum, err := s.Reduce(ctx, strategy.Sum, strategy.PerReplica{x})
+					if err != nil {
+						return err
+					}
+					sums[w] = strategy.TensorValue(sum).(float32)
+					return nil
+				})
+			require.NoError(t, errs[0])
+			require.NoError(t, errs[1])
+			assert.Equal(t, []float32{3, 3}, sums)
+		})
+	}
+}

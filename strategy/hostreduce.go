@@ -73,6 +73,11 @@ func (e *InGraph) combine(ctx context.Context, kind string, v PerReplica, build 
 		return nil, err
 	}
 	defer e.mu.Unlock()
+	// Reading no variable, it initialises them anyway: every worker's first
+	// call then broadcasts the initial values, whichever call it is.
+	if err := e.initPending(ctx); err != nil {
+		return nil, fmt.Errorf("strategy: %s: %w", kind, err)
+	}
 	h, err := e.hostReducerLocked(kind, v[0].DataType(), len(v[0].Shape()), build)
 	if err != nil {
 		return nil, fmt.Errorf("strategy: %s: %w", kind, err)
