@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // Code is a TensorFlow status code (tensorflow/core/protobuf/error_codes.proto).
@@ -55,12 +56,31 @@ type Error struct {
 	Msg  string // TensorFlow's message
 }
 
-// Error returns "op: CODE: message".
+// Error returns "op: CODE: message", the message cut after its first
+// maxShownMessage bytes (Msg keeps it whole).
 func (e *Error) Error() string {
+	msg := shownMessage(e.Msg)
 	if e.Op == "" {
-		return fmt.Sprintf("%s: %s", e.Code, e.Msg)
+		return fmt.Sprintf("%s: %s", e.Code, msg)
 	}
-	return fmt.Sprintf("%s: %s: %s", e.Op, e.Code, e.Msg)
+	return fmt.Sprintf("%s: %s: %s", e.Op, e.Code, msg)
+}
+
+// maxShownMessage bounds what an Error shows of TensorFlow's message: some
+// quote a whole request to a task, the contents of its tensors included.
+const maxShownMessage = 2048
+
+// shownMessage returns msg, or its first maxShownMessage bytes (whole
+// characters) and how many it leaves out.
+func shownMessage(msg string) string {
+	if len(msg) <= maxShownMessage {
+		return msg
+	}
+	cut := maxShownMessage
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… [%d more bytes of TensorFlow's message]", msg[:cut], len(msg)-cut)
 }
 
 // Is reports whether target is the sentinel of e's code.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -240,6 +241,17 @@ func TestClassify(t *testing.T) {
 		"CANCELLED: From /job:worker/replica:0/task:1:\nRunGraph was cancelled\n=====")
 	assert.ErrorIs(t, tfrt.Classify("run step", mixed), tfrt.ErrInvalidArgument)
 	assert.ErrorIs(t, tfrt.Classify("run step", errors.New("UNKNOWN: Socket closed")), tfrt.ErrUnavailable)
+
+	// A message that quotes a whole request (a tensor's 40 KB) shows only
+	// its start, and says how much it leaves out; Msg keeps all of it.
+	long := "ABORTED: The same RunGraph (Worker) request was received twice. send { tensor_content: \"" +
+		strings.Repeat("\\000\\200?", 4000) + "\" } } naming /job:worker/replica:0/task:1"
+	err = tfrt.Classify("run step", errors.New(long))
+	require.ErrorAs(t, err, &te)
+	assert.Equal(t, long, te.Msg)
+	assert.Less(t, len(err.Error()), 2200)
+	assert.Contains(t, err.Error(), "run step: ABORTED: ABORTED: The same RunGraph (Worker) request was received twice.")
+	assert.Contains(t, err.Error(), fmt.Sprintf("[%d more bytes of TensorFlow's message]", len(long)-2048))
 }
 
 func TestParseDevice(t *testing.T) {
