@@ -7,6 +7,7 @@ import (
 	"io"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -726,7 +727,7 @@ func (c *Coordinator) run(w *workerGraph, sess *tfrt.Session, cl *closure, log *
 		c.resolve(cl, nil, pe)
 		return workerUsable
 	}
-	if !workerFailure(err) || (connectionError(err) && c.answers(w, sess)) {
+	if !workerFailure(err) || (connectionError(err) && !repeatedRequest(err) && c.answers(w, sess)) {
 		c.resolve(cl, nil, stepErr(err))
 		return workerUsable
 	}
@@ -887,6 +888,16 @@ func (c *Coordinator) answers(w *workerGraph, sess *tfrt.Session) bool {
 }
 
 var sessionLost = regexp.MustCompile(`Session [0-9a-f]+ is not found`)
+
+// repeatedRequest reports whether err is a worker's refusal of a request
+// that TensorFlow's client sent again, the worker having received it
+// before (the first one timed out on a busy machine): the run did not go
+// through there, though the worker answers, so the step is retried (its
+// guard keeps an update from being applied twice).
+func repeatedRequest(err error) bool {
+	var te *tfrt.Error
+	return errors.As(err, &te) && te.Code == tfrt.Aborted && strings.Contains(te.Msg, "request was received twice")
+}
 
 // failAll records a ps failure and fails every queued step with it.
 func (c *Coordinator) failAll(err error) {

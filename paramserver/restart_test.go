@@ -71,3 +71,15 @@ func TestWorkerFailureKinds(t *testing.T) {
 		assert.Equal(t, c.want, workerFailure(c.err), "%v", c.err)
 	}
 }
+
+// A worker's refusal of a run's request that TensorFlow's client sent a
+// second time is retried even though the worker answers probes; other
+// aborted runs of a worker that answers are the step's own errors.
+func TestRepeatedRequestIsRetried(t *testing.T) {
+	repeated := &tfrt.Error{Code: tfrt.Aborted, Msg: `From /job:worker/replica:0/task:1:
+The same RunGraph (Worker) request was received twice. graph_handle: "0000000000000002" step_id: 134919387177274760`}
+	assert.True(t, workerFailure(repeated))
+	assert.True(t, repeatedRequest(repeated))
+	assert.False(t, repeatedRequest(&tfrt.Error{Code: tfrt.Aborted, Msg: "Step was cancelled by an explicit call to `Session::Close()`."}))
+	assert.False(t, repeatedRequest(&tfrt.Error{Code: tfrt.Unknown, Msg: "the request was received twice"}))
+}
