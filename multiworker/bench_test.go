@@ -91,20 +91,15 @@ func BenchmarkAllReduce(b *testing.B) {
 // time beside the same step's compute alone (the default strategy, in both
 // processes at once) and the all-reduce of its gradients alone (the same
 // packs of 4 MiB), and the share of the all-reduce that the step hides
-// behind backprop: (compute + all-reduce - step) / all-reduce. It also
-// times the step with every gradient in one pack, whose all-reduce cannot
-// start before backprop ends, alternating the two, and reports the share
-// of that step's all-reduce (alone, in one pack) that packing takes off
-// the step: (step in one pack - step) / all-reduce in one pack. The two
-// shares differ by what keeping two processes in step costs beside their
-// compute. Run with -benchtime 1x or more.
+// behind backprop: (compute + all-reduce - step) / all-reduce. Run with
+// -benchtime 1x.
 func BenchmarkOverlap(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	self := allreducebench.Exec{Path: os.Args[0]}
-	run := func(pack int64) map[string]float64 {
-		c := allreducebench.Config{Backend: allreducebench.Tfdist, Model: []int{64, 2048, 2048, 10}, Batch: 128,
-			BytesPerPack: pack, Iters: 20, Warmup: 3}
+	c := allreducebench.Config{Backend: allreducebench.Tfdist, Model: []int{64, 2048, 2048, 10}, Batch: 128,
+		BytesPerPack: 4 << 20, Iters: 20, Warmup: 3}
+	for range b.N {
 		res, err := allreducebench.AllReduce(ctx, self, 2, c)
 		if err != nil {
 			b.Fatal(err)
@@ -113,23 +108,12 @@ func BenchmarkOverlap(b *testing.B) {
 		for _, x := range res.Timings {
 			t[x.Label] = x.Seconds
 		}
-		return t
+		compute, comm, step := t[allreducebench.LabelCompute], t[allreducebench.LabelAllReduce], t[allreducebench.LabelStep]
+		b.ReportMetric(compute*1e3, "compute_ms")
+		b.ReportMetric(comm*1e3, "allreduce_ms")
+		b.ReportMetric(step*1e3, "step_ms")
+		b.ReportMetric((compute+comm-step)/comm, "hidden")
 	}
-	var compute, comm, step, commOne, stepOne float64
-	for range b.N {
-		t := run(4 << 20)
-		compute, comm, step = compute+t[allreducebench.LabelCompute], comm+t[allreducebench.LabelAllReduce], step+t[allreducebench.LabelStep]
-		t = run(1 << 30)
-		commOne, stepOne = commOne+t[allreducebench.LabelAllReduce], stepOne+t[allreducebench.LabelStep]
-	}
-	n := float64(b.N)
-	b.ReportMetric(compute/n*1e3, "compute_ms")
-	b.ReportMetric(comm/n*1e3, "allreduce_ms")
-	b.ReportMetric(step/n*1e3, "step_ms")
-	b.ReportMetric(commOne/n*1e3, "allreduce_one_pack_ms")
-	b.ReportMetric(stepOne/n*1e3, "step_one_pack_ms")
-	b.ReportMetric((compute+comm-step)/comm, "hidden")
-	b.ReportMetric((stepOne-step)/commOne, "hidden_vs_one_pack")
 }
 
 // BenchmarkReducedLoss trains the classifier (global batch 64) on 2 workers

@@ -193,6 +193,12 @@ type Packed struct {
 	// async op, the first packs travel while backprop still runs (the
 	// buckets of PyTorch's DDP).
 	Reverse bool
+	// AloneFrom, when positive, lets a tensor of at least that many bytes
+	// travel alone too, even where it would fit a pack: where a reduction's
+	// fixed cost is small, copying a large tensor into a pack and out again
+	// costs more than reducing it on its own, and it starts as soon as that
+	// tensor exists.
+	AloneFrom int64
 }
 
 // BatchGather implements CrossDeviceOps (gathers are not packed).
@@ -252,7 +258,7 @@ func (p Packed) plan(values []tf.Output) []pack {
 		v := values[i]
 		n, ok := staticSize(v)
 		b := n * elemBytes(v.DataType())
-		if !ok || b >= p.BytesPerPack || p.BytesPerPack <= 0 {
+		if !ok || b >= p.BytesPerPack || p.BytesPerPack <= 0 || (p.AloneFrom > 0 && b >= p.AloneFrom) {
 			flush()
 			packs = append(packs, pack{idx: []int{i}, sizes: []int64{-1}})
 			continue

@@ -143,6 +143,73 @@ func TestPackedReductionEqualsUnpacked(t *testing.T) {
 	}
 }
 
+// shapesSeen is a CrossDeviceOps that reduces as ReductionToOneDevice does
+// and records the shape of every tensor it reduces.
+type shapesSeen struct {
+	strategy.ReductionToOneDevice
+	shapes *[][]int64
+}
+
+func (r shapesSeen) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
+	for _, v := range values[0] {
+		shape, _ := v.Shape().ToSlice()
+		*r.shapes = append(*r.shapes, shape)
+	}
+	return r.ReductionToOneDevice.BatchReduce(s, red, values, devices)
+}
+
+// Packed reduces tensors in packs of at most BytesPerPack bytes, the
+// larger ones alone, and with AloneFrom also those of at least that many
+// bytes; the sums are the tensors' own either way.
+func TestPackedPlansPacks(t *testing.T) {
+	shapes := [][]int64{{2, 3}, {3}, {1}, {4, 1}, {}}
+	for _, c := range []struct {
+		bytes, aloneFrom int64
+		reduced          [][]int64 // the shapes the inner CrossDeviceOps reduces, in order
+	}{
+		{16, 0, [][]int64{{2, 3}, {4}, {4, 1}, {}}},
+		{40, 0, [][]int64{{10}, {5}}},
+		{1 << 20, 0, [][]int64{{15}}},
+		{1 << 20, 16, [][]int64{{2, 3}, {4}, {4, 1}, {}}},
+	} {
+		t.Run(fmt.Sprintf("%d_alone_from_%d", c.bytes, c.aloneFrom), func(t *testing.T) {
+			g := tf.NewGraph()
+			s := op.NewScopeWithGraph(g)
+			devices := []string{strategy.LocalCPU(0), strategy.LocalCPU(0)}
+			values := make([][]tf.Output, 2)
+			for r := range values {
+				for i, sh := range shapes {
+					n := int64(1)
+					for _, d := range sh {
+						n *= d
+					}
+					vals := make([]float32, n)
+					for j := range vals {
+						vals[j] = float32((r+1)*100 + i*10 + j)
+					}
+					vs := s.SubScope(fmt.Sprintf("r%d_t%d", r, i))
+					values[r] = append(values[r], op.Reshape(vs, op.Const(vs.SubScope("v"), vals), op.Const(vs.SubScope("shape"), sh)))
+				}
+			}
+			var seen [][]int64
+			out, err := strategy.Packed{Inner: shapesSeen{shapes: &seen}, BytesPerPack: c.bytes, AloneFrom: c.aloneFrom}.
+				BatchReduce(s.SubScope("reduce"), strategy.Sum, values, devices)
+			require.NoError(t, err)
+			assert.Equal(t, c.reduced, seen)
+			sess, err := tf.NewSession(g, nil)
+			require.NoError(t, err)
+			defer sess.Close()
+			res, err := sess.Run(nil, out[1], nil)
+			require.NoError(t, err)
+			for i := range shapes {
+				for j, v := range tensorutil.Float32s(res[i]) {
+					assert.Equal(t, float32(300+2*(i*10+j)), v, "tensor %d element %d", i, j)
+				}
+			}
+		})
+	}
+}
+
 func TestMergeMismatchIsABuildError(t *testing.T) {
 	e := local(t, 2, nil)
 	_, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
