@@ -192,7 +192,7 @@ func (o *op) takeChunk(peer int, f *frame, dst []byte, remote bool) error {
 		return nil
 	}
 	if !o.readable(peer) {
-		return o.protocolErr(peer, "a chunk to read from its memory, which this member cannot")
+		return o.unreadable(peer)
 	}
 	err := o.readChunk(peer, &f.h, dst, f.payload())
 	switch {

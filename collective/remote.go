@@ -140,6 +140,12 @@ func (o *op) readable(peer int) bool {
 	return c != nil && c.remote != nil && c.remote.canRead()
 }
 
+// unreadable is the error of a remote chunk from peer that this member
+// may not take.
+func (o *op) unreadable(peer int) error {
+	return o.protocolErr(peer, "a chunk to read from its memory, which this member cannot")
+}
+
 // readChunk copies the remote chunk of frame h, whose payload is ref, from
 // peer's memory into dst. A chunk the peer released while it was read (its
 // call ended early) fails with errReleased.

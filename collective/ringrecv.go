@@ -70,7 +70,7 @@ func (rr *ringRecv) admit(h *header) (bool, error) {
 	length := (hi - lo) * o.wireSize()
 	if remote {
 		if !rr.remote || o.self.wire != 0 {
-			return false, o.protocolErr(rr.from, "a chunk to read from its memory, which this member cannot")
+			return false, o.unreadable(rr.from)
 		}
 		rr.remoteIn, length = true, remoteRefLen
 	}
