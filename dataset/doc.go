@@ -157,11 +157,13 @@
 // benchmark's copy-scaling, 0.9 to 1.2 in the same runs), while a loop
 // that touches no memory runs twice as fast on two (scalar-scaling, 2.0),
 // and each record is copied out of the page cache and into a new batch
-// tensor. Two processes gain about 1.7 times. tf.data, on the same files
+// tensor. Two processes gain about 1.7 times. tf.data reads the same files
 // in the same runs (BenchmarkInterleaveAgainstTFData, Python TensorFlow
-// 2.18), gains no more: 1.06 to 1.30 times with a parse per record, and
-// its faster form, which parses whole batches, gets slower with parallel
-// reads (0.49 to 0.69 times). tfdist's parallel pass takes 27 to 28 ms;
-// tf.data's takes 15 times as long parsing each record, and its fastest
-// pass (batches, sequential) about 4.3 times as long.
+// 2.18, 5 runs): with a parse per record its parallel reads gain 0.86 to
+// 1.87 times, its work per record being about 20 times tfdist's and bound
+// by the cores rather than by memory, yet its parallel pass takes 10 to 16
+// times as long as tfdist's (27 to 32 ms); its faster form, which parses
+// whole batches, gets slower with parallel reads (0.49 to 0.82 times), and
+// its fastest pass (batches, sequential) takes about 4 times as long as
+// tfdist's parallel one.
 package dataset

@@ -10,6 +10,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 )
 
 // A worker restores its own row of the saved residuals when the job saved
@@ -35,7 +36,7 @@ func TestResidualRowFollowsTheWorkerCount(t *testing.T) {
 		require.NoError(t, err)
 		out, err := sess.Run(nil, []tf.Output{row}, nil)
 		require.NoError(t, err)
-		assert.Equal(t, c.want, out[0].Value(), fmt.Sprintf("worker %d of %d", c.id, c.workers))
+		assert.Equal(t, c.want, tensorutil.Float32s(out[0]), fmt.Sprintf("worker %d of %d", c.id, c.workers))
 		require.NoError(t, sess.Close())
 	}
 }

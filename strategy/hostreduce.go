@@ -76,7 +76,7 @@ func (e *InGraph) combine(ctx context.Context, kind string, v PerReplica, build 
 	// Reading no variable, it initialises them anyway: every worker's first
 	// call then broadcasts the initial values, whichever call it is.
 	if err := e.initPending(ctx); err != nil {
-		return nil, fmt.Errorf("strategy: %s: %w", kind, err)
+		return nil, err
 	}
 	h, err := e.hostReducerLocked(kind, v[0].DataType(), len(v[0].Shape()), build)
 	if err != nil {

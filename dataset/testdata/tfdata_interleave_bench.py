@@ -32,16 +32,16 @@ def pipelines(cfg):
     def files():
         return tf.data.Dataset.list_files(cfg["pattern"], shuffle=False)
 
-    def per_record(par):
+    def interleave(fn, par):
         kw = {} if par is None else {"num_parallel_calls": par, "deterministic": True}
-        return files().interleave(
-            lambda f: tf.data.TFRecordDataset(f).map(lambda r: tf.io.parse_single_example(r, spec)),
-            cycle_length=4, block_length=1, **kw).batch(cfg["batch"])
+        return files().interleave(fn, cycle_length=4, block_length=1, **kw)
+
+    def per_record(par):
+        return interleave(lambda f: tf.data.TFRecordDataset(f).map(lambda r: tf.io.parse_single_example(r, spec)),
+                          par).batch(cfg["batch"])
 
     def batched(par):
-        kw = {} if par is None else {"num_parallel_calls": par, "deterministic": True}
-        return files().interleave(tf.data.TFRecordDataset, cycle_length=4, block_length=1, **kw) \
-            .batch(cfg["batch"]).map(lambda r: tf.io.parse_example(r, spec))
+        return interleave(tf.data.TFRecordDataset, par).batch(cfg["batch"]).map(lambda r: tf.io.parse_example(r, spec))
 
     return {"per_record": per_record, "batched": batched}
 
