@@ -76,8 +76,9 @@ type Replica interface {
 	// AllReduce combines value across all replicas in sync. A strategy
 	// whose replicas do not run in sync returns an error.
 	AllReduce(red ReduceOp, value tf.Output) (tf.Output, error)
-	// AllGather concatenates value from all replicas along axis 0. A
-	// strategy whose replicas do not run in sync returns an error.
+	// AllGather concatenates value from all replicas along axis 0 (so
+	// value has rank 1 or more). A strategy whose replicas do not run in
+	// sync returns an error.
 	AllGather(value tf.Output) (tf.Output, error)
 	// Assign writes value to v from inside the replica, with
 	// tf.distribute's rules for the variable's synchronization and

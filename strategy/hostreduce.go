@@ -2,6 +2,7 @@ package strategy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/tfdist/tfdist/internal/graphutil"
@@ -66,7 +67,8 @@ func (e *InGraph) combine(ctx context.Context, kind string, v PerReplica, build 
 			return nil, fmt.Errorf("strategy: %s: replica %d: nil tensor", kind, r)
 		}
 		if t.DataType() != v[0].DataType() || len(t.Shape()) != len(v[0].Shape()) {
-			return nil, fmt.Errorf("strategy: %s: replica %d has %v%v, replica 0 has %v%v", kind, r, t.DataType(), t.Shape(), v[0].DataType(), v[0].Shape())
+			return nil, fmt.Errorf("strategy: %s: replica %d has %s%v, replica 0 has %s%v", kind, r,
+				graphutil.DTypeName(t.DataType()), t.Shape(), graphutil.DTypeName(v[0].DataType()), v[0].Shape())
 		}
 	}
 	if err := e.lock(ctx); err != nil {
@@ -103,9 +105,16 @@ func (e *InGraph) Reduce(ctx context.Context, red ReduceOp, v PerReplica) (*tf.T
 	})
 }
 
+// errGatherScalar says why a gather refuses a scalar, as tf.distribute's
+// gather does.
+var errGatherScalar = errors.New("a gather concatenates along axis 0, so it needs values of rank 1 or more (reshape a scalar to [1])")
+
 // Gather concatenates a per-replica value along axis 0 across all replicas in
-// sync, in replica order.
+// sync, in replica order; a scalar is an error.
 func (e *InGraph) Gather(ctx context.Context, v PerReplica) (*tf.Tensor, error) {
+	if len(v) > 0 && v[0] != nil && len(v[0].Shape()) == 0 {
+		return nil, fmt.Errorf("strategy: gather: replica 0's value is a scalar of %s: %w", graphutil.DTypeName(v[0].DataType()), errGatherScalar)
+	}
 	return e.combine(ctx, "gather", v, func(s *op.Scope, vals [][]tf.Output) ([][]tf.Output, error) {
 		return e.cfg.CrossDeviceOps.BatchGather(s, vals, e.cfg.Devices)
 	})

@@ -123,8 +123,12 @@ func (rc *ReplicaContext) AllReduce(red ReduceOp, value tf.Output) (tf.Output, e
 }
 
 // AllGather concatenates value from all replicas along axis 0, in replica
-// order, and returns the result on this replica's device. It is a merge point.
+// order, and returns the result on this replica's device; a scalar is an
+// error. It is a merge point.
 func (rc *ReplicaContext) AllGather(value tf.Output) (tf.Output, error) {
+	if value.Shape().NumDimensions() == 0 {
+		return tf.Output{}, fmt.Errorf("strategy: AllGather: replica %d's value is a scalar of %s: %w", rc.ReplicaID(), graphutil.DTypeName(value.DataType()), errGatherScalar)
+	}
 	res, err := rc.merges.call(rc.local, "AllGather", value, func(args []any) ([]any, error) {
 		vals := make([][]tf.Output, len(args))
 		for r, a := range args {

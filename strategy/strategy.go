@@ -36,7 +36,7 @@ type Strategy interface {
 	// Reduce combines a per-replica value across all replicas.
 	Reduce(ctx context.Context, red ReduceOp, v PerReplica) (*tf.Tensor, error)
 	// Gather concatenates a per-replica value along axis 0 across all
-	// replicas.
+	// replicas (so its tensors have rank 1 or more).
 	Gather(ctx context.Context, v PerReplica) (*tf.Tensor, error)
 	// LocalResults returns the values of this process's replicas.
 	LocalResults(v PerReplica) []*tf.Tensor

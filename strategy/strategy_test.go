@@ -95,6 +95,23 @@ func TestAllReduceAndAllGather(t *testing.T) {
 	assert.Equal(t, []int32{1, 2, 3, 4}, g.Value())
 }
 
+// A gather concatenates along axis 0, so a scalar is refused, in a step as
+// in Gather, with an error that says so, as tf.distribute's gather does.
+func TestGatherRefusesScalars(t *testing.T) {
+	e := local(t, 2, nil)
+	_, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		all, err := rc.AllGather(op.Const(rc.Scope().SubScope("one"), float32(1)))
+		return strategy.Outputs{"all": all}, err
+	})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "AllGather: replica 0's value is a scalar of float32")
+	assert.Contains(t, err.Error(), "rank 1 or more")
+
+	_, err = e.Gather(context.Background(), strategy.PerReplica{tensor(t, int64(1)), tensor(t, int64(2))})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "replica 0's value is a scalar of int64")
+}
+
 func TestPackedReductionEqualsUnpacked(t *testing.T) {
 	for _, bytes := range []int64{1, 16, 40, 1 << 20} {
 		t.Run(fmt.Sprint(bytes), func(t *testing.T) {
