@@ -140,6 +140,7 @@ func (g *Group) close(ctx context.Context) error {
 		}
 	}
 	g.fail(ErrClosed)
+	g.closeListeners()
 	g.wg.Wait()
 	return err
 }
@@ -169,7 +170,7 @@ func (g *Group) announceClosing() {
 // fail breaks the group with err unless it is already broken, and returns
 // the error the group is broken with. Every pending operation wakes up and
 // fails; every connection is shut down (abort frame, or goodbye for
-// ErrClosed) and its reader exits.
+// ErrClosed) and its reader exits. The listeners stay open until Close.
 func (g *Group) fail(err error) error {
 	g.mu.Lock()
 	if g.err != nil {
@@ -186,7 +187,6 @@ func (g *Group) fail(err error) error {
 	if !errors.Is(err, ErrClosed) {
 		g.log.Warn("collective group broken", zap.Error(err))
 	}
-	g.closeListeners()
 	for nc := range handshakes {
 		_ = nc.Close()
 	}
@@ -200,7 +200,10 @@ func (g *Group) fail(err error) error {
 	return err
 }
 
-// closeListeners stops accepting peers and their segments.
+// closeListeners stops accepting peers and their segments. A group broken
+// by a failure keeps its listeners open, accepting nothing, until Close:
+// this process stays reachable at its address, so that a peer checking on
+// it after the failure finds it alive rather than gone.
 func (g *Group) closeListeners() {
 	_ = g.ln.Close()
 	if g.shmLn != nil {

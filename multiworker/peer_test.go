@@ -196,3 +196,42 @@ func TestPeerErrorsSayWhatBecameOfThePeer(t *testing.T) {
 		}
 	}
 }
+
+// A peer that is alive but busy elsewhere past the collective timeout
+// (here, still building its model) is reported as unresponsive, never as
+// dead, on both backends, and the late worker's own error says that a
+// peer gave up waiting for it.
+func TestBusyPeerIsUnresponsiveNotDead(t *testing.T) {
+	for _, comm := range backends {
+		t.Run(comm.String(), func(t *testing.T) {
+			errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithCommunication(comm),
+				multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(2 * time.Second)},
+				func(w int, s *multiworker.Strategy) error {
+					m, _, err := mlpStep(s)
+					if err != nil {
+						return err
+					}
+					if w == 1 {
+						time.Sleep(4 * time.Second)
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					defer cancel()
+					_, err = s.Value(ctx, m.Vars()[0])
+					return err
+				})
+			for _, err := range errs {
+				require.ErrorIs(t, err, strategy.ErrCannotContinue)
+				assert.NotContains(t, err.Error(), "is dead")
+			}
+			if comm == multiworker.Ring {
+				// Its failures do not say whom they waited for; worker 1's
+				// step fails as it may, once worker 0 has given up.
+				assert.Contains(t, errs[0].Error(), "every peer is alive and answers, but one did not join")
+				return
+			}
+			assert.Contains(t, errs[0].Error(), "worker 1 (worker:1, ")
+			assert.Contains(t, errs[0].Error(), "is unresponsive")
+			assert.Contains(t, errs[1].Error(), "a peer gave up waiting for this worker")
+		})
+	}
+}

@@ -45,7 +45,7 @@ func (r peerReport) String() string {
 	case peerFinished:
 		return who + " has finished: it closed its strategy and left while this worker's step still needed it"
 	case peerUnresponsive:
-		return who + " is unresponsive: it accepts connections but does not answer (stopped, wedged or overloaded)"
+		return who + " is unresponsive: it accepts connections but does not answer (busy elsewhere, stopped, wedged or overloaded)"
 	case peerDead:
 		return who + " is dead: it does not accept connections and left without closing its strategy (killed or crashed)"
 	}
@@ -71,7 +71,11 @@ const duplicateRequest = "request was received twice"
 // a failure ends the strategy: the error wraps strategy.ErrCannotContinue.
 func (s *Strategy) diagnose(err error) error {
 	if s.group != nil && s.group.Err() != nil {
-		return s.cannotContinue(describe(s.enginePeers(s.group.Err())), err)
+		what := describe(s.enginePeers(s.group.Err()))
+		if what == "" && s.waitedFor(s.group.Err()) {
+			what = "a peer gave up waiting for this worker, which came to the operation too late (busy elsewhere, or stopped)"
+		}
+		return s.cannotContinue(what, err)
 	}
 	if !(errors.Is(err, tfrt.ErrUnavailable) || errors.Is(err, tfrt.ErrDeadlineExceeded) ||
 		errors.Is(err, tfrt.ErrAborted) || errors.Is(err, tfrt.ErrCancelled) || errors.Is(err, tfrt.ErrUnknown)) {
@@ -84,6 +88,10 @@ func (s *Strategy) diagnose(err error) error {
 			"which ends a step loop every few tens of thousands of steps"
 	} else if s.group == nil {
 		what = s.unreachable(false)
+		if what == "" && errors.Is(err, tfrt.ErrDeadlineExceeded) {
+			what = "every peer is alive and answers, but one did not join the step's collectives within the timeout " +
+				"(busy elsewhere, or calling in another order)"
+		}
 	}
 	return s.cannotContinue(what, err)
 }
@@ -118,6 +126,13 @@ func (s *Strategy) enginePeers(gerr error) []peerReport {
 		return s.checkPeers(s.workersOf(te.Peers...), false, func(int) peerState { return peerUnresponsive })
 	}
 	return nil
+}
+
+// waitedFor reports whether gerr is a peer's timeout that waited for this
+// worker: the peer broke the group with it.
+func (s *Strategy) waitedFor(gerr error) bool {
+	var te *collective.TimeoutError
+	return errors.As(gerr, &te) && slices.ContainsFunc(te.Peers, func(m collective.Member) bool { return m.Name == s.task.String() })
 }
 
 // workersOf returns the worker indices of the group's members, this
