@@ -16,6 +16,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/probe"
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/strategy"
@@ -197,15 +198,30 @@ func (s *Strategy) checkPeer(w int, addr string, finished, startup bool, alive f
 	if finished {
 		return peerFinished
 	}
-	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	if err != nil {
+	if err := s.dialPeer(addr); err != nil {
 		if startup {
 			return peerNotUp
 		}
 		return peerDead
 	}
-	conn.Close()
 	return alive(w)
+}
+
+// dialPeer reports whether a peer's address accepts connections within
+// 2 s: its TensorFlow server's, ended so that the server keeps no socket
+// (probe.Server), or the engine's listener.
+func (s *Strategy) dialPeer(addr string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if s.server != nil {
+		return probe.Server(ctx, addr)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }
 
 // responds runs a trivial op on worker w's CPU through this task's server

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/probe"
 	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
@@ -58,16 +58,13 @@ func (w *workerGraph) handle(r resource) tf.Output {
 	return h
 }
 
-// dial reports whether addr accepts TCP connections within timeout.
+// dial reports whether the TensorFlow server at addr accepts connections
+// within timeout, leaving no socket open on it (probe.Server): the
+// coordinator's heartbeat dials a worker every half second of a step.
 func dial(ctx context.Context, addr string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return err
-	}
-	return c.Close()
+	return probe.Server(ctx, addr)
 }
 
 var psDevice = regexp.MustCompile(`/job:ps/replica:0/task:(\d+)`)
