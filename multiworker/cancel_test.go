@@ -235,31 +235,29 @@ func TestScopeWaitsForNoPeer(t *testing.T) {
 		t.Run(comm.String(), func(t *testing.T) {
 			built := make(chan struct{})
 			params := make([]map[string][]float32, 2)
-			errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithCommunication(comm),
-				multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
-				func(w int, s *multiworker.Strategy) error {
-					if w == 1 {
-						select {
-						case <-built:
-						case <-time.After(20 * time.Second):
-							return errors.New("worker 0's Scope and Build waited for worker 1's")
-						}
+			errs := onTwoWorkers(t, comm, 30*time.Second, func(w int, s *multiworker.Strategy) error {
+				if w == 1 {
+					select {
+					case <-built:
+					case <-time.After(20 * time.Second):
+						return errors.New("worker 0's Scope and Build waited for worker 1's")
 					}
-					m, step, err := mlpStep(s)
-					if w == 0 {
-						close(built)
-					}
-					if err != nil {
-						return err
-					}
-					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-					defer cancel()
-					if _, err := s.Run(ctx, step, oneExample(t)); err != nil {
-						return err
-					}
-					params[w], err = values(ctx, s, m.Vars())
+				}
+				m, step, err := mlpStep(s)
+				if w == 0 {
+					close(built)
+				}
+				if err != nil {
 					return err
-				})
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				if _, err := s.Run(ctx, step, oneExample(t)); err != nil {
+					return err
+				}
+				params[w], err = values(ctx, s, m.Vars())
+				return err
+			})
 			require.NoError(t, errs[0])
 			require.NoError(t, errs[1])
 			assert.Equal(t, params[0], params[1], "both workers hold worker 0's model, trained by one step")
@@ -274,31 +272,29 @@ func TestWorkersWhoseFirstCallsDifferMeet(t *testing.T) {
 	for _, comm := range backends {
 		t.Run(comm.String(), func(t *testing.T) {
 			sums := make([]float32, 2)
-			errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithCommunication(comm),
-				multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(20 * time.Second)},
-				func(w int, s *multiworker.Strategy) error {
-					m, _, err := mlpStep(s)
-					if err != nil {
+			errs := onTwoWorkers(t, comm, 20*time.Second, func(w int, s *multiworker.Strategy) error {
+				m, _, err := mlpStep(s)
+				if err != nil {
+					return err
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if w == 0 {
+					if _, err := s.Value(ctx, m.Vars()[0]); err != nil {
 						return err
 					}
-					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					defer cancel()
-					if w == 0 {
-						if _, err := s.Value(ctx, m.Vars()[0]); err != nil {
-							return err
-						}
-					}
-					x, err := tf.NewTensor(float32(w + 1))
-					if err != nil {
-						return err
-					}
-					sum, err := s.Reduce(ctx, strategy.Sum, strategy.PerReplica{x})
-					if err != nil {
-						return err
-					}
-					sums[w] = strategy.TensorValue(sum).(float32)
-					return nil
-				})
+				}
+				x, err := tf.NewTensor(float32(w + 1))
+				if err != nil {
+					return err
+				}
+				sum, err := s.Reduce(ctx, strategy.Sum, strategy.PerReplica{x})
+				if err != nil {
+					return err
+				}
+				sums[w] = strategy.TensorValue(sum).(float32)
+				return nil
+			})
 			require.NoError(t, errs[0])
 			require.NoError(t, errs[1])
 			assert.Equal(t, []float32{3, 3}, sums)

@@ -20,33 +20,31 @@ func TestGatherAcrossWorkers(t *testing.T) {
 	for _, comm := range backends {
 		t.Run(comm.String(), func(t *testing.T) {
 			got := make([][2]any, 2)
-			errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithCommunication(comm),
-				multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(20 * time.Second)},
-				func(w int, s *multiworker.Strategy) error {
-					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					defer cancel()
-					scalar, err := tf.NewTensor(float32(w))
+			errs := onTwoWorkers(t, comm, 20*time.Second, func(w int, s *multiworker.Strategy) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				scalar, err := tf.NewTensor(float32(w))
+				if err != nil {
+					return err
+				}
+				_, err = s.Gather(ctx, strategy.PerReplica{scalar})
+				if assert.Error(t, err) {
+					assert.Contains(t, err.Error(), "replica 0's value is a scalar of float32")
+					assert.Contains(t, err.Error(), "rank 1 or more")
+				}
+				for i, v := range []any{[]float32{float32(w), float32(w) + 0.5}, [][]int32{{int32(w)}, {int32(w + 10)}}} {
+					x, err := tf.NewTensor(v)
 					if err != nil {
 						return err
 					}
-					_, err = s.Gather(ctx, strategy.PerReplica{scalar})
-					if assert.Error(t, err) {
-						assert.Contains(t, err.Error(), "replica 0's value is a scalar of float32")
-						assert.Contains(t, err.Error(), "rank 1 or more")
+					g, err := s.Gather(ctx, strategy.PerReplica{x})
+					if err != nil {
+						return err
 					}
-					for i, v := range []any{[]float32{float32(w), float32(w) + 0.5}, [][]int32{{int32(w)}, {int32(w + 10)}}} {
-						x, err := tf.NewTensor(v)
-						if err != nil {
-							return err
-						}
-						g, err := s.Gather(ctx, strategy.PerReplica{x})
-						if err != nil {
-							return err
-						}
-						got[w][i] = g.Value()
-					}
-					return nil
-				})
+					got[w][i] = g.Value()
+				}
+				return nil
+			})
 			require.NoError(t, errs[0])
 			require.NoError(t, errs[1])
 			for w := range got {

@@ -32,6 +32,14 @@ func onWorkers(spec cluster.ClusterSpec, opts []multiworker.Option, fn func(w in
 	return testcluster.OnWorkers(spec, opts, fn)
 }
 
+// onTwoWorkers is onWorkers on two loopback workers on comm, whose
+// collectives time out after timeout, with opts besides.
+func onTwoWorkers(t *testing.T, comm multiworker.Communication, timeout time.Duration,
+	fn func(w int, s *multiworker.Strategy) error, opts ...multiworker.Option) []error {
+	return onWorkers(loopbackSpec(t, 2), append([]multiworker.Option{multiworker.WithCommunication(comm),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(timeout)}, opts...), fn)
+}
+
 // Two workers in one process (each with its own TensorFlow server) train
 // together; both end with the default strategy's model.
 func TestInProcessWorkersMatchDefault(t *testing.T) {

@@ -204,21 +204,19 @@ func TestPeerErrorsSayWhatBecameOfThePeer(t *testing.T) {
 func TestBusyPeerIsUnresponsiveNotDead(t *testing.T) {
 	for _, comm := range backends {
 		t.Run(comm.String(), func(t *testing.T) {
-			errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithCommunication(comm),
-				multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(2 * time.Second)},
-				func(w int, s *multiworker.Strategy) error {
-					m, _, err := mlpStep(s)
-					if err != nil {
-						return err
-					}
-					if w == 1 {
-						time.Sleep(4 * time.Second)
-					}
-					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					defer cancel()
-					_, err = s.Value(ctx, m.Vars()[0])
+			errs := onTwoWorkers(t, comm, 2*time.Second, func(w int, s *multiworker.Strategy) error {
+				m, _, err := mlpStep(s)
+				if err != nil {
 					return err
-				})
+				}
+				if w == 1 {
+					time.Sleep(4 * time.Second)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				_, err = s.Value(ctx, m.Vars()[0])
+				return err
+			})
 			for _, err := range errs {
 				require.ErrorIs(t, err, strategy.ErrCannotContinue)
 				assert.NotContains(t, err.Error(), "is dead")

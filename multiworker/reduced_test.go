@@ -20,13 +20,11 @@ func TestReducedOutputsSpanWorkers(t *testing.T) {
 	for _, comm := range []multiworker.Communication{multiworker.Engine, multiworker.Ring} {
 		t.Run(comm.String(), func(t *testing.T) {
 			got := make([]map[string]reducedtest.Values, 2)
-			errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLogicalCPUs(2), multiworker.WithCommunication(comm),
-				multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
-				func(w int, s *multiworker.Strategy) error {
-					var err error
-					got[w], err = reducedtest.Run(context.Background(), s, 2*w, 3)
-					return err
-				})
+			errs := onTwoWorkers(t, comm, 30*time.Second, func(w int, s *multiworker.Strategy) error {
+				var err error
+				got[w], err = reducedtest.Run(context.Background(), s, 2*w, 3)
+				return err
+			}, multiworker.WithLogicalCPUs(2))
 			require.NoError(t, errs[0])
 			require.NoError(t, errs[1])
 			for w := range 2 {
