@@ -3,10 +3,11 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tfdist/tfdist/internal/probe"
 )
 
 // UnreachableError reports the tasks that did not accept connections before
@@ -62,16 +63,13 @@ func WaitForTasks(ctx context.Context, spec ClusterSpec, tasks ...Task) error {
 	for {
 		var still []Task
 		for _, t := range pending {
-			var d net.Dialer
 			dctx, cancel := context.WithTimeout(ctx, time.Second)
-			conn, err := d.DialContext(dctx, "tcp", addrs[t])
+			err := probe.Port(dctx, addrs[t])
 			cancel()
 			if err != nil {
 				lastErr = err
 				still = append(still, t)
-				continue
 			}
-			conn.Close()
 		}
 		pending = still
 		if len(pending) == 0 {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -216,12 +215,7 @@ func (s *Strategy) dialPeer(addr string) error {
 	if s.server != nil {
 		return probe.Server(ctx, addr)
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return err
-	}
-	return c.Close()
+	return probe.Port(ctx, addr)
 }
 
 // responds runs a trivial op on worker w's CPU through this task's server

@@ -1,6 +1,7 @@
-// Package probe checks that a TensorFlow server accepts connections, as
-// the parameter-server coordinator's heartbeat and the diagnosis of a
-// failed step do, without leaving a socket open on the server.
+// Package probe checks that an address accepts connections, as the
+// parameter-server coordinator's heartbeat, the diagnosis of a failed step
+// and the wait for a cluster's tasks do; Server does so for a TensorFlow
+// server without leaving a socket open on it.
 //
 // A TensorFlow server speaks gRPC over HTTP/2. A client that connects and
 // closes at once, sending nothing, leaves the server's end of the
@@ -40,4 +41,15 @@ func Server(ctx context.Context, addr string) error {
 	}
 	_, err = c.Write(goodbye)
 	return errors.Join(err, c.Close())
+}
+
+// Port reports whether addr (host:port) accepts TCP connections within
+// ctx, closing the connection at once: for listeners that are not gRPC's.
+func Port(ctx context.Context, addr string) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }
