@@ -30,26 +30,24 @@ var goodbye = []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" +
 // Server connects to the TensorFlow server at addr (host:port) within ctx
 // and closes the connection as described in the package doc. It returns
 // nil when the server accepted the connection and took the goodbye.
-func Server(ctx context.Context, addr string) error {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return err
-	}
-	if deadline, ok := ctx.Deadline(); ok {
-		_ = c.SetWriteDeadline(deadline)
-	}
-	_, err = c.Write(goodbye)
-	return errors.Join(err, c.Close())
-}
+func Server(ctx context.Context, addr string) error { return connect(ctx, addr, goodbye) }
 
 // Port reports whether addr (host:port) accepts TCP connections within
 // ctx, closing the connection at once: for listeners that are not gRPC's.
-func Port(ctx context.Context, addr string) error {
+func Port(ctx context.Context, addr string) error { return connect(ctx, addr, nil) }
+
+// connect dials addr within ctx, writes last (if any) and closes.
+func connect(ctx context.Context, addr string, last []byte) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return err
 	}
-	return c.Close()
+	if len(last) > 0 {
+		if deadline, ok := ctx.Deadline(); ok {
+			_ = c.SetWriteDeadline(deadline)
+		}
+		_, err = c.Write(last)
+	}
+	return errors.Join(err, c.Close())
 }
