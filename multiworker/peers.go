@@ -70,12 +70,14 @@ const duplicateRequest = "request was received twice"
 // peer that has finished, one that is unresponsive, one that is dead. Such
 // a failure ends the strategy: the error wraps strategy.ErrCannotContinue.
 func (s *Strategy) diagnose(err error) error {
-	if s.group != nil && s.group.Err() != nil {
-		what := describe(s.enginePeers(s.group.Err()))
-		if what == "" && s.waitedFor(s.group.Err()) {
-			what = "a peer gave up waiting for this worker, which came to the operation too late (busy elsewhere, or stopped)"
+	if s.group != nil {
+		if gerr := s.group.Err(); gerr != nil {
+			what := describe(s.enginePeers(gerr))
+			if what == "" && s.waitedFor(gerr) {
+				what = "a peer gave up waiting for this worker, which came to the operation too late (busy elsewhere, or stopped)"
+			}
+			return s.cannotContinue(what, err)
 		}
-		return s.cannotContinue(what, err)
 	}
 	if !(errors.Is(err, tfrt.ErrUnavailable) || errors.Is(err, tfrt.ErrDeadlineExceeded) ||
 		errors.Is(err, tfrt.ErrAborted) || errors.Is(err, tfrt.ErrCancelled) || errors.Is(err, tfrt.ErrUnknown)) {
