@@ -27,6 +27,7 @@ type peerConn struct {
 	br     io.Reader
 	viewer viewer    // nc, when it is a shared-memory connection, whose reader sees incoming bytes in place
 	remote remoteMem // nc, when it is a shared-memory connection (see remote.go)
+	push   pusher    // nc, when it is a shared-memory connection (see push.go)
 	hbuf   []byte    // the reader's header scratch
 	dims   []uint64  // the reader's shape scratch
 
@@ -82,6 +83,7 @@ func newPeerConn(nc net.Conn) *peerConn {
 		shut: make(chan struct{}),
 	}
 	c.remote, _ = nc.(remoteMem)
+	c.push, _ = nc.(pusher)
 	if v, ok := nc.(viewer); ok {
 		c.br, c.viewer = nc, v // reads are copies from memory: no buffer to save calls
 	} else {

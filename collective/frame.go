@@ -10,7 +10,7 @@ import (
 // Wire constants. All integers are little-endian.
 const (
 	frameMagic   uint32 = 0x43444654 // "TFDC"
-	frameVersion uint8  = 6          // 2 added kindClosing, 3 the wire type, 4 the upgrade, 5 aligned payloads over shared memory, 6 remote chunks
+	frameVersion uint8  = 7          // 2 added kindClosing, 3 the wire type, 4 the upgrade, 5 aligned payloads over shared memory, 6 remote chunks, 7 pushed results
 	fixedLen            = 64         // bytes of a header before the name
 	maxNameLen          = 4096       // longest tensor name
 	maxRank             = 32         // most dimensions a shape may have
@@ -92,7 +92,7 @@ type header struct {
 	chunk  uint32
 	length uint32
 	wire   DType // the type data travels as (Compress); 0 for dtype itself
-	flags  uint8 // flagRemote, on data frames only
+	flags  uint8 // flagRemote, flagPushed or flagArena, on data frames only
 	name   []byte
 	dims   []uint64 // the tensor's shape; none when the caller gave none
 }
@@ -138,7 +138,7 @@ func parseFixed(b []byte) (header, int, int, error) {
 	h.epoch, h.seq, h.count = le.Uint32(b[12:]), le.Uint64(b[16:]), le.Uint64(b[24:])
 	h.offset, h.root, h.step = le.Uint64(b[32:]), le.Uint32(b[40:]), le.Uint32(b[44:])
 	h.chunk, h.length, h.wire, h.flags = le.Uint32(b[48:]), le.Uint32(b[52:]), DType(b[56]), b[57]
-	if h.flags&^flagRemote != 0 || h.flags != 0 && (h.kind != kindData || h.op == opBarrier) {
+	if misplacedFlags(&h) {
 		return h, 0, 0, fmt.Errorf("%w: flags %#x on a %d frame of %s", errProtocol, h.flags, h.kind, h.op)
 	}
 	rank := int(b[9])
@@ -269,4 +269,19 @@ func splitStrings(b []byte) ([]string, bool) {
 		b = b[2+n:]
 	}
 	return ss, true
+}
+
+// misplacedFlags reports whether h has more than one flag, an unknown one,
+// or one on a frame that cannot carry it: flagRemote goes on the data
+// frames of operations that move data, flagPushed and flagArena on those
+// of all-reduces.
+func misplacedFlags(h *header) bool {
+	f := h.flags
+	switch {
+	case f == 0:
+		return false
+	case f&(f-1) != 0 || f&^(flagRemote|flagPushed|flagArena) != 0 || h.kind != kindData || h.op == opBarrier:
+		return true
+	}
+	return f != flagRemote && h.op != opAllReduce
 }

@@ -32,15 +32,24 @@ func TestDecodeHeaderRejectsForeignBytes(t *testing.T) {
 }
 
 // Only the data frames of operations that move data may be flagged
-// remote, and no other flag exists.
+// remote, only all-reduces' pushed or arena, one flag at a time, and no
+// other flag exists.
 func TestDecodeHeaderRejectsMisplacedFlags(t *testing.T) {
 	ok := header{kind: kindData, op: opAllReduce, dtype: Float32, length: remoteRefLen, flags: flagRemote}
 	_, _, err := decodeHeader(appendHeader(nil, &ok))
 	require.NoError(t, err)
+	for _, f := range []uint8{flagPushed, flagArena} {
+		ok.flags, ok.length = f, 0
+		_, _, err := decodeHeader(appendHeader(nil, &ok))
+		require.NoError(t, err)
+	}
 	for _, h := range []header{
 		{kind: kindData, op: opBarrier, dtype: Float32, flags: flagRemote},
 		{kind: kindAbort, flags: flagRemote},
-		{kind: kindData, op: opAllReduce, dtype: Float32, flags: 2},
+		{kind: kindData, op: opAllReduce, dtype: Float32, flags: 8},
+		{kind: kindData, op: opAllReduce, dtype: Float32, flags: flagRemote | flagPushed},
+		{kind: kindData, op: opAllGather, dtype: Float32, flags: flagPushed},
+		{kind: kindData, op: opBroadcast, dtype: Float32, flags: flagArena},
 	} {
 		_, _, err := decodeHeader(appendHeader(nil, &h))
 		require.ErrorIs(t, err, errProtocol, "%+v", h)

@@ -27,6 +27,7 @@ type Group struct {
 	audit   *zap.Logger // the audit trail of peers joining, leaving and refused
 	ln      net.Listener
 	shmLn   *net.UnixListener // where peers on this host send segments; nil without
+	arena   *arena            // this process's arena, which peers on this host map; nil without
 	conns   []*peerConn       // by rank; nil for this member and until connected
 	wg      sync.WaitGroup
 
@@ -50,6 +51,7 @@ type Group struct {
 	started     [opBarrier + 1]atomic.Int64 // operations started, by kind
 	sent        atomic.Int64                // payload bytes of data frames written
 	remoteReads atomic.Int64                // chunks read from a peer's memory (remote.go)
+	pushed      atomic.Int64                // chunks written into a peer's result (push.go)
 }
 
 // Stats counts the operations a member has started, by kind: those that

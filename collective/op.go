@@ -11,19 +11,21 @@ import (
 
 // op is one local call of a collective operation.
 type op struct {
-	g         *Group
-	ctx       context.Context
-	name      string
-	self      header // this call's header; sends vary offset, step, chunk, length
-	box       *mailbox
-	timer     *time.Timer
-	timerC    <-chan time.Time
-	deadline  time.Time          // bound on writes: the earlier of timeout and ctx deadline
-	cancelled bool               // ctx ended the call
-	hdr       []byte             // encoded header scratch
-	leases    []*remoteLease     // by peer: expose this call's buffers to it (remote.go)
-	readFrom  []bool             // by peer: the call read remote chunks from it
-	ref       [remoteRefLen]byte // a remote chunk's payload scratch
+	g          *Group
+	ctx        context.Context
+	name       string
+	self       header // this call's header; sends vary offset, step, chunk, length
+	box        *mailbox
+	timer      *time.Timer
+	timerC     <-chan time.Time
+	deadline   time.Time          // bound on writes: the earlier of timeout and ctx deadline
+	cancelled  bool               // ctx ended the call
+	hdr        []byte             // encoded header scratch
+	leases     []*remoteLease     // by peer: expose this call's buffers to it (remote.go)
+	readFrom   []bool             // by peer: the call read remote chunks from it
+	ref        [remoteRefLen]byte // a remote chunk's payload scratch
+	pushedTo   bool               // peers write into this call's result, at pushedInto of the arena (push.go)
+	pushedInto int
 }
 
 // start registers a call under the next sequence number of its name.
@@ -84,6 +86,9 @@ func (o *op) end(err error) error {
 		delete(g.names[o.name].boxes, o.self.seq)
 	}
 	g.mu.Unlock()
+	if err != nil && o.pushedTo {
+		g.arena.quarantine(o.pushedInto)
+	}
 	if err != nil && !o.cancelled {
 		g.fail(err)
 	}

@@ -40,6 +40,7 @@ type config struct {
 	directMax    int                   // largest all-reduce that takes the direct path
 	ringWindow   int                   // step-0 chunks a ring member sends before receiving
 	remoteMin    int                   // smallest ring chunk sent as its address (remote.go); 0: none, and peers are not read
+	pushMin      int                   // smallest all-reduce that announces (push.go); every member must have the same
 	beforeRemote func(step, chunk int) // called before a chunk is read from a peer's memory
 }
 
@@ -55,6 +56,7 @@ func defaultConfig() config {
 		directMax:      defaultDirectMax,
 		ringWindow:     defaultRingWindow,
 		remoteMin:      defaultRemoteMin,
+		pushMin:        defaultPushMin,
 	}
 }
 

@@ -110,16 +110,16 @@ func (o *op) sendChunk(to, step, chunk, offset int, data []byte) error {
 	if !ok {
 		return o.send(to, step, chunk, offset, data)
 	}
-	if err := o.sendFlagged(to, step, chunk, offset, ref); err != nil {
+	if err := o.sendWith(flagRemote, to, step, chunk, offset, ref); err != nil {
 		return err
 	}
 	o.g.sent.Add(int64(len(data) - len(ref))) // the peer takes the chunk itself
 	return nil
 }
 
-// sendFlagged sends a data frame flagged flagRemote.
-func (o *op) sendFlagged(to, step, chunk, offset int, payload []byte) error {
-	o.self.flags = flagRemote
+// sendWith sends a data frame flagged flag.
+func (o *op) sendWith(flag uint8, to, step, chunk, offset int, payload []byte) error {
+	o.self.flags = flag
 	defer func() { o.self.flags = 0 }()
 	return o.send(to, step, chunk, offset, payload)
 }
@@ -219,7 +219,7 @@ func (o *op) awaitEnd(peer int) error {
 func (o *op) endReads() error {
 	for p, read := range o.readFrom {
 		if read {
-			if err := o.sendFlagged(p, stepReadsDone, 0, 0, nil); err != nil {
+			if err := o.sendWith(flagRemote, p, stepReadsDone, 0, 0, nil); err != nil {
 				return err
 			}
 		}

@@ -57,7 +57,11 @@ func (o *op) ringReduce(dst, src []byte) error {
 	n, rank := len(g.members), g.rank
 	next := mod(rank+1, n)
 	r := newRing(len(dst)/o.self.dtype.Size(), n, max(1, g.cfg.chunkBytes/o.wireSize()))
-	rr := o.receiveRing(r, dst, src)
+	offs, err := o.negotiatePush(dst)
+	if err != nil {
+		return err
+	}
+	rr := o.receiveRing(r, dst, src, offs)
 	sent0, window := 0, g.cfg.ringWindow
 	for ; sent0 < min(window, r.chunks); sent0++ {
 		if err := o.sendSource(next, rr, src, sent0); err != nil {
@@ -67,7 +71,7 @@ func (o *op) ringReduce(dst, src []byte) error {
 			window = r.chunks // addresses take no room in the ring: send them all
 		}
 	}
-	for range 2 * (n - 1) * r.chunks {
+	for range rr.steps() * r.chunks {
 		k, err := o.ringStep(rr, next)
 		if err != nil {
 			return err
@@ -77,6 +81,11 @@ func (o *op) ringReduce(dst, src []byte) error {
 				return err
 			}
 			sent0++
+		}
+	}
+	if offs != nil {
+		if err := o.awaitPushes(rr); err != nil {
+			return err
 		}
 	}
 	g.mu.Lock()
@@ -133,6 +142,9 @@ func (o *op) ringStep(rr *ringRecv, next int) (int, error) {
 	if f.err != nil {
 		return 0, f.err
 	}
+	if f.h.flags&flagPushed != 0 {
+		return k, nil // the previous member wrote its segment's chunk into dst
+	}
 	out, local := rr.chunk(&f.h)
 	switch {
 	case !f.applied:
@@ -140,9 +152,13 @@ func (o *op) ringStep(rr *ringRecv, next int) (int, error) {
 	case o.self.wire != 0:
 		out = f.payload() // the rounded reduction the reader left to send on
 	}
-	if k+1 < 2*(rr.r.n-1) {
-		defer rr.sentChunk(int(f.h.chunk))
-		return k, o.sendChunk(next, k+1, int(f.h.chunk), int(f.h.offset), out)
+	switch c := int(f.h.chunk); {
+	case rr.offs != nil && k == rr.r.n-2:
+		lo, _ := rr.elems(k, c)
+		return k, o.pushChunk(rr.offs, c, lo*o.self.dtype.Size(), int(f.h.offset), out)
+	case k+1 < 2*(rr.r.n-1):
+		defer rr.sentChunk(c)
+		return k, o.sendChunk(next, k+1, c, int(f.h.offset), out)
 	}
 	return k, nil
 }

@@ -29,13 +29,14 @@ type ringRecv struct {
 	applying int            // in-place applications in progress
 	remote   bool           // this member can read the memory of `from`
 	remoteIn bool           // a remote chunk arrived (under g.mu)
+	offs     []int          // by rank, where each peer's result lies in its arena when the call pushes (push.go)
 }
 
 // receiveRing attaches the receive side of a ring all-reduce to the call
 // and checks the frames that arrived before it.
-func (o *op) receiveRing(r ring, dst, src []byte) *ringRecv {
+func (o *op) receiveRing(r ring, dst, src []byte, offs []int) *ringRecv {
 	g := o.g
-	rr := &ringRecv{o: o, r: r, from: mod(g.rank-1, r.n), dst: dst, src: src,
+	rr := &ringRecv{o: o, r: r, from: mod(g.rank-1, r.n), dst: dst, src: src, offs: offs,
 		arrived: make([]int, r.chunks), sent: make([]atomic.Int32, r.chunks)}
 	rr.remote = o.readable(rr.from)
 	g.mu.Lock()
@@ -63,11 +64,15 @@ func (rr *ringRecv) admit(h *header) (bool, error) {
 	if remote && h.step == stepReadsDone && c == 0 && h.length == 0 {
 		return false, nil // the next member has read this one's chunks (n = 2: it is also the previous)
 	}
-	if c >= rr.r.chunks || k >= 2*(rr.r.n-1) || rr.arrived[c] != k {
+	pushed := h.flags&flagPushed != 0
+	if c >= rr.r.chunks || k >= rr.steps() || rr.arrived[c] != k || pushed != (rr.offs != nil && k == rr.r.n-1) || h.flags == flagArena {
 		return false, o.protocolErr(rr.from, "unexpected step %d chunk %d", k, c)
 	}
 	lo, hi := rr.elems(k, c)
 	length := (hi - lo) * o.wireSize()
+	if pushed {
+		length = 0
+	}
 	if remote {
 		if !rr.remote || o.self.wire != 0 {
 			return false, o.unreadable(rr.from)
@@ -78,7 +83,17 @@ func (rr *ringRecv) admit(h *header) (bool, error) {
 		return false, o.protocolErr(rr.from, "chunk at %d+%d, want %d+%d", h.offset, h.length, lo*w, length)
 	}
 	rr.arrived[c]++
-	return rr.inPlace(k), nil
+	return !pushed && rr.inPlace(k), nil
+}
+
+// steps returns the steps of the ring whose frames come from the previous
+// member: the reduce-scatter's and the all-gather's, or, when the call
+// pushes, the reduce-scatter's and the notices of the all-gather's first.
+func (rr *ringRecv) steps() int {
+	if rr.offs != nil {
+		return rr.r.n
+	}
+	return 2 * (rr.r.n - 1)
 }
 
 // inPlace reports whether frames of step k may be applied where they lie:

@@ -23,7 +23,7 @@ func ringCall(n, rank, elems, chunkElems int) *ringRecv {
 	o := &op{g: g, name: "grad", self: header{kind: kindData, op: opAllReduce, dtype: Float32, red: Sum, count: uint64(elems)}}
 	o.box = newMailbox(n)
 	buf := make([]byte, 4*elems)
-	return o.receiveRing(newRing(elems, n, chunkElems), buf, buf)
+	return o.receiveRing(newRing(elems, n, chunkElems), buf, buf, nil)
 }
 
 // frameOf returns the header of chunk c of step k as the previous member

@@ -50,6 +50,11 @@ type shmConn struct {
 	users  int  // Reads and Writes in progress
 	closed bool // Close was called; the segment is unmapped once users is 0
 
+	// The peer's arena (arena_linux.go): mapped here when it sent one, and
+	// used once both sides have said they mapped the other's.
+	peerArena []byte
+	arenaBoth bool
+
 	// Cross-memory reads (shm_remote_linux.go).
 	side     int  // the ring this side writes: 0 for the dialer, 1 for the acceptor
 	pid      int  // the peer's process, once known
@@ -66,7 +71,7 @@ const shmSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 const shmMaxRingBytes = 64 << 20
 
 // eventfd order in the rights a dialer sends: ring 0's data and space,
-// then ring 1's, and the segment's memfd last.
+// then ring 1's, the segment's memfd, and the dialer's arena if it has one.
 const (
 	efdData0 = iota
 	efdSpace0
@@ -138,13 +143,16 @@ func (c *shmConn) release() {
 	c.mu.Lock()
 	c.users--
 	unmap := c.closed && c.users == 0 && c.mem != nil
-	mem := c.mem
+	mem, peerArena := c.mem, c.peerArena
 	if unmap {
-		c.mem = nil
+		c.mem, c.peerArena = nil, nil
 	}
 	c.mu.Unlock()
 	if unmap {
 		_ = unmapSegment(mem)
+		if peerArena != nil {
+			_ = unix.Munmap(peerArena)
+		}
 	}
 }
 
@@ -429,8 +437,18 @@ func dialShm(name string, nonce []byte, deadline time.Time, tcp net.Conn) (net.C
 		return nil, err
 	}
 	publishMapping(mem, 0)
-	_, _, err = uc.(*net.UnixConn).WriteMsgUnix(nonce, unix.UnixRights(fds...), nil)
+	rights := fds
+	if a, _ := processArena(); a != nil {
+		rights = append(rights[:shmFDs:shmFDs], a.fd)
+	}
+	_ = uc.SetDeadline(deadline)
+	_, _, err = uc.(*net.UnixConn).WriteMsgUnix(nonce, unix.UnixRights(rights...), nil)
 	closeFDs(fds[4:]) // the mapping stays; the acceptor maps its own copy
+	var peerArena []byte
+	var mapsMine bool
+	if err == nil {
+		peerArena, mapsMine, err = receiveArena(uc.(*net.UnixConn))
+	}
 	if err != nil {
 		_ = uc.Close()
 		_ = unmapSegment(mem)
@@ -438,13 +456,17 @@ func dialShm(name string, nonce []byte, deadline time.Time, tcp net.Conn) (net.C
 		return nil, fmt.Errorf("sending the segment: %w", err)
 	}
 	_ = uc.SetDeadline(time.Time{})
-	return newShmConn(mem, [4]int(fds[:4]), 0, uc.(*net.UnixConn), tcp.LocalAddr(), tcp.RemoteAddr()), nil
+	c := newShmConn(mem, [4]int(fds[:4]), 0, uc.(*net.UnixConn), tcp.LocalAddr(), tcp.RemoteAddr())
+	c.peerArena, c.arenaBoth = peerArena, mapsMine && peerArena != nil
+	return c, nil
 }
 
-// shmDelivery is a segment a dialer sent, as the acceptor received it.
+// shmDelivery is a segment a dialer sent, as the acceptor received it,
+// with the dialer's arena as mapped here (nil if none).
 type shmDelivery struct {
-	ctl *net.UnixConn
-	fds []int
+	ctl       *net.UnixConn
+	fds       []int
+	peerArena []byte
 }
 
 // open maps the delivered segment and returns the acceptor's side.
@@ -476,7 +498,9 @@ func (d shmDelivery) open(tcp net.Conn) (net.Conn, error) {
 		return nil, err
 	}
 	publishMapping(mem, 1)
-	return newShmConn(mem, [4]int(d.fds[:4]), 1, d.ctl, tcp.LocalAddr(), tcp.RemoteAddr()), nil
+	c := newShmConn(mem, [4]int(d.fds[:4]), 1, d.ctl, tcp.LocalAddr(), tcp.RemoteAddr())
+	c.peerArena = d.peerArena
+	return c, nil
 }
 
 // discard closes a delivery that is not used.
@@ -484,6 +508,9 @@ func (d shmDelivery) discard() {
 	closeFDs(d.fds)
 	if d.ctl != nil {
 		_ = d.ctl.Close()
+	}
+	if d.peerArena != nil {
+		_ = unix.Munmap(d.peerArena)
 	}
 }
 
@@ -499,7 +526,7 @@ func listenShm() (*net.UnixListener, error) {
 func receiveShm(uc *net.UnixConn, deadline time.Time) (nonce []byte, d shmDelivery, err error) {
 	_ = uc.SetReadDeadline(deadline)
 	buf := make([]byte, shmNonceLen)
-	oob := make([]byte, unix.CmsgSpace(4*shmFDs))
+	oob := make([]byte, unix.CmsgSpace(4*(shmFDs+1)))
 	n, oobn, _, _, err := uc.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return nil, d, err
@@ -514,11 +541,21 @@ func receiveShm(uc *net.UnixConn, deadline time.Time) (nonce []byte, d shmDelive
 			d.fds = append(d.fds, fds...)
 		}
 	}
-	if n != shmNonceLen || len(d.fds) != shmFDs {
+	if n != shmNonceLen || (len(d.fds) != shmFDs && len(d.fds) != shmFDs+1) {
 		closeFDs(d.fds)
-		return nil, shmDelivery{}, fmt.Errorf("got %d bytes and %d descriptors, want %d and %d", n, len(d.fds), shmNonceLen, shmFDs)
+		return nil, shmDelivery{}, fmt.Errorf("got %d bytes and %d descriptors, want %d and %d or %d", n, len(d.fds), shmNonceLen, shmFDs, shmFDs+1)
 	}
-	_ = uc.SetReadDeadline(time.Time{})
+	if len(d.fds) > shmFDs {
+		d.peerArena, _ = mapPeerArena(d.fds[shmFDs]) // without it, this link does not push
+		_ = unix.Close(d.fds[shmFDs])
+		d.fds = d.fds[:shmFDs]
+	}
+	_ = uc.SetDeadline(deadline)
+	if err := sendArena(uc, d.peerArena != nil); err != nil {
+		d.discard()
+		return nil, shmDelivery{}, err
+	}
+	_ = uc.SetDeadline(time.Time{})
 	d.ctl = uc
 	return buf, d, nil
 }

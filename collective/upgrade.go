@@ -45,7 +45,15 @@ func randomHex(n int) string {
 // startShm listens for the segments of the peers this member accepts,
 // when the group uses shared memory.
 func (g *Group) startShm() {
-	if !g.cfg.sharedMemory || !shmSupported || g.rank == len(g.members)-1 {
+	if !g.cfg.sharedMemory || !shmSupported {
+		return
+	}
+	a, err := processArena()
+	if err != nil {
+		g.log.Info("collective arena unavailable; peers on this host copy results out of each other's memory", zap.Error(err))
+	}
+	g.arena = a
+	if g.rank == len(g.members)-1 {
 		return
 	}
 	ln, err := listenShm()
@@ -139,6 +147,7 @@ func (g *Group) acceptUpgrade(c *peerConn, peer int, claimed string) {
 			g.reject(c, claimed, "shared memory: "+err.Error())
 			return
 		}
+		setArenaBoth(joined.nc, h.offset == 1)
 	}
 	_ = c.nc.SetReadDeadline(time.Time{})
 	ack := appendHeader(nil, &header{kind: kindUpgrade, epoch: g.cfg.epoch, root: 1})
@@ -202,6 +211,7 @@ func (g *Group) dialUpgrade(c *peerConn, peer int, n uint32) (*peerConn, error) 
 	answer := header{kind: kindUpgrade, epoch: g.cfg.epoch}
 	if sc != nil {
 		answer.root = 1
+		answer.offset = uint64(btoi(arenaBoth(sc))) // both sides mapped the other's arena
 	}
 	if err = c.writeRaw(appendHeader(nil, &answer), g.cfg.helloTimeout); err == nil {
 		err = g.readAck(c, peer)

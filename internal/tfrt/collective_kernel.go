@@ -94,6 +94,14 @@ func (c *call) start() error {
 		go c.aggregate()
 		return nil
 	}
+	if c.k.kind == kindAllReduce && c.k.wire == 0 {
+		if ok, err := c.sharedOutput(st); ok || err != nil {
+			if err == nil {
+				go c.reduceOrBroadcast()
+			}
+			return err
+		}
+	}
 	idx, fwd := C.int(0), C.int(-1)
 	c.out = C.TF_ForwardInputOrAllocateOutput(c.ctx, &idx, 1, 0, dimsPtr(c.dims), C.int(len(c.dims)), &fwd, st)
 	if err := statusError(st, "allocate output"); err != nil {
@@ -104,6 +112,31 @@ func (c *call) start() error {
 	}
 	go c.reduceOrBroadcast()
 	return nil
+}
+
+// sharedOutput makes the all-reduce's output a buffer that the group's
+// peers on this host map, so that they write their parts of the result
+// into it (collective.Group.OutputBuffer); it reports false, having done
+// nothing, when the group has none for it.
+func (c *call) sharedOutput(st *C.TF_Status) (bool, error) {
+	n := int(C.TF_TensorByteSize(c.in))
+	b := c.g.OutputBuffer(n)
+	if b == nil {
+		return false, nil
+	}
+	data := unsafe.Pointer(unsafe.SliceData(b.Bytes())) // outside Go's heap
+	t := C.tfdist_shared_tensor(C.TF_TensorType(c.in), dimsPtr(c.dims), C.int(len(c.dims)), data, C.size_t(n), b.ReleaseFlag())
+	if t == nil || C.TF_TensorData(t) != data { // TensorFlow copied it: no use
+		if t != nil {
+			C.TF_DeleteTensor(t)
+		} else {
+			b.Release()
+		}
+		return false, nil
+	}
+	C.TF_SetOutput(c.ctx, 0, t, st)
+	c.out = t // finish deletes this reference; TensorFlow holds its own
+	return true, statusError(st, "set output")
 }
 
 // aggregator returns the call's Aggregator, checking that the votes are

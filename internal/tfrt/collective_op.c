@@ -84,6 +84,19 @@ static void tfdist_compute(void* k, TF_OpKernelContext* ctx,
 
 static void tfdist_delete(void* k) { tfdistKernelDelete((uintptr_t)k); }
 
+static void tfdist_release_shared(void* data, size_t len, void* flag) {
+  (void)data;
+  (void)len;
+  __atomic_store_n((uint32_t*)flag, 1, __ATOMIC_RELEASE);
+}
+
+TF_Tensor* tfdist_shared_tensor(TF_DataType dtype, const int64_t* dims,
+                                int num_dims, void* data, size_t len,
+                                void* flag) {
+  return TF_NewTensor(dtype, dims, num_dims, data, len, tfdist_release_shared,
+                      flag);
+}
+
 static void tfdist_same_shape(TF_ShapeInferenceContext* ctx, TF_Status* st) {
   TF_ShapeHandle* h = TF_NewShapeHandle();
   TF_ShapeInferenceContextGetInput(ctx, 0, h, st);

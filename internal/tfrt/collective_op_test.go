@@ -165,3 +165,54 @@ func rows(n, w int) [][]int32 {
 	}
 	return out
 }
+
+// An all-reduce large enough that the members write their parts into
+// each other's outputs (memory both processes map) returns the same sums,
+// and a result fetched from one run stays intact while later runs reuse
+// that memory: it is given back only once TensorFlow releases the tensor.
+func TestSharedOutputsOutliveLaterRuns(t *testing.T) {
+	const elems, runs = 1<<20 + 3, 4
+	ids := groups(t, 2)
+	results := make([][]*tf.Tensor, len(ids))
+	var wg sync.WaitGroup
+	for m, id := range ids {
+		s := op.NewScope()
+		v := op.Placeholder(s.SubScope("v"), tf.Float, op.PlaceholderShape(tf.ScalarShape()))
+		x := op.Fill(s.SubScope("x"), op.Const(s.SubScope("dims"), []int64{elems}), v)
+		y := tfrt.AllReduce(s, x, id, "big", collective.Sum, 0)
+		g, err := s.Finalize()
+		require.NoError(t, err)
+		sess, err := tf.NewSession(g, nil)
+		require.NoError(t, err)
+		defer sess.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := 1; r <= runs; r++ {
+				feed, err := tf.NewTensor(float32((m + 1) * r))
+				if !assert.NoError(t, err) {
+					return
+				}
+				out, err := sess.Run(map[tf.Output]*tf.Tensor{v: feed}, []tf.Output{y}, nil)
+				if !assert.NoError(t, err, "member %d run %d", m, r) {
+					return
+				}
+				results[m] = append(results[m], out[0])
+			}
+		}()
+	}
+	wg.Wait()
+	for m := range ids {
+		require.Len(t, results[m], runs, "member %d", m)
+		for r, out := range results[m] {
+			got := out.Value().([]float32)
+			require.Len(t, got, elems)
+			want := float32(3 * (r + 1))
+			for i, x := range got {
+				if x != want {
+					require.Equal(t, want, x, "member %d run %d element %d", m, r+1, i)
+				}
+			}
+		}
+	}
+}

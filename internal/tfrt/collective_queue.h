@@ -20,4 +20,11 @@ int tfdist_queue_open(void);
 // tfdist_queue_take moves the oldest queued call into *out; 0 if none.
 int tfdist_queue_take(tfdist_call* out);
 
+// tfdist_shared_tensor wraps len bytes at data, memory that peers of the
+// collective group map, as a tensor whose deallocator stores 1 in *flag
+// (the buffer's release flag).
+TF_Tensor* tfdist_shared_tensor(TF_DataType dtype, const int64_t* dims,
+                                int num_dims, void* data, size_t len,
+                                void* flag);
+
 #endif  // TFDIST_TFRT_COLLECTIVE_QUEUE_H_

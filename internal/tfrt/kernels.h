@@ -54,6 +54,8 @@ extern TF_Tensor* TF_AllocateOutput(TF_OpKernelContext* context, int index,
                                     TF_DataType dtype, const int64_t* dims,
                                     int num_dims, size_t len,
                                     TF_Status* status);
+extern void TF_SetOutput(TF_OpKernelContext* ctx, int i,
+                         const TF_Tensor* tensor, TF_Status* status);
 extern TF_Tensor* TF_ForwardInputOrAllocateOutput(
     TF_OpKernelContext* context, const int* candidate_input_indices,
     int num_candidate_input_indices, int output_index,

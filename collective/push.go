@@ -1,0 +1,222 @@
+package collective
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// Pushed results. Between members on one host whose results lie in
+// memory that each maps of the other (every process's arena, see
+// arena_linux.go), a ring all-reduce ends differently: the member that
+// completes a segment's reduction writes each chunk of it straight into
+// every peer's result and sends each a notice (a data frame flagged
+// flagPushed, of the all-gather's first step, with no payload), in place
+// of the all-gather's n-1 steps, in which every member copied every
+// segment out of its neighbour's memory. The reduce-scatter is unchanged,
+// so every member holds the same bits as before.
+//
+// Every member must agree that a call pushes. At the start of a ring
+// all-reduce of pushMin bytes or more, a member sends each peer whose link
+// maps both arenas an announce (flagArena, step stepAnnounce) whose offset
+// is where its result lies in its arena, or noArena when it does not, or
+// when one of its links does not map both arenas; the call pushes when
+// every announce it receives has an offset and its own has one. (Every
+// member must have the same pushMin.) A link
+// that does not map both arenas is known as such to both its ends, which
+// then announce noArena to everyone else: so either every member pushes
+// or none does.
+//
+// A peer writes into a member's result only while the member's call
+// waits for its notices. A call that fails keeps its result's span of the
+// arena out of use for good (the group is broken by then, and a peer may
+// still write), so that no later tensor is written over.
+
+// defaultPushMin is the smallest all-reduce that announces. Every member
+// must agree on which calls do, so it is not an option (tests change it
+// on every member).
+const defaultPushMin = 4 << 20
+
+const (
+	// flagPushed marks a notice: the sender has written a chunk of the
+	// segment it completed into this member's result.
+	flagPushed uint8 = 2
+	// flagArena marks an announce: offset is where the sender's result
+	// lies in its arena, or noArena.
+	flagArena uint8 = 4
+	// stepAnnounce is the step of an announce.
+	stepAnnounce = 1<<32 - 2
+	// noArena is the offset of an announce whose sender does not push.
+	noArena = 1<<64 - 1
+)
+
+// pusher is a connection whose two processes map each other's arena: the
+// shared-memory connection, where both sides could.
+type pusher interface {
+	pushes() bool                      // both sides mapped the other's arena
+	pushTo(off int, data []byte) error // copy data into the peer's arena at off
+	peerArenaLen() int
+}
+
+// OutputBuffer returns a buffer of n bytes for the result of an
+// AllReduceTo, in memory that every peer of the group maps, so that the
+// all-reduce writes their parts of the result there directly; nil when
+// the group has no such memory (a peer elsewhere or over TCP, a buffer
+// smaller than the all-reduces that push, or the memory is used up): the
+// caller then uses its own. The caller releases it when done with the
+// result.
+func (g *Group) OutputBuffer(n int) *Buffer {
+	if g.arena == nil || n < g.cfg.pushMin || !g.allPush() {
+		return nil
+	}
+	return g.arena.alloc(n)
+}
+
+// Buffer is memory for the result of an all-reduce that the group's
+// peers on this host map (see Group.OutputBuffer).
+type Buffer struct {
+	a    *arena
+	slot int
+	off  int
+	b    []byte
+}
+
+// Bytes returns the buffer's memory.
+func (b *Buffer) Bytes() []byte { return b.b }
+
+// Release gives the buffer back; its memory must not be used afterwards.
+func (b *Buffer) Release() { b.a.release(b.slot) }
+
+// ReleaseFlag returns the address of a 32-bit flag outside Go's heap:
+// storing 1 in it (atomically, from any thread) releases the buffer, so
+// that a C deallocator, such as a TensorFlow tensor's, can.
+func (b *Buffer) ReleaseFlag() unsafe.Pointer { return b.a.flag(b.slot) }
+
+// linkPushes reports whether the link to peer maps both arenas.
+func (g *Group) linkPushes(peer int) bool {
+	c := g.conns[peer]
+	return c != nil && c.push != nil && c.push.pushes()
+}
+
+// allPush reports whether every link of this member maps both arenas.
+func (g *Group) allPush() bool {
+	for _, p := range g.peers {
+		if !g.linkPushes(p) {
+			return false
+		}
+	}
+	return len(g.peers) > 0
+}
+
+// negotiatePush announces where dst lies to every peer whose link pushes
+// and reads their announces. It returns, by rank, where each peer's
+// result lies in its arena when the call pushes, else nil.
+func (o *op) negotiatePush(dst []byte) ([]int, error) {
+	g := o.g
+	if o.self.wire != 0 || len(dst) < g.cfg.pushMin {
+		return nil, nil
+	}
+	var linked []int
+	for _, p := range g.peers {
+		if g.linkPushes(p) {
+			linked = append(linked, p)
+		}
+	}
+	if len(linked) == 0 {
+		return nil, nil
+	}
+	off, inArena := g.arena.offset(dst)
+	push := inArena && len(linked) == len(g.peers)
+	mine := -1 // noArena
+	if push {
+		mine = off
+	}
+	for _, p := range linked {
+		if err := o.sendWith(flagArena, p, stepAnnounce, 0, mine, nil); err != nil {
+			return nil, err
+		}
+	}
+	offs := make([]int, len(g.members))
+	for i, p := range linked {
+		at, err := o.announced(p, linked[i+1:], len(dst))
+		if err != nil {
+			return nil, err
+		}
+		push = push && at >= 0
+		offs[p] = at
+	}
+	if !push {
+		return nil, nil
+	}
+	o.pushedTo, o.pushedInto = true, off
+	return offs, nil
+}
+
+// announced reads peer's announce and returns its offset, or -1 for
+// noArena.
+func (o *op) announced(peer int, later []int, n int) (int, error) {
+	f, err := o.recv(peer, later)
+	if err != nil {
+		return 0, err
+	}
+	f.release()
+	h := &f.h
+	switch {
+	case f.err != nil:
+		return 0, f.err
+	case h.flags != flagArena || h.step != stepAnnounce || h.length != 0:
+		return 0, o.protocolErr(peer, "step %d chunk %d of %d bytes, want where its result lies", h.step, h.chunk, h.length)
+	case h.offset == noArena:
+		return -1, nil
+	case h.offset > uint64(o.g.conns[peer].push.peerArenaLen()-n):
+		return 0, o.protocolErr(peer, "a result of %d bytes at %d, outside its arena", n, h.offset)
+	}
+	return int(h.offset), nil
+}
+
+// pushChunk writes chunk c of the segment this member has just completed
+// (out, at byte offset at of the result) into every peer's result and
+// sends each its notice.
+func (o *op) pushChunk(offs []int, c, at, wireOffset int, out []byte) error {
+	g := o.g
+	n := len(g.members)
+	for _, p := range g.peers {
+		if err := g.conns[p].push.pushTo(offs[p]+at, out); err != nil {
+			return g.peerError(p, fmt.Errorf("%s %q: writing its result: %w", o.self.op, o.name, err))
+		}
+		g.pushed.Add(1)
+		if err := o.sendWith(flagPushed, p, n-1, c, wireOffset, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// awaitPushes waits for the notices of every chunk of every segment that a
+// peer other than the previous member completes (the previous member's
+// come through the ring).
+func (o *op) awaitPushes(rr *ringRecv) error {
+	g := o.g
+	for _, p := range g.peers {
+		if p == rr.from {
+			continue
+		}
+		seen := make([]bool, rr.r.chunks)
+		for range rr.r.chunks {
+			f, err := o.recv(p, nil)
+			if err != nil {
+				return err
+			}
+			f.release()
+			h := &f.h
+			c := int(h.chunk)
+			if f.err != nil {
+				return f.err
+			}
+			if h.flags != flagPushed || int(h.step) != len(g.members)-1 || c >= len(seen) || seen[c] || h.length != 0 {
+				return o.protocolErr(p, "step %d chunk %d of %d bytes, want a notice of its segment", h.step, h.chunk, h.length)
+			}
+			seen[c] = true
+		}
+	}
+	return nil
+}

@@ -1,0 +1,204 @@
+//go:build linux
+
+package collective
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// smallPushes has every all-reduce of 64 KiB or more push (push.go), in
+// chunks of 8 KiB.
+func smallPushes(c *config) { c.pushMin, c.chunkBytes = 64<<10, 8<<10 }
+
+// runInto runs every case on every member at once, each member's result in
+// dst(member, case, bytes), and returns the results per case and member.
+func runInto(t *testing.T, gs []*Group, cases []reduceCase, dst func(m, i, n int) []byte) [][][]byte {
+	t.Helper()
+	outs := make([][][]byte, len(cases))
+	for i := range cases {
+		outs[i] = make([][]byte, len(gs))
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(cases)*len(gs))
+	for m, g := range gs {
+		for _, i := range rand.New(rand.NewPCG(uint64(m), 2)).Perm(len(cases)) {
+			c := cases[i]
+			outs[i][m] = dst(m, i, len(c.ins[m]))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := g.AllReduceTo(context.Background(), c.name, c.red, c.dt, outs[i][m], c.ins[m], c.opts()...); err != nil {
+					errs <- fmt.Errorf("member %d %s: %w", m, c.name, err)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	return outs
+}
+
+// Members whose results lie in each other's arenas write every segment
+// they complete straight into their peers' results: the results are the
+// same bits on every member and match the reference, for every type,
+// reduction and uneven length, with 2, 3 and 5 members.
+func TestPushedResultsMatchReference(t *testing.T) {
+	noLeaks(t)
+	for _, n := range []int{2, 3, 5} {
+		t.Run(fmt.Sprintf("members=%d", n), func(t *testing.T) {
+			gs := newGroups(t, n, smallPushes)
+			rng := rand.New(rand.NewPCG(uint64(n), 11))
+			var cases []reduceCase
+			for _, elems := range []int{(64 << 10) / 4, 3<<15 + 7} {
+				for _, dt := range allDTypes {
+					for _, red := range allReductions {
+						c := reduceCase{name: fmt.Sprintf("%v/%v/%d", dt, red, elems), dt: dt, red: red}
+						for range n {
+							c.ins = append(c.ins, randomBuffer(rng, dt, elems))
+						}
+						if len(c.ins[0]) >= 64<<10 {
+							cases = append(cases, c)
+						}
+					}
+				}
+			}
+			var bufs []*Buffer
+			outs := runInto(t, gs, cases, func(m, _, n int) []byte {
+				b := gs[m].OutputBuffer(n)
+				require.NotNil(t, b, "member %d has no arena buffer", m)
+				bufs = append(bufs, b)
+				return b.Bytes()
+			})
+			for i, c := range cases {
+				checkReduced(t, c, outs[i])
+			}
+			for _, b := range bufs {
+				b.Release()
+			}
+			for m, g := range gs {
+				assert.Positive(t, g.pushed.Load(), "member %d pushed nothing", m)
+			}
+		})
+	}
+}
+
+// A call pushes only when every member's result lies in its arena: one
+// member with its result in its own memory makes every member take the
+// ring's all-gather, and the results are right either way.
+func TestOneResultOutsideTheArenaStopsPushes(t *testing.T) {
+	noLeaks(t)
+	gs := newGroups(t, 3, smallPushes)
+	rng := rand.New(rand.NewPCG(5, 5))
+	c := reduceCase{name: "mixed", dt: Float32, red: Sum}
+	for range gs {
+		c.ins = append(c.ins, randomBuffer(rng, Float32, 1<<17+1))
+	}
+	outs := runInto(t, gs, []reduceCase{c}, func(m, _, n int) []byte {
+		if m == 1 {
+			return make([]byte, n)
+		}
+		b := gs[m].OutputBuffer(n)
+		require.NotNil(t, b)
+		t.Cleanup(b.Release)
+		return b.Bytes()
+	})
+	checkReduced(t, c, outs[0])
+	for m, g := range gs {
+		assert.Zero(t, g.pushed.Load(), "member %d pushed", m)
+	}
+}
+
+// Groups over TCP, and buffers below the size that pushes, get no arena
+// buffer: the caller uses its own memory.
+func TestOutputBufferOnlyWherePeersMapIt(t *testing.T) {
+	noLeaks(t)
+	tcp := newGroups(t, 2, WithSharedMemory(false), smallPushes)
+	assert.Nil(t, tcp[0].OutputBuffer(1<<20))
+	shm := newGroups(t, 2, smallPushes)
+	assert.Nil(t, shm[0].OutputBuffer(1<<10))
+	b := shm[0].OutputBuffer(1 << 20)
+	require.NotNil(t, b)
+	assert.Len(t, b.Bytes(), 1<<20)
+	b.Release()
+}
+
+// The arena reuses released spans, merges neighbours, and never reuses a
+// span a failed call quarantined.
+func TestArenaReusesReleasedSpans(t *testing.T) {
+	a, err := newArena(1 << 20)
+	require.NoError(t, err)
+	x, y := a.alloc(256<<10), a.alloc(256<<10+1)
+	require.NotNil(t, x)
+	require.NotNil(t, y)
+	assert.Equal(t, 0, x.off)
+	assert.Equal(t, 256<<10, y.off)
+	assert.Nil(t, a.alloc(768<<10), "only 512 KiB are left")
+	x.Release()
+	z := a.alloc(128 << 10)
+	require.NotNil(t, z)
+	assert.Equal(t, 0, z.off, "x's span is reused")
+	z.Release()
+	y.Release()
+	whole := a.alloc(1 << 20)
+	require.NotNil(t, whole, "the released spans merge back into one")
+	a.quarantine(whole.off + 10)
+	whole.Release()
+	assert.Nil(t, a.alloc(4096), "a quarantined span stays out of use")
+}
+
+// A member that dies while its peers push fails them promptly, naming it,
+// and their results' spans stay out of use: the dead member's pushes
+// might still land there.
+func TestDeathDuringPushesQuarantinesResults(t *testing.T) {
+	noLeaks(t)
+	if !crossMemoryWorks(t) {
+		t.Skip("this host does not let a process read another's memory (needed to stop a member mid-call)")
+	}
+	var once sync.Once
+	var gs []*Group
+	gs = newGroups(t, 3, smallPushes, everyChunkRemote, WithTimeout(20*time.Second), func(c *config) {
+		c.beforeRemote = func(step, chunk int) {
+			if chunk == 3 {
+				once.Do(func() { crash(gs[2]) })
+			}
+		}
+	})
+	bufs := make([]*Buffer, 3)
+	for m := range gs {
+		bufs[m] = gs[m].OutputBuffer(1 << 20)
+		require.NotNil(t, bufs[m])
+	}
+	start := time.Now()
+	errs := onAll(gs, func(i int, g *Group) error {
+		return g.AllReduceTo(context.Background(), "x", Sum, Float32, bufs[i].Bytes(), make([]byte, 1<<20))
+	})
+	assert.Less(t, time.Since(start), 10*time.Second, "failed promptly, not at the timeout")
+	a := gs[0].arena
+	for i, err := range errs[:2] {
+		require.Error(t, err, "member %d", i)
+		assert.Contains(t, err.Error(), "worker:2", "member %d", i)
+		bufs[i].Release()
+		a.mu.Lock()
+		a.reclaim()
+		_, live := a.live[bufs[i].slot]
+		kept := a.kept[bufs[i].slot]
+		a.mu.Unlock()
+		assert.False(t, live || kept, "member %d's slot is free again", i)
+		b := a.alloc(1 << 20)
+		require.NotNil(t, b)
+		assert.NotEqual(t, bufs[i].off, b.off, "member %d's span is reused", i)
+		t.Cleanup(b.Release)
+	}
+	bufs[2].Release()
+}
