@@ -42,6 +42,7 @@ type config struct {
 	remoteMin    int                   // smallest ring chunk sent as its address (remote.go); 0: none, and peers are not read
 	pushMin      int                   // smallest all-reduce that announces (push.go); every member must have the same
 	beforeRemote func(step, chunk int) // called before a chunk is read from a peer's memory
+	beforePush   func(step, chunk int) // called before a chunk is written into a peer's result
 }
 
 func defaultConfig() config {

@@ -110,7 +110,7 @@ func (g *Group) allPush() bool {
 // negotiatePush announces where dst lies to every peer whose link pushes
 // and reads their announces. It returns, by rank, where each peer's
 // result lies in its arena when the call pushes, else nil.
-func (o *op) negotiatePush(dst []byte) ([]int, error) {
+func (o *op) negotiatePush(dst, src []byte) ([]int, error) {
 	g := o.g
 	if o.self.wire != 0 || len(dst) < g.cfg.pushMin {
 		return nil, nil
@@ -125,7 +125,7 @@ func (o *op) negotiatePush(dst []byte) ([]int, error) {
 		return nil, nil
 	}
 	off, inArena := g.arena.offset(dst)
-	push := inArena && len(linked) == len(g.peers)
+	push := inArena && len(linked) == len(g.peers) && unsafe.SliceData(dst) != unsafe.SliceData(src)
 	mine := -1 // noArena
 	if push {
 		mine = off
@@ -177,18 +177,35 @@ func (o *op) announced(peer int, later []int, n int) (int, error) {
 // (out, at byte offset at of the result) into every peer's result and
 // sends each its notice.
 func (o *op) pushChunk(offs []int, c, at, wireOffset int, out []byte) error {
-	g := o.g
-	n := len(g.members)
-	for _, p := range g.peers {
-		if err := g.conns[p].push.pushTo(offs[p]+at, out); err != nil {
-			return g.peerError(p, fmt.Errorf("%s %q: writing its result: %w", o.self.op, o.name, err))
-		}
-		g.pushed.Add(1)
-		if err := o.sendWith(flagPushed, p, n-1, c, wireOffset, nil); err != nil {
+	n := len(o.g.members)
+	for _, p := range o.g.peers {
+		if err := o.push(p, offs[p]+at, n-1, c, wireOffset, out); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// pushNext writes chunk c of reduce-scatter step k (data, at byte offset
+// at of the result) into the next member's result and sends it the notice.
+func (o *op) pushNext(rr *ringRecv, next, k, c, at int, data []byte) error {
+	return o.push(next, rr.offs[next]+at, k, c, at, data)
+}
+
+// push writes data into peer's arena at off and sends peer the notice of
+// chunk c of step k, at offset wireOffset of the call's buffer.
+func (o *op) push(peer, off, k, c, wireOffset int, data []byte) error {
+	if hook := o.g.cfg.beforePush; hook != nil {
+		hook(k, c)
+	}
+	if err := o.g.conns[peer].push.pushTo(off, data); err != nil {
+		if gerr := o.g.Err(); gerr != nil {
+			return gerr // the group broke, which closed the connection
+		}
+		return o.g.peerError(peer, fmt.Errorf("%s %q: writing its result: %w", o.self.op, o.name, err))
+	}
+	o.g.pushed.Add(1)
+	return o.sendWith(flagPushed, peer, k, c, wireOffset, nil)
 }
 
 // awaitPushes waits for the notices of every chunk of every segment that a

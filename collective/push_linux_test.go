@@ -162,13 +162,10 @@ func TestArenaReusesReleasedSpans(t *testing.T) {
 // might still land there.
 func TestDeathDuringPushesQuarantinesResults(t *testing.T) {
 	noLeaks(t)
-	if !crossMemoryWorks(t) {
-		t.Skip("this host does not let a process read another's memory (needed to stop a member mid-call)")
-	}
 	var once sync.Once
 	var gs []*Group
-	gs = newGroups(t, 3, smallPushes, everyChunkRemote, WithTimeout(20*time.Second), func(c *config) {
-		c.beforeRemote = func(step, chunk int) {
+	gs = newGroups(t, 3, smallPushes, WithTimeout(20*time.Second), func(c *config) {
+		c.beforePush = func(step, chunk int) {
 			if chunk == 3 {
 				once.Do(func() { crash(gs[2]) })
 			}

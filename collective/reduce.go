@@ -56,11 +56,16 @@ func reduceInto(red Reduction, dt DType, dst, src []byte) {
 }
 
 // reduceTo sets dst[i] = a[i] ∘ b[i] element-wise: in one pass for a
-// float32 sum, else as a copy of a then reduceInto. dst is a or disjoint
-// from both; all three have the same length.
+// float32 sum, else as a copy of a then reduceInto, or, when dst is b,
+// as reduceInto of a (b ∘ a: every reduction is commutative). dst is a,
+// b, or disjoint from both; all three have the same length.
 func reduceTo(red Reduction, dt DType, dst, a, b []byte) {
 	if addsInOnePass(red, dt, dst, a, b) {
 		addFloat32(view[float32](dst), view[float32](a), view[float32](b))
+		return
+	}
+	if len(dst) > 0 && unsafe.SliceData(dst) == unsafe.SliceData(b) {
+		reduceInto(red, dt, dst, a)
 		return
 	}
 	copyIfDistinct(dst, a)

@@ -57,7 +57,7 @@ func (o *op) ringReduce(dst, src []byte) error {
 	n, rank := len(g.members), g.rank
 	next := mod(rank+1, n)
 	r := newRing(len(dst)/o.self.dtype.Size(), n, max(1, g.cfg.chunkBytes/o.wireSize()))
-	offs, err := o.negotiatePush(dst)
+	offs, err := o.negotiatePush(dst, src)
 	if err != nil {
 		return err
 	}
@@ -67,8 +67,8 @@ func (o *op) ringReduce(dst, src []byte) error {
 		if err := o.sendSource(next, rr, src, sent0); err != nil {
 			return err
 		}
-		if o.leases != nil && o.leases[next] != nil {
-			window = r.chunks // addresses take no room in the ring: send them all
+		if rr.offs != nil || o.leases != nil && o.leases[next] != nil {
+			window = r.chunks // pushes and addresses take no room in the ring: send them all
 		}
 	}
 	for range rr.steps() * r.chunks {
@@ -112,6 +112,9 @@ func (o *op) sendSource(to int, rr *ringRecv, src []byte, c int) error {
 	lo, hi := rr.r.chunk(o.g.rank, c)
 	size, w := o.self.dtype.Size(), o.wireSize()
 	data := src[lo*size : hi*size]
+	if rr.offs != nil {
+		return o.pushNext(rr, to, 0, c, lo*size, data)
+	}
 	if o.self.wire != 0 {
 		b := getBuf((hi - lo) * w)
 		defer putBuf(b)
@@ -142,11 +145,13 @@ func (o *op) ringStep(rr *ringRecv, next int) (int, error) {
 	if f.err != nil {
 		return 0, f.err
 	}
-	if f.h.flags&flagPushed != 0 {
+	if rr.offs != nil && k == rr.r.n-1 {
 		return k, nil // the previous member wrote its segment's chunk into dst
 	}
 	out, local := rr.chunk(&f.h)
 	switch {
+	case !f.applied && rr.offs != nil:
+		out = o.ringApply(k, out, local, out) // the previous member wrote its part into out
 	case !f.applied:
 		out = o.ringApply(k, out, local, f.payload())
 	case o.self.wire != 0:
@@ -156,6 +161,10 @@ func (o *op) ringStep(rr *ringRecv, next int) (int, error) {
 	case rr.offs != nil && k == rr.r.n-2:
 		lo, _ := rr.elems(k, c)
 		return k, o.pushChunk(rr.offs, c, lo*o.self.dtype.Size(), int(f.h.offset), out)
+	case rr.offs != nil:
+		defer rr.sentChunk(c)
+		lo, _ := rr.elems(k, c)
+		return k, o.pushNext(rr, next, k+1, c, lo*o.self.dtype.Size(), out)
 	case k+1 < 2*(rr.r.n-1):
 		defer rr.sentChunk(c)
 		return k, o.sendChunk(next, k+1, c, int(f.h.offset), out)

@@ -65,7 +65,7 @@ func (rr *ringRecv) admit(h *header) (bool, error) {
 		return false, nil // the next member has read this one's chunks (n = 2: it is also the previous)
 	}
 	pushed := h.flags&flagPushed != 0
-	if c >= rr.r.chunks || k >= rr.steps() || rr.arrived[c] != k || pushed != (rr.offs != nil && k == rr.r.n-1) || h.flags == flagArena {
+	if c >= rr.r.chunks || k >= rr.steps() || rr.arrived[c] != k || pushed != (rr.offs != nil) || h.flags == flagArena {
 		return false, o.protocolErr(rr.from, "unexpected step %d chunk %d", k, c)
 	}
 	lo, hi := rr.elems(k, c)
@@ -83,7 +83,7 @@ func (rr *ringRecv) admit(h *header) (bool, error) {
 		return false, o.protocolErr(rr.from, "chunk at %d+%d, want %d+%d", h.offset, h.length, lo*w, length)
 	}
 	rr.arrived[c]++
-	return !pushed && rr.inPlace(k), nil
+	return k < rr.r.n-1 || !pushed && rr.inPlace(k), nil
 }
 
 // steps returns the steps of the ring whose frames come from the previous
@@ -132,6 +132,10 @@ func (rr *ringRecv) apply(f *frame, payload []byte) bool {
 		runtime.Gosched()
 	}
 	dst, src := rr.chunk(h)
+	if h.flags&flagPushed != 0 { // a reduce-scatter step: the previous member wrote its part into dst
+		rr.o.ringApply(int(h.step), dst, src, dst)
+		return true
+	}
 	if h.flags&flagRemote != 0 {
 		f.err = rr.fetch(h, dst, src, payload)
 		return true
