@@ -30,7 +30,8 @@ func addCases(rng *rand.Rand, n int) (a, b []float32) {
 
 // The float32 sum gives, bit for bit, Go's a[i] + b[i] for every length
 // (the SIMD loops' 32- and 8-element blocks and the tail), into a third
-// buffer and in place: members on processors with and without AVX2 agree.
+// buffer, into two at once and in place: members on processors with and
+// without AVX2 agree.
 func TestAddFloat32MatchesGo(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	for _, n := range []int{0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 100, 1000, 4099} {
@@ -39,9 +40,13 @@ func TestAddFloat32MatchesGo(t *testing.T) {
 		for i := range a {
 			want[i] = math.Float32bits(a[i] + b[i])
 		}
-		dst := make([]float32, n)
+		dst, dst2 := make([]float32, n), make([]float32, n)
 		addFloat32(dst, a, b)
 		require.Equal(t, want, bits32(dst), "n=%d", n)
+		clear(dst)
+		addFloat32Two(dst, dst2, a, b)
+		require.Equal(t, want, bits32(dst), "n=%d, two", n)
+		require.Equal(t, want, bits32(dst2), "n=%d, two's second", n)
 		addFloat32(a, a, b)
 		require.Equal(t, want, bits32(a), "n=%d in place", n)
 	}

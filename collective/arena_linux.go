@@ -190,16 +190,16 @@ func (a *arena) flag(slot int) unsafe.Pointer { return unsafe.Pointer(&a.flags[s
 // arena.
 func (c *shmConn) pushes() bool { return c.arenaBoth }
 
-// pushTo copies data into the peer's arena at off.
-func (c *shmConn) pushTo(off int, data []byte) error {
+// pushTo has fill write the n bytes at off of the peer's arena.
+func (c *shmConn) pushTo(off, n int, fill func(peer []byte)) error {
 	if !c.acquire() {
 		return net.ErrClosed
 	}
 	defer c.release()
-	if off < 0 || off > len(c.peerArena)-len(data) {
-		return fmt.Errorf("%d bytes at %d of the peer's arena of %d", len(data), off, len(c.peerArena))
+	if off < 0 || n < 0 || off > len(c.peerArena)-n {
+		return fmt.Errorf("%d bytes at %d of the peer's arena of %d", n, off, len(c.peerArena))
 	}
-	copy(c.peerArena[off:], data)
+	fill(c.peerArena[off : off+n])
 	return nil
 }
 

@@ -52,8 +52,8 @@ const (
 // pusher is a connection whose two processes map each other's arena: the
 // shared-memory connection, where both sides could.
 type pusher interface {
-	pushes() bool                      // both sides mapped the other's arena
-	pushTo(off int, data []byte) error // copy data into the peer's arena at off
+	pushes() bool                               // both sides mapped the other's arena
+	pushTo(off, n int, fill func([]byte)) error // have fill write the n bytes at off of the peer's arena
 	peerArenaLen() int
 }
 
@@ -186,6 +186,25 @@ func (o *op) pushChunk(offs []int, c, at, wireOffset int, out []byte) error {
 	return nil
 }
 
+// pushSum completes chunk c of this member's segment of a float32 sum,
+// the previous member's part in out and this member's in local, writing
+// the sum into out and the first peer's result in one pass, and pushes it
+// to the other peers.
+func (o *op) pushSum(rr *ringRecv, c, at, wireOffset int, out, local []byte) error {
+	peers, k := o.g.peers, rr.r.n-1
+	first := peers[0]
+	err := o.pushWith(first, rr.offs[first]+at, k, c, wireOffset, len(out), func(p []byte) {
+		addFloat32Two(view[float32](out), view[float32](p), view[float32](local), view[float32](out))
+	})
+	for _, p := range peers[1:] {
+		if err != nil {
+			break
+		}
+		err = o.push(p, rr.offs[p]+at, k, c, wireOffset, out)
+	}
+	return err
+}
+
 // pushNext writes chunk c of reduce-scatter step k (data, at byte offset
 // at of the result) into the next member's result and sends it the notice.
 func (o *op) pushNext(rr *ringRecv, next, k, c, at int, data []byte) error {
@@ -195,10 +214,15 @@ func (o *op) pushNext(rr *ringRecv, next, k, c, at int, data []byte) error {
 // push writes data into peer's arena at off and sends peer the notice of
 // chunk c of step k, at offset wireOffset of the call's buffer.
 func (o *op) push(peer, off, k, c, wireOffset int, data []byte) error {
+	return o.pushWith(peer, off, k, c, wireOffset, len(data), func(p []byte) { copy(p, data) })
+}
+
+// pushWith is push with fill writing the n bytes into peer's arena.
+func (o *op) pushWith(peer, off, k, c, wireOffset, n int, fill func([]byte)) error {
 	if hook := o.g.cfg.beforePush; hook != nil {
 		hook(k, c)
 	}
-	if err := o.g.conns[peer].push.pushTo(off, data); err != nil {
+	if err := o.g.conns[peer].push.pushTo(off, n, fill); err != nil {
 		if gerr := o.g.Err(); gerr != nil {
 			return gerr // the group broke, which closed the connection
 		}

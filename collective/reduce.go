@@ -89,6 +89,26 @@ func addFloat32(dst, a, b []float32) {
 	}
 }
 
+// addFloat32Two is addFloat32 writing every sum into dst2 as well, in the
+// same pass, past dst2's cache (dst2 is for another process to read
+// later).
+func addFloat32Two(dst, dst2, a, b []float32) {
+	dst2, a, b = dst2[:len(dst)], a[:len(dst)], b[:len(dst)]
+	add := func(i, j int) {
+		for ; i < j; i++ {
+			dst[i] = a[i] + b[i]
+			dst2[i] = dst[i]
+		}
+	}
+	i := 0
+	for i < len(dst) && uintptr(unsafe.Pointer(&dst2[i]))%32 != 0 {
+		i++
+	}
+	add(0, i)
+	n := addFloat32TwoFast(dst[i:], dst2[i:], a[i:], b[i:])
+	add(i+n, len(dst))
+}
+
 // reduceUnaligned reduces through aligned copies.
 func reduceUnaligned(red Reduction, dt DType, dst, src []byte) {
 	d, s := alignedCopy(dst), alignedCopy(src)

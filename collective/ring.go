@@ -149,6 +149,10 @@ func (o *op) ringStep(rr *ringRecv, next int) (int, error) {
 		return k, nil // the previous member wrote its segment's chunk into dst
 	}
 	out, local := rr.chunk(&f.h)
+	if rr.fuse && k == rr.r.n-2 {
+		lo, _ := rr.elems(k, int(f.h.chunk))
+		return k, o.pushSum(rr, int(f.h.chunk), lo*o.self.dtype.Size(), int(f.h.offset), out, local)
+	}
 	switch {
 	case !f.applied && rr.offs != nil:
 		out = o.ringApply(k, out, local, out) // the previous member wrote its part into out

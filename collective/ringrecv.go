@@ -30,6 +30,7 @@ type ringRecv struct {
 	remote   bool           // this member can read the memory of `from`
 	remoteIn bool           // a remote chunk arrived (under g.mu)
 	offs     []int          // by rank, where each peer's result lies in its arena when the call pushes (push.go)
+	fuse     bool           // the call pushes a float32 sum: its last reduce-scatter step sums into dst and a peer at once
 }
 
 // receiveRing attaches the receive side of a ring all-reduce to the call
@@ -37,6 +38,7 @@ type ringRecv struct {
 func (o *op) receiveRing(r ring, dst, src []byte, offs []int) *ringRecv {
 	g := o.g
 	rr := &ringRecv{o: o, r: r, from: mod(g.rank-1, r.n), dst: dst, src: src, offs: offs,
+		fuse:    offs != nil && o.self.red == Sum && addsInOnePass(Sum, o.self.dtype, dst, src, dst),
 		arrived: make([]int, r.chunks), sent: make([]atomic.Int32, r.chunks)}
 	rr.remote = o.readable(rr.from)
 	g.mu.Lock()
@@ -83,7 +85,10 @@ func (rr *ringRecv) admit(h *header) (bool, error) {
 		return false, o.protocolErr(rr.from, "chunk at %d+%d, want %d+%d", h.offset, h.length, lo*w, length)
 	}
 	rr.arrived[c]++
-	return k < rr.r.n-1 || !pushed && rr.inPlace(k), nil
+	if pushed {
+		return k < rr.r.n-1 && !(rr.fuse && k == rr.r.n-2), nil
+	}
+	return rr.inPlace(k), nil
 }
 
 // steps returns the steps of the ring whose frames come from the previous
