@@ -67,6 +67,25 @@
 // small ones move bytes as before. The audit trail's reads_peer_memory
 // says which peers a member reads.
 //
+// # Pushed results
+//
+// Every process has an arena, a sealed memfd that each peer on the host
+// maps when their connection moves to shared memory (both sides send
+// theirs, protocol version 7). OutputBuffer hands out spans of it for the
+// results of AllReduceTo. At the start of a ring all-reduce of 4 MiB or
+// more, members whose links map both arenas announce where their results
+// lie; when every result lies in an arena (and apart from its source),
+// the ring moves no bytes through frames: each chunk of the
+// reduce-scatter is written into the next member's result, where that
+// member reduces it in place, and the member that completes a segment
+// writes each of its chunks into every peer's result (a float32 sum in
+// the same pass as its last addition), each followed by a notice frame.
+// Every element is reduced along the same path as before, so every member
+// holds the same bits. A member whose result lies elsewhere, or one of
+// whose links does not map both arenas, announces so, and every member
+// then runs the ring as usual. A call that fails keeps its result's span
+// out of use for good, since a peer may still write into it.
+//
 // # Matching
 //
 // Operations are matched across members by tensor name plus a per-name
@@ -158,9 +177,9 @@
 // that still need it: its frames of the operations it completed arrive
 // before its closing frame.
 //
-// The transport (conn.go, frame.go, handshake.go, dial.go, upgrade.go and
-// shm_*.go), matching
+// The transport (conn.go, frame.go, handshake.go, dial.go, upgrade.go,
+// shm_*.go and arena_*.go), matching
 // (mailbox.go, op.go, check.go) and algorithms (allreduce.go, ring.go,
-// gather.go, reduce.go) are kept apart so that TLS can wrap connections
+// push.go, gather.go, reduce.go) are kept apart so that TLS can wrap connections
 // after dial and accept, and new epochs or reductions can be added.
 package collective
