@@ -105,24 +105,34 @@ func testAllReduceMatchesReference(t *testing.T, gs []*Group) {
 }
 
 // runConcurrently issues every case on every member at once, each member
-// in its own random order, and returns the outputs per case and member.
+// in its own random order, reducing a copy of its input in place, and
+// returns the outputs per case and member.
 func runConcurrently(t *testing.T, gs []*Group, cases []reduceCase) [][][]byte {
+	return runInto(t, gs, cases, func(m int, in []byte) (dst, src []byte) {
+		out := append([]byte(nil), in...)
+		return out, out
+	})
+}
+
+// runInto is runConcurrently with each member's all-reduce from src into
+// dst, which prepare returns for member m's input of a case.
+func runInto(t *testing.T, gs []*Group, cases []reduceCase, prepare func(m int, in []byte) (dst, src []byte)) [][][]byte {
+	t.Helper()
 	outs := make([][][]byte, len(cases))
-	for i, c := range cases {
+	for i := range cases {
 		outs[i] = make([][]byte, len(gs))
-		for m := range gs {
-			outs[i][m] = append([]byte(nil), c.ins[m]...)
-		}
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, len(cases)*len(gs))
 	for m, g := range gs {
 		for _, i := range rand.New(rand.NewPCG(uint64(m), 1)).Perm(len(cases)) {
+			c := cases[i]
+			dst, src := prepare(m, c.ins[m])
+			outs[i][m] = dst
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c := cases[i]
-				if err := g.AllReduce(context.Background(), c.name, c.red, c.dt, outs[i][m], c.opts()...); err != nil {
+				if err := g.AllReduceTo(context.Background(), c.name, c.red, c.dt, dst, src, c.opts()...); err != nil {
 					errs <- fmt.Errorf("member %d %s: %w", m, c.name, err)
 				}
 			}()

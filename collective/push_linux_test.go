@@ -18,37 +18,6 @@ import (
 // chunks of 8 KiB.
 func smallPushes(c *config) { c.pushMin, c.chunkBytes = 64<<10, 8<<10 }
 
-// runInto runs every case on every member at once, each member's result in
-// dst(member, case, bytes), and returns the results per case and member.
-func runInto(t *testing.T, gs []*Group, cases []reduceCase, dst func(m, i, n int) []byte) [][][]byte {
-	t.Helper()
-	outs := make([][][]byte, len(cases))
-	for i := range cases {
-		outs[i] = make([][]byte, len(gs))
-	}
-	var wg sync.WaitGroup
-	errs := make(chan error, len(cases)*len(gs))
-	for m, g := range gs {
-		for _, i := range rand.New(rand.NewPCG(uint64(m), 2)).Perm(len(cases)) {
-			c := cases[i]
-			outs[i][m] = dst(m, i, len(c.ins[m]))
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := g.AllReduceTo(context.Background(), c.name, c.red, c.dt, outs[i][m], c.ins[m], c.opts()...); err != nil {
-					errs <- fmt.Errorf("member %d %s: %w", m, c.name, err)
-				}
-			}()
-		}
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	return outs
-}
-
 // Members whose results lie in each other's arenas write every segment
 // they complete straight into their peers' results: the results are the
 // same bits on every member and match the reference, for every type,
@@ -74,11 +43,11 @@ func TestPushedResultsMatchReference(t *testing.T) {
 				}
 			}
 			var bufs []*Buffer
-			outs := runInto(t, gs, cases, func(m, _, n int) []byte {
-				b := gs[m].OutputBuffer(n)
+			outs := runInto(t, gs, cases, func(m int, in []byte) ([]byte, []byte) {
+				b := gs[m].OutputBuffer(len(in))
 				require.NotNil(t, b, "member %d has no arena buffer", m)
 				bufs = append(bufs, b)
-				return b.Bytes()
+				return b.Bytes(), in
 			})
 			for i, c := range cases {
 				checkReduced(t, c, outs[i])
@@ -104,14 +73,14 @@ func TestOneResultOutsideTheArenaStopsPushes(t *testing.T) {
 	for range gs {
 		c.ins = append(c.ins, randomBuffer(rng, Float32, 1<<17+1))
 	}
-	outs := runInto(t, gs, []reduceCase{c}, func(m, _, n int) []byte {
+	outs := runInto(t, gs, []reduceCase{c}, func(m int, in []byte) ([]byte, []byte) {
 		if m == 1 {
-			return make([]byte, n)
+			return make([]byte, len(in)), in
 		}
-		b := gs[m].OutputBuffer(n)
+		b := gs[m].OutputBuffer(len(in))
 		require.NotNil(t, b)
 		t.Cleanup(b.Release)
-		return b.Bytes()
+		return b.Bytes(), in
 	})
 	checkReduced(t, c, outs[0])
 	for m, g := range gs {

@@ -85,10 +85,21 @@ func runMembers(t *testing.T, ids []string, build func(s *op.Scope, member int, 
 	t.Helper()
 	out := make([][]*tf.Tensor, len(ids))
 	errs := make([]error, len(ids))
+	inSessions(t, ids, func(s *op.Scope, m int, group string) func(*tf.Session) {
+		fetches := build(s, m, group)
+		return func(sess *tf.Session) { out[m], errs[m] = sess.Run(nil, fetches, nil) }
+	})
+	return out, errs
+}
+
+// inSessions builds a graph per member with build and calls the function
+// build returns with the member's session, every member at once.
+func inSessions(t *testing.T, ids []string, build func(s *op.Scope, member int, group string) func(*tf.Session)) {
+	t.Helper()
 	var wg sync.WaitGroup
 	for m, id := range ids {
 		s := op.NewScope()
-		fetches := build(s, m, id)
+		run := build(s, m, id)
 		g, err := s.Finalize()
 		require.NoError(t, err)
 		sess, err := tf.NewSession(g, nil)
@@ -97,11 +108,10 @@ func runMembers(t *testing.T, ids []string, build func(s *op.Scope, member int, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[m], errs[m] = sess.Run(nil, fetches, nil)
+			run(sess)
 		}()
 	}
 	wg.Wait()
-	return out, errs
 }
 
 // The ops all-reduce, all-gather and broadcast tensors of every supported
@@ -174,20 +184,11 @@ func TestSharedOutputsOutliveLaterRuns(t *testing.T) {
 	const elems, runs = 1<<20 + 3, 4
 	ids := groups(t, 2)
 	results := make([][]*tf.Tensor, len(ids))
-	var wg sync.WaitGroup
-	for m, id := range ids {
-		s := op.NewScope()
+	inSessions(t, ids, func(s *op.Scope, m int, group string) func(*tf.Session) {
 		v := op.Placeholder(s.SubScope("v"), tf.Float, op.PlaceholderShape(tf.ScalarShape()))
 		x := op.Fill(s.SubScope("x"), op.Const(s.SubScope("dims"), []int64{elems}), v)
-		y := tfrt.AllReduce(s, x, id, "big", collective.Sum, 0)
-		g, err := s.Finalize()
-		require.NoError(t, err)
-		sess, err := tf.NewSession(g, nil)
-		require.NoError(t, err)
-		defer sess.Close()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		y := tfrt.AllReduce(s, x, group, "big", collective.Sum, 0)
+		return func(sess *tf.Session) {
 			for r := 1; r <= runs; r++ {
 				feed, err := tf.NewTensor(float32((m + 1) * r))
 				if !assert.NoError(t, err) {
@@ -199,9 +200,8 @@ func TestSharedOutputsOutliveLaterRuns(t *testing.T) {
 				}
 				results[m] = append(results[m], out[0])
 			}
-		}()
-	}
-	wg.Wait()
+		}
+	})
 	for m := range ids {
 		require.Len(t, results[m], runs, "member %d", m)
 		for r, out := range results[m] {
