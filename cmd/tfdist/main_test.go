@@ -133,7 +133,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"launch", "--ps", "1", "--", "true"}, "--chief"},
 		{[]string{"server", "--devices", "0"}, "devices"},
 		{[]string{"help", "nope"}, "unknown command"},
-		{[]string{"soak", "-strategies", "default,nope"}, `strategy "nope": expected one of [default mirrored multiworker multiworker-tensorflow ps robust topk wide]`},
+		{[]string{"soak", "-strategies", "default,nope"}, `strategy "nope": expected one of [default mirrored multiworker multiworker-tensorflow ps robust topk wide pushed]`},
 		{[]string{"soak", "-max-rss-growth", "-0.5"}, "-max-rss-growth -0.5: expected 0 or more"},
 		{[]string{"soak", "-classifier", "/nonexistent/classifier"}, "-classifier /nonexistent/classifier"},
 	}

@@ -27,11 +27,12 @@ hours does: the default strategy, Mirrored on 2 logical CPUs,
 MultiWorkerMirrored on 2 workers of 2 logical CPUs each (on tfdist's
 collective engine, and on TensorFlow's collectives for at most 10,000
 steps), and parameter-server training with a chief, 2 workers and 1 ps
-task; "-strategies robust,topk,wide" soaks the engine's gradient paths
-too (3 workers under -aggregation trimmed_mean(1); 2 workers of 2 logical
-CPUs under -compression topk(0.01); 2 workers of 2 logical CPUs with
--hidden 1024, whose all-reduce reads its chunks from the other worker's
-memory). Every -interval it samples each process's OS threads, resident
+task; "-strategies robust,topk,wide,pushed" soaks the engine's gradient
+paths too (3 workers under -aggregation trimmed_mean(1); 2 workers of 2
+logical CPUs under -compression topk(0.01); 2 workers of 2 logical CPUs
+with -hidden 1024, whose all-reduce reads its chunks from the other
+worker's memory, and with -hidden 16384, whose first layer's gradient the
+workers write into each other's results). Every -interval it samples each process's OS threads, resident
 memory and open file descriptors (from /proc, so Linux only), and the
 goroutines the program reports. It prints a table per strategy and fails
 when a process exits with an error or breaks a bound:

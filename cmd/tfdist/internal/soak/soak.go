@@ -50,7 +50,9 @@ func (s Setup) StepsOf(steps int) int {
 // "topk", 2 workers of 2 logical CPUs sending TopK(0.01) gradients, and
 // "wide", 2 workers of 2 logical CPUs training 1,024 hidden units, whose
 // gradients' all-reduce is large enough for each worker to read its
-// chunks from the other's memory.
+// chunks from the other's memory, and "pushed", the same with 16,384
+// hidden units, whose first layer's gradient (4 MiB) the workers push
+// into each other's results.
 func Setups() []Setup {
 	return []Setup{
 		{Name: "default", Args: []string{"-strategy", "default"}},
@@ -67,6 +69,8 @@ func Setups() []Setup {
 			Args: []string{"-strategy", "multiworker", "-devices", "2", "-compression", "topk(0.01)"}},
 		{Name: "wide", Launch: []launch.Option{launch.WithWorkers(2)},
 			Args: []string{"-strategy", "multiworker", "-devices", "2", "-hidden", "1024"}},
+		{Name: "pushed", Launch: []launch.Option{launch.WithWorkers(2)},
+			Args: []string{"-strategy", "multiworker", "-devices", "2", "-hidden", "16384"}},
 	}
 }
 
