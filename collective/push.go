@@ -229,6 +229,7 @@ func (o *op) pushWith(peer, off, k, c, wireOffset, n int, fill func([]byte)) err
 		return o.g.peerError(peer, fmt.Errorf("%s %q: writing its result: %w", o.self.op, o.name, err))
 	}
 	o.g.pushed.Add(1)
+	o.g.sent.Add(int64(n)) // the chunk's bytes, as if they had gone in the frame
 	return o.sendWith(flagPushed, peer, k, c, wireOffset, nil)
 }
 

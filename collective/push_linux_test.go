@@ -58,6 +58,7 @@ func TestPushedResultsMatchReference(t *testing.T) {
 			for m, g := range gs {
 				assert.Positive(t, g.pushed.Load(), "member %d pushed nothing", m)
 			}
+			assertSentLikeTheRing(t, gs, cases)
 		})
 	}
 }
@@ -167,4 +168,25 @@ func TestDeathDuringPushesQuarantinesResults(t *testing.T) {
 		t.Cleanup(b.Release)
 	}
 	bufs[2].Release()
+}
+
+// assertSentLikeTheRing checks that the members' BytesSent, summed, count
+// what the ring would have sent without pushes: 2(n-1)/n of each case's
+// bytes per member (the direct path's (n-1) times them, below the ring).
+func assertSentLikeTheRing(t *testing.T, gs []*Group, cases []reduceCase) {
+	t.Helper()
+	n := len(gs)
+	var want, got int64
+	for _, c := range cases {
+		b := int64(len(c.ins[0]))
+		if b <= int64(gs[0].cfg.directMax) {
+			want += int64(n) * int64(n-1) * b
+		} else {
+			want += 2 * int64(n-1) * b
+		}
+	}
+	for _, g := range gs {
+		got += g.Stats().BytesSent
+	}
+	assert.InDelta(t, want, got, float64(want)/100, "bytes sent by all members")
 }
