@@ -7,13 +7,16 @@ import (
 
 // Pushed results. Between members on one host whose results lie in
 // memory that each maps of the other (every process's arena, see
-// arena_linux.go), a ring all-reduce ends differently: the member that
-// completes a segment's reduction writes each chunk of it straight into
-// every peer's result and sends each a notice (a data frame flagged
-// flagPushed, of the all-gather's first step, with no payload), in place
-// of the all-gather's n-1 steps, in which every member copied every
-// segment out of its neighbour's memory. The reduce-scatter is unchanged,
-// so every member holds the same bits as before.
+// arena_linux.go), a ring all-reduce writes instead of sending: each
+// chunk of the reduce-scatter goes into the next member's result, followed
+// by a notice (a data frame flagged flagPushed, of the chunk's step, with
+// no payload), and the next member reduces it there in place with its own
+// part; the member that completes a segment's reduction writes each chunk
+// of it into every peer's result and sends each a notice of the
+// all-gather's first step, in place of the all-gather's n-1 steps. Every
+// element is reduced along one fixed path, as without pushes (with the
+// two operands swapped, which changes at most which of two NaNs a min or
+// max keeps), so every member holds the same bits.
 //
 // Every member must agree that a call pushes. At the start of a ring
 // all-reduce of pushMin bytes or more, a member sends each peer whose link
@@ -184,6 +187,32 @@ func (o *op) pushChunk(offs []int, c, at, wireOffset int, out []byte) error {
 		}
 	}
 	return nil
+}
+
+// pushStep is ringStep's part for a frame of a call that pushes: a notice
+// that the previous member wrote its part of chunk c of step k into dst.
+// A reduce-scatter step reduces it with src's chunk, unless the reader did
+// as it arrived, and writes the result into the next member's result, or,
+// on the last step, which completes the chunk, into every peer's.
+func (o *op) pushStep(rr *ringRecv, f *frame, next int) error {
+	k, c, n := int(f.h.step), int(f.h.chunk), rr.r.n
+	if k == n-1 {
+		return nil // the all-gather's notice: the chunk is complete in dst
+	}
+	out, local := rr.chunk(&f.h)
+	lo, _ := rr.elems(k, c)
+	at := lo * o.self.dtype.Size()
+	switch {
+	case k == n-2 && rr.fuse:
+		return o.pushSum(rr, c, at, int(f.h.offset), out, local)
+	case !f.applied:
+		o.ringApply(k, out, local, out)
+	}
+	if k == n-2 {
+		return o.pushChunk(rr.offs, c, at, int(f.h.offset), out)
+	}
+	defer rr.sentChunk(c)
+	return o.pushNext(rr, next, k+1, c, at, out)
 }
 
 // pushSum completes chunk c of this member's segment of a float32 sum,

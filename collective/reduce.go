@@ -57,8 +57,9 @@ func reduceInto(red Reduction, dt DType, dst, src []byte) {
 
 // reduceTo sets dst[i] = a[i] ∘ b[i] element-wise: in one pass for a
 // float32 sum, else as a copy of a then reduceInto, or, when dst is b,
-// as reduceInto of a (b ∘ a: every reduction is commutative). dst is a,
-// b, or disjoint from both; all three have the same length.
+// as reduceInto of a (b ∘ a, the same but for which of two NaNs a min or
+// max keeps). dst is a, b, or disjoint from both; all three have the same
+// length.
 func reduceTo(red Reduction, dt DType, dst, a, b []byte) {
 	if addsInOnePass(red, dt, dst, a, b) {
 		addFloat32(view[float32](dst), view[float32](a), view[float32](b))

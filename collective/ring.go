@@ -145,33 +145,19 @@ func (o *op) ringStep(rr *ringRecv, next int) (int, error) {
 	if f.err != nil {
 		return 0, f.err
 	}
-	if rr.offs != nil && k == rr.r.n-1 {
-		return k, nil // the previous member wrote its segment's chunk into dst
+	if rr.offs != nil {
+		return k, o.pushStep(rr, &f, next)
 	}
 	out, local := rr.chunk(&f.h)
-	if rr.fuse && k == rr.r.n-2 {
-		lo, _ := rr.elems(k, int(f.h.chunk))
-		return k, o.pushSum(rr, int(f.h.chunk), lo*o.self.dtype.Size(), int(f.h.offset), out, local)
-	}
 	switch {
-	case !f.applied && rr.offs != nil:
-		out = o.ringApply(k, out, local, out) // the previous member wrote its part into out
 	case !f.applied:
 		out = o.ringApply(k, out, local, f.payload())
 	case o.self.wire != 0:
 		out = f.payload() // the rounded reduction the reader left to send on
 	}
-	switch c := int(f.h.chunk); {
-	case rr.offs != nil && k == rr.r.n-2:
-		lo, _ := rr.elems(k, c)
-		return k, o.pushChunk(rr.offs, c, lo*o.self.dtype.Size(), int(f.h.offset), out)
-	case rr.offs != nil:
-		defer rr.sentChunk(c)
-		lo, _ := rr.elems(k, c)
-		return k, o.pushNext(rr, next, k+1, c, lo*o.self.dtype.Size(), out)
-	case k+1 < 2*(rr.r.n-1):
-		defer rr.sentChunk(c)
-		return k, o.sendChunk(next, k+1, c, int(f.h.offset), out)
+	if k+1 < 2*(rr.r.n-1) {
+		defer rr.sentChunk(int(f.h.chunk))
+		return k, o.sendChunk(next, k+1, int(f.h.chunk), int(f.h.offset), out)
 	}
 	return k, nil
 }
