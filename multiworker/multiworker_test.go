@@ -52,13 +52,27 @@ func TestCNNMatchesDefault(t *testing.T) {
 	matchDefault(t, "lenet", 200)
 }
 
+// An MLP with 16,384 hidden units, whose first layer's gradient (4 MiB)
+// the workers write into each other's results over shared memory, on 2
+// workers of 2 devices, ends 20 SGD steps with the default strategy's
+// model, and the workers hold identical variables.
+func TestPushedGradientsMatchDefault(t *testing.T) {
+	matchDefaultPlan(t, testmodel.Plan{Model: "mlp", Hidden: 16384, Steps: 20})
+}
+
 func matchDefault(t *testing.T, model string, steps int) {
+	matchDefaultPlan(t, testmodel.Plan{Model: model, Steps: steps})
+}
+
+// matchDefaultPlan trains p (on global batches of 32) with the default
+// strategy and on 2 workers of 2 devices, and checks that they agree.
+func matchDefaultPlan(t *testing.T, p testmodel.Plan) {
 	ctx := context.Background()
-	const gb = 32
+	p.MicroBatches = []int{32}
 	def, err := strategy.Default()
 	require.NoError(t, err)
 	defer def.Close()
-	want, err := testmodel.TrainModel(ctx, def, model, optimizer.NewSGD(optimizer.Constant(0.1)), steps, gb, 0)
+	want, err := testmodel.TrainPlan(ctx, def, optimizer.NewSGD(optimizer.Constant(0.1)), p)
 	require.NoError(t, err)
 
 	got := make([]testmodel.Outcome, 2)
@@ -68,7 +82,9 @@ func matchDefault(t *testing.T, model string, steps int) {
 			assert.Equal(t, 4, s.NumReplicasInSync())
 			assert.Equal(t, w == 0, s.IsChief())
 			var err error
-			got[w], err = testmodel.TrainModel(ctx, s, model, optimizer.NewSGD(optimizer.Constant(0.1)), steps, gb, w*2)
+			wp := p
+			wp.FirstReplica = w * 2
+			got[w], err = testmodel.TrainPlan(ctx, s, optimizer.NewSGD(optimizer.Constant(0.1)), wp)
 			return err
 		})
 	require.NoError(t, errs[0])

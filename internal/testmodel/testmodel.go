@@ -4,6 +4,7 @@
 package testmodel
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -57,6 +58,8 @@ func TrainModel(ctx context.Context, e Engine, model string, opt strategy.Optimi
 type Plan struct {
 	// Model names a model of package models ("mlp", "lenet").
 	Model string
+	// Hidden is the model's hidden units; 0 means 32.
+	Hidden int
 	// Steps is the number of updates.
 	Steps int
 	// MicroBatches are the global sizes of the runs of one update, each
@@ -73,8 +76,8 @@ type Plan struct {
 	AfterRuns func(done int) error
 }
 
-// TrainPlan trains a model of package models, with 32 hidden units, with
-// opt on the digits data as p says. FinalLoss is the loss of the last run.
+// TrainPlan trains a model of package models with opt on the digits data
+// as p says. FinalLoss is the loss of the last run.
 func TrainPlan(ctx context.Context, e Engine, opt strategy.Optimizer, p Plan) (Outcome, error) {
 	d, err := digits.Load()
 	if err != nil {
@@ -82,7 +85,7 @@ func TrainPlan(ctx context.Context, e Engine, opt strategy.Optimizer, p Plan) (O
 	}
 	var m *nn.Sequential
 	if err := e.Scope(func(sc strategy.Scope) error {
-		m, err = models.New(sc, p.Model, 32, 1)
+		m, err = models.New(sc, p.Model, cmp.Or(p.Hidden, 32), 1)
 		return err
 	}); err != nil {
 		return Outcome{}, err
