@@ -84,7 +84,11 @@
 // holds the same bits. A member whose result lies elsewhere, or one of
 // whose links does not map both arenas, announces so, and every member
 // then runs the ring as usual. A call that fails keeps its result's span
-// out of use for good, since a peer may still write into it.
+// out of use for good, since a peer may still write into it. A peer that
+// maps a process's arena can write anywhere in it, into the results of
+// every group of the process: results are as safe as the peers on the
+// host, whose identity the connection's handshake (and TLS) checked
+// before the arenas were exchanged; peers on other hosts never map it.
 //
 // # Matching
 //
