@@ -203,8 +203,15 @@ func (c *shmConn) pushTo(off, n int, fill func(peer []byte)) error {
 	return nil
 }
 
-// peerArenaLen returns the length of the peer's arena.
-func (c *shmConn) peerArenaLen() int { return len(c.peerArena) }
+// peerArenaLen returns the length of the peer's arena, 0 once the
+// connection is closed.
+func (c *shmConn) peerArenaLen() int {
+	if !c.acquire() {
+		return 0
+	}
+	defer c.release()
+	return len(c.peerArena)
+}
 
 // setArenaBoth records whether both sides mapped the other's arena.
 func setArenaBoth(nc net.Conn, ok bool) {

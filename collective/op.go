@@ -24,7 +24,7 @@ type op struct {
 	leases     []*remoteLease     // by peer: expose this call's buffers to it (remote.go)
 	readFrom   []bool             // by peer: the call read remote chunks from it
 	ref        [remoteRefLen]byte // a remote chunk's payload scratch
-	pushedTo   bool               // peers write into this call's result, at pushedInto of the arena (push.go)
+	pushedTo   bool               // peers may write into this call's result, at pushedInto of the arena (push.go)
 	pushedInto int
 }
 

@@ -131,7 +131,9 @@ func (o *op) negotiatePush(dst, src []byte) ([]int, error) {
 	push := inArena && len(linked) == len(g.peers) && unsafe.SliceData(dst) != unsafe.SliceData(src)
 	mine := -1 // noArena
 	if push {
-		mine = off
+		// From here on a peer may write into dst, even should this call
+		// fail before it learns whether every member pushes.
+		mine, o.pushedTo, o.pushedInto = off, true, off
 	}
 	for _, p := range linked {
 		if err := o.sendWith(flagArena, p, stepAnnounce, 0, mine, nil); err != nil {
@@ -150,7 +152,6 @@ func (o *op) negotiatePush(dst, src []byte) ([]int, error) {
 	if !push {
 		return nil, nil
 	}
-	o.pushedTo, o.pushedInto = true, off
 	return offs, nil
 }
 
@@ -170,7 +171,7 @@ func (o *op) announced(peer int, later []int, n int) (int, error) {
 		return 0, o.protocolErr(peer, "step %d chunk %d of %d bytes, want where its result lies", h.step, h.chunk, h.length)
 	case h.offset == noArena:
 		return -1, nil
-	case h.offset > uint64(o.g.conns[peer].push.peerArenaLen()-n):
+	case h.offset > uint64(max(0, o.g.conns[peer].push.peerArenaLen()-n)):
 		return 0, o.protocolErr(peer, "a result of %d bytes at %d, outside its arena", n, h.offset)
 	}
 	return int(h.offset), nil
