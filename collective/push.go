@@ -24,7 +24,10 @@ import (
 // is where its result lies in its arena, or noArena when it does not, or
 // when one of its links does not map both arenas; the call pushes when
 // every announce it receives has an offset and its own has one. (Every
-// member must have the same pushMin.) A link
+// member must have the same pushMin.) A compressed call that pushes moves
+// float32: shared memory has no link for 16 bits to spare, and the
+// conversions would cost more than they save, so every member drops the
+// wire type once the announces agree, and the results are exact. A link
 // that does not map both arenas is known as such to both its ends, which
 // then announce noArena to everyone else: so either every member pushes
 // or none does.
@@ -115,7 +118,7 @@ func (g *Group) allPush() bool {
 // result lies in its arena when the call pushes, else nil.
 func (o *op) negotiatePush(dst, src []byte) ([]int, error) {
 	g := o.g
-	if o.self.wire != 0 || len(dst) < g.cfg.pushMin {
+	if len(dst) < g.cfg.pushMin {
 		return nil, nil
 	}
 	var linked []int
@@ -152,6 +155,7 @@ func (o *op) negotiatePush(dst, src []byte) ([]int, error) {
 	if !push {
 		return nil, nil
 	}
+	o.self.wire = 0 // no link to spare: every member pushes float32
 	return offs, nil
 }
 

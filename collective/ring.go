@@ -56,11 +56,11 @@ func (o *op) ringReduce(dst, src []byte) error {
 	g := o.g
 	n, rank := len(g.members), g.rank
 	next := mod(rank+1, n)
-	r := newRing(len(dst)/o.self.dtype.Size(), n, max(1, g.cfg.chunkBytes/o.wireSize()))
 	offs, err := o.negotiatePush(dst, src)
 	if err != nil {
 		return err
 	}
+	r := newRing(len(dst)/o.self.dtype.Size(), n, max(1, g.cfg.chunkBytes/o.wireSize()))
 	rr := o.receiveRing(r, dst, src, offs)
 	sent0, window := 0, g.cfg.ringWindow
 	for ; sent0 < min(window, r.chunks); sent0++ {

@@ -94,7 +94,7 @@ func (c *call) start() error {
 		go c.aggregate()
 		return nil
 	}
-	if c.k.kind == kindAllReduce && c.k.wire == 0 {
+	if c.k.kind == kindAllReduce {
 		if ok, err := c.sharedOutput(st); ok || err != nil {
 			if err == nil {
 				go c.reduceOrBroadcast()
