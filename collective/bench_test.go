@@ -78,16 +78,19 @@ var transports = []struct {
 // BenchmarkAllReduceCompressed is BenchmarkAllReduce sent plain, compressed
 // to float16 and compressed to bfloat16, measured in turn in one run:
 // compare the three's ns/op (busMB/s counts float32 bytes for all three).
-// It runs over shared memory, over loopback TCP and over connections paced
-// to 10 and 1 Gb/s each way. Members in one process share its processors,
-// which converting loads, where members on a real network would each have
-// their own.
+// It runs over shared memory (with results in the members' own memory, and
+// in their arenas, where calls push and compressed ones move float32),
+// over loopback TCP and over connections paced to 10 and 1 Gb/s each way.
+// Members in one process share its processors, which converting loads,
+// where members on a real network would each have their own.
 func BenchmarkAllReduceCompressed(b *testing.B) {
 	links := []struct {
-		name string
-		each func(int) []Option
-	}{{"shm", func(int) []Option { return nil }}, {"loopback", func(int) []Option { return transports[0].opts }},
-		{"10Gbps", paced(10e9 / 8)}, {"1Gbps", paced(1e9 / 8)}}
+		name   string
+		each   func(int) []Option
+		pushed bool
+	}{{"shm", func(int) []Option { return nil }, false}, {"shm-pushed", func(int) []Option { return nil }, true},
+		{"loopback", func(int) []Option { return transports[0].opts }, false},
+		{"10Gbps", paced(10e9 / 8), false}, {"1Gbps", paced(1e9 / 8), false}}
 	for _, link := range links {
 		for _, n := range []int{2, 3} {
 			for _, s := range benchSizes[2:] {
@@ -98,7 +101,7 @@ func BenchmarkAllReduceCompressed(b *testing.B) {
 						opts, name = []CallOption{Compress(wire)}, wire.String()
 					}
 					b.Run(fmt.Sprintf("link=%s/members=%d/size=%s/%s", link.name, n, s.name, name), func(b *testing.B) {
-						benchAllReduce(b, n, s.bytes, link.each, opts...)
+						benchAllReduceInto(b, n, s.bytes, link.each, link.pushed, opts...)
 					})
 				}
 			}
@@ -201,6 +204,12 @@ var benchInput = sync.OnceValue(func() []byte {
 })
 
 func benchAllReduce(b *testing.B, n, size int, each func(int) []Option, opts ...CallOption) {
+	benchAllReduceInto(b, n, size, each, false, opts...)
+}
+
+// benchAllReduceInto is benchAllReduce with the results in the members'
+// arenas when pushed (see OutputBuffer).
+func benchAllReduceInto(b *testing.B, n, size int, each func(int) []Option, pushed bool, opts ...CallOption) {
 	lns, members := listeners(b, n)
 	gs, err := formGroups(lns, members, each, WithTimeout(time.Minute))
 	require.NoError(b, err)
@@ -209,6 +218,13 @@ func benchAllReduce(b *testing.B, n, size int, each func(int) []Option, opts ...
 	dsts := make([][]byte, n)
 	for i := range dsts {
 		dsts[i] = make([]byte, size)
+		if !pushed {
+			continue
+		}
+		buf := gs[i].OutputBuffer(size)
+		require.NotNil(b, buf, "member %d has no arena", i)
+		b.Cleanup(buf.Release)
+		dsts[i] = buf.Bytes()
 	}
 	ctx := context.Background()
 	b.SetBytes(int64(size))
