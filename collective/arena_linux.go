@@ -263,12 +263,9 @@ func receiveArena(uc *net.UnixConn) (peer []byte, mapsMine bool, err error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("reading the peer's arena: %w", err)
 	}
-	msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
-	var fds []int
-	for _, m := range msgs {
-		if got, err := unix.ParseUnixRights(&m); err == nil {
-			fds = append(fds, got...)
-		}
+	fds, err := receivedRights(oob[:oobn])
+	if err != nil {
+		return nil, false, fmt.Errorf("reading the peer's arena: %w", err)
 	}
 	defer closeFDs(fds)
 	if n != 1 || len(fds) > 1 {

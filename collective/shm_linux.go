@@ -531,15 +531,8 @@ func receiveShm(uc *net.UnixConn, deadline time.Time) (nonce []byte, d shmDelive
 	if err != nil {
 		return nil, d, err
 	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil {
+	if d.fds, err = receivedRights(oob[:oobn]); err != nil {
 		return nil, d, err
-	}
-	for _, m := range msgs {
-		fds, err := unix.ParseUnixRights(&m)
-		if err == nil {
-			d.fds = append(d.fds, fds...)
-		}
 	}
 	if n != shmNonceLen || (len(d.fds) != shmFDs && len(d.fds) != shmFDs+1) {
 		closeFDs(d.fds)
@@ -558,4 +551,20 @@ func receiveShm(uc *net.UnixConn, deadline time.Time) (nonce []byte, d shmDelive
 	_ = uc.SetDeadline(time.Time{})
 	d.ctl = uc
 	return buf, d, nil
+}
+
+// receivedRights returns the file descriptors that the control messages
+// oob of a received message carry.
+func receivedRights(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	for _, m := range msgs {
+		if got, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, got...)
+		}
+	}
+	return fds, nil
 }
