@@ -94,11 +94,20 @@ func (c *call) start() error {
 		go c.aggregate()
 		return nil
 	}
+	if err := c.reduceOutput(st); err != nil {
+		return err
+	}
+	go c.reduceOrBroadcast()
+	return nil
+}
+
+// reduceOutput gives an all-reduce or a broadcast its output: for an
+// all-reduce, a buffer its peers write into when the group has one (see
+// sharedOutput); else the input, forwarded when TensorFlow allows; else a
+// new tensor, which a broadcast fills with its input.
+func (c *call) reduceOutput(st *C.TF_Status) error {
 	if c.k.kind == kindAllReduce {
 		if ok, err := c.sharedOutput(st); ok || err != nil {
-			if err == nil {
-				go c.reduceOrBroadcast()
-			}
 			return err
 		}
 	}
@@ -110,7 +119,6 @@ func (c *call) start() error {
 	if fwd < 0 && c.k.kind == kindBroadcast {
 		copy(tensorBytes(c.out), tensorBytes(c.in))
 	}
-	go c.reduceOrBroadcast()
 	return nil
 }
 
