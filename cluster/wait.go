@@ -42,7 +42,9 @@ func (e *UnreachableError) Unwrap() error { return e.Err }
 // is given) accepts TCP connections at its address, polling, and returns nil;
 // or, when ctx ends first, an *UnreachableError naming the tasks that never
 // came up. Give ctx a deadline: a peer that never starts would otherwise be
-// waited for forever.
+// waited for forever. Each connection ends as a gRPC client's does, so that
+// a task's TensorFlow server closes its end at once rather than after
+// gRPC's 120 s handshake deadline.
 func WaitForTasks(ctx context.Context, spec ClusterSpec, tasks ...Task) error {
 	if len(tasks) == 0 {
 		tasks = spec.Tasks()
@@ -64,7 +66,7 @@ func WaitForTasks(ctx context.Context, spec ClusterSpec, tasks ...Task) error {
 		var still []Task
 		for _, t := range pending {
 			dctx, cancel := context.WithTimeout(ctx, time.Second)
-			err := probe.Port(dctx, addrs[t])
+			err := probe.Server(dctx, addrs[t])
 			cancel()
 			if err != nil {
 				lastErr = err

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/probe"
 	"github.com/tfdist/tfdist/internal/tfrt"
@@ -34,7 +35,8 @@ func sockets(t *testing.T) int {
 // Probes of a live TensorFlow server succeed and leave no socket open on
 // it (here, in this process) once it has read their goodbye, where a
 // connection closed without one stays open there for gRPC's 120 s
-// handshake deadline; a probe of a closed port fails.
+// handshake deadline; so do the waits for a cluster's tasks, which probe
+// them; a probe of a closed port fails.
 func TestServerLeavesNoSocketOnTheServer(t *testing.T) {
 	if _, err := os.Stat("/proc/self/fd"); err != nil {
 		t.Skip("counting sockets needs /proc (Linux)")
@@ -47,20 +49,27 @@ func TestServerLeavesNoSocketOnTheServer(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, srv.Start())
 	t.Cleanup(func() { _ = srv.Close() })
+	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: {addr}})
+	require.NoError(t, err)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, probe.Server(ctx, addr)) // the server's first connection sets up what stays
 	time.Sleep(200 * time.Millisecond)
-	before := sockets(t)
-	for range 20 {
-		require.NoError(t, probe.Server(ctx, addr))
+	for name, call := range map[string]func() error{
+		"probe.Server":         func() error { return probe.Server(ctx, addr) },
+		"cluster.WaitForTasks": func() error { return cluster.WaitForTasks(ctx, spec) },
+	} {
+		before := sockets(t)
+		for range 20 {
+			require.NoError(t, call(), name)
+		}
+		after := sockets(t)
+		for end := time.Now().Add(5 * time.Second); after > before+1 && time.Now().Before(end); after = sockets(t) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		assert.LessOrEqual(t, after, before+1, "%s: sockets open after 20 probes (%d before them)", name, before)
 	}
-	after := sockets(t)
-	for end := time.Now().Add(5 * time.Second); after > before+1 && time.Now().Before(end); after = sockets(t) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	assert.LessOrEqual(t, after, before+1, "sockets open after 20 probes (%d before them)", before)
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
