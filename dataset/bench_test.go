@@ -234,11 +234,17 @@ func interleavePipeline(b *testing.B, dir string, parallel int, opts ...dataset.
 	require.NoError(b, err)
 	p := imageParser(b)
 	read := func(e dataset.Element) (dataset.Dataset, error) {
-		src, err := dataset.TFRecordFile(e[dataset.FilenameKey].Value().(string))
-		return dataset.ParseExamples(src, p), err
+		return parsedFile(e[dataset.FilenameKey].Value().(string), p)
 	}
 	opts = append(opts, dataset.WithParallelReads(parallel))
 	return dataset.Batched(dataset.Interleave(files, read, 4, 1, opts...), benchBatch, false)
+}
+
+// parsedFile reads the tf.Examples of one of the many files, parsed by p:
+// the pipeline each read of the benchmarks runs per file.
+func parsedFile(name string, p *dataset.ExampleParser) (dataset.Dataset, error) {
+	src, err := dataset.TFRecordFile(name)
+	return dataset.ParseExamples(src, p), err
 }
 
 // imageParser parses the many files' tf.Examples.
@@ -269,12 +275,12 @@ func independentPass(b *testing.B, dir string, p *dataset.ExampleParser) time.Du
 		go func() {
 			defer wg.Done()
 			for i := next.Add(1) - 1; i < int64(len(files)); i = next.Add(1) - 1 {
-				src, err := dataset.TFRecordFile(files[i])
+				ds, err := parsedFile(files[i], p)
 				if err != nil {
 					b.Error(err)
 					return
 				}
-				for e, err := range dataset.All(context.Background(), dataset.Batched(dataset.ParseExamples(src, p), benchBatch, false)) {
+				for e, err := range dataset.All(context.Background(), dataset.Batched(ds, benchBatch, false)) {
 					if err != nil {
 						b.Error(err)
 						return
