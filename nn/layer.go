@@ -32,15 +32,11 @@ type Spec interface {
 	Kind() string
 }
 
-// Sequential is a model: layers applied one after the other, computing as
-// its Policy says (float32 unless WithPolicy gives another).
+// Sequential is a model of layers applied one after the other: a Model
+// of one input and one output, computing as its Policy says (float32
+// unless WithPolicy gives another).
 type Sequential struct {
-	name   string
-	in     []int64
-	out    []int64
-	names  []string
-	layers []Layer
-	policy Policy
+	*Model
 }
 
 // NewSequential builds a model named name for inputs of shape in (without
@@ -52,79 +48,21 @@ func NewSequential(sc strategy.Scope, name string, in []int64, seed int64, specs
 	if len(specs) == 0 {
 		return nil, fmt.Errorf("nn: model %q: no layers", name)
 	}
-	m := &Sequential{name: name, in: append([]int64(nil), in...), policy: Float32}
-	kinds := map[string]int{}
-	shape := m.in
-	for i, spec := range specs {
-		lname := fmt.Sprintf("%s/%s_%d", name, spec.Kind(), kinds[spec.Kind()])
-		kinds[spec.Kind()]++
-		l, out, err := spec.Build(sc, lname, shape, seed+int64(i))
-		if err != nil {
-			return nil, fmt.Errorf("nn: layer %s: %w", lname, err)
-		}
-		m.names, m.layers = append(m.names, lname), append(m.layers, l)
-		shape = out
+	x := Input(in...)
+	y := x
+	for _, spec := range specs {
+		y = callSpec(spec, []*Tensor{y})
 	}
-	m.out = shape
-	return m, nil
-}
-
-// Vars returns the trainable variables of every layer, in layer order:
-// what Minimize takes.
-func (m *Sequential) Vars() []strategy.Variable {
-	var out []strategy.Variable
-	for _, l := range m.layers {
-		out = append(out, l.Vars()...)
+	m, err := NewModel(sc, name, []*Tensor{x}, []*Tensor{y}, WithSeed(seed))
+	if err != nil {
+		return nil, err
 	}
-	return out
+	return &Sequential{m}, nil
 }
-
-// OutputShape returns the shape of the model's outputs without the batch
-// dimension.
-func (m *Sequential) OutputShape() []int64 { return append([]int64(nil), m.out...) }
 
 // WithPolicy returns the model computing under the mixed-precision policy
-// p: the same layers and variables (float32 under every policy), with
-// each layer's floating-point input cast to p's compute type and the
-// outputs cast back to float32. m is unchanged.
-func (m *Sequential) WithPolicy(p Policy) *Sequential {
-	c := *m
-	c.policy = p
-	return &c
-}
-
-// Policy returns the model's mixed-precision policy.
-func (m *Sequential) Policy() Policy { return m.policy }
-
-// Apply builds the model for one replica on x ([batch, in...]). Under a
-// mixed policy it casts each layer's floating-point input to the 16-bit
-// compute type and returns float32 outputs, so that losses and metrics
-// compute in float32.
-func (m *Sequential) Apply(r strategy.Replica, x tf.Output, training bool) (tf.Output, error) {
-	if err := checkInput(x, m.in); err != nil {
-		return tf.Output{}, fmt.Errorf("nn: model %s: %w", m.name, err)
-	}
-	var b *Builder
-	if m.policy.Mixed() {
-		b = NewBuilder(r.Scope(), "autocast")
-	}
-	var err error
-	for i, l := range m.layers {
-		if b != nil && isFloating(x.DataType()) {
-			x = b.Cast(x, m.policy.ComputeDType())
-		}
-		if x, err = l.Apply(r, x, training); err != nil {
-			return tf.Output{}, fmt.Errorf("nn: layer %s: %w", m.names[i], err)
-		}
-	}
-	if b == nil {
-		return x, nil
-	}
-	if isHalf(x.DataType()) {
-		x = b.Cast(x, tf.Float)
-	}
-	return x, b.Err()
-}
+// p (see Model.WithPolicy). m is unchanged.
+func (m *Sequential) WithPolicy(p Policy) *Sequential { return &Sequential{m.Model.WithPolicy(p)} }
 
 // checkInput reports how x's static shape (batch first) does not fit want
 // (without the batch); unknown dimensions fit anything.
