@@ -280,6 +280,9 @@ func (m *Model) Variables() []strategy.Variable {
 	return out
 }
 
+// OutputCount returns the number of the model's outputs.
+func (m *Model) OutputCount() int { return len(m.outputs) }
+
 // OutputShape returns the shape of the model's first output without the
 // batch dimension.
 func (m *Model) OutputShape() []int64 { return slices.Clone(m.shapes[m.outputs[0]]) }
