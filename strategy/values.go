@@ -78,3 +78,47 @@ func TensorValue(t *tf.Tensor) any {
 	}
 	return tensorutil.Value(t)
 }
+
+// MaxDiff compares two readings of the same variables element by element
+// and returns the largest difference, relative to the largest magnitude
+// in a's value of that variable (so that an element near zero is compared
+// at its variable's scale), with the variable's name and the element's
+// index. It returns +Inf where a and b hold other variables, in another
+// order, or of other sizes, or where an element is NaN in one of them.
+func MaxDiff(a, b []VariableValue) (diff float64, name string, index int) {
+	if len(a) != len(b) {
+		return math.Inf(1), "", -1
+	}
+	for k := range a {
+		x, y := a[k].floats(), b[k].floats()
+		if a[k].Name != b[k].Name || len(x) != len(y) {
+			return math.Inf(1), a[k].Name, -1
+		}
+		scale := 0.0
+		for _, v := range x {
+			scale = max(scale, math.Abs(v))
+		}
+		for i := range x {
+			d := math.Abs(x[i]-y[i]) / max(scale, math.SmallestNonzeroFloat64)
+			if math.IsNaN(d) {
+				return math.Inf(1), a[k].Name, i
+			}
+			if d > diff {
+				diff, name, index = d, a[k].Name, i
+			}
+		}
+	}
+	return diff, name, index
+}
+
+// floats returns the elements as float64.
+func (v VariableValue) floats() []float64 {
+	if v.Float64 != nil {
+		return v.Float64
+	}
+	out := make([]float64, len(v.Float32))
+	for i, x := range v.Float32 {
+		out[i] = float64(x)
+	}
+	return out
+}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
@@ -63,4 +64,25 @@ func TestTensorValue(t *testing.T) {
 	require.Equal(t, float32(21), strategy.TensorValue(out.Reduced("sum")))
 	require.Equal(t, [][]float32{{3, 4}, {5, 6}}, strategy.TensorValue(out["rows"][1]))
 	require.Nil(t, strategy.TensorValue(out.Reduced("no such output")))
+}
+
+// MaxDiff finds the element that differs most at its variable's scale,
+// and refuses readings of other variables or sizes.
+func TestMaxDiff(t *testing.T) {
+	a := []strategy.VariableValue{{Name: "w", Float32: []float32{10, -20, 0}}, {Name: "b", Float64: []float64{0.001, 0.002}}}
+	b := []strategy.VariableValue{{Name: "w", Float32: []float32{10, -20, 0.01}}, {Name: "b", Float64: []float64{0.001, 0.0021}}}
+	diff, name, i := strategy.MaxDiff(a, b)
+	assert.InDelta(t, 0.05, diff, 1e-9, "0.0001 at the scale 0.002 of b")
+	assert.Equal(t, "b", name)
+	assert.Equal(t, 1, i)
+	diff, _, _ = strategy.MaxDiff(a, a)
+	assert.Zero(t, diff)
+	diff, _, _ = strategy.MaxDiff(a, a[:1])
+	assert.True(t, math.IsInf(diff, 1))
+	diff, name, _ = strategy.MaxDiff(a, []strategy.VariableValue{a[0], {Name: "c", Float64: []float64{0.001, 0.002}}})
+	assert.True(t, math.IsInf(diff, 1))
+	assert.Equal(t, "b", name)
+	nan := []strategy.VariableValue{a[0], {Name: "b", Float64: []float64{math.NaN(), 0.002}}}
+	diff, _, _ = strategy.MaxDiff(a, nan)
+	assert.True(t, math.IsInf(diff, 1))
 }
