@@ -29,12 +29,12 @@ type Model struct {
 
 // builtLayer is one layer of a model, with what Summary shows of it.
 type builtLayer struct {
-	name   string
-	kind   string
-	in     [][]int64 // the input shapes it was built for
-	out    []int64
-	layer  MultiLayer
-	vars   []strategy.Variable // every variable, trainable or not
+	name  string
+	kind  string
+	in    [][]int64 // the input shapes it was built for
+	out   []int64
+	layer MultiLayer
+	vars  []strategy.Variable // every variable, trainable or not
 }
 
 // ModelOption configures NewModel.
@@ -130,7 +130,6 @@ func (m *Model) visit(t *Tensor, given map[*Tensor]int, seen map[*Tensor]bool) (
 	}
 	return reached, nil
 }
-
 
 // build builds every layer in call order and infers every tensor's shape.
 func (m *Model) build(sc strategy.Scope, seed int64) error {
