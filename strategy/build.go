@@ -3,10 +3,12 @@ package strategy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -107,7 +109,7 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 	})
 	if err != nil {
 		if serr := root.Err(); serr != nil {
-			return nil, &BuildError{Replica: -1, Err: fmt.Errorf("%w; the graph reports: %v", err, firstLine(serr))}
+			return nil, withGraphReport(err, serr)
 		}
 		return nil, err
 	}
@@ -190,6 +192,26 @@ func (e *InGraph) stepCounts(root *op.Scope, st *Step) (globals, weights []tf.Ou
 		globals[r] = op.PlaceholderWithDefault(rs.SubScope("divisor"), pair[0], tf.ScalarShape())
 	}
 	return globals, weights, root.Err()
+}
+
+// withGraphReport returns err, of tracing a step, with what the graph
+// reports first: the op that could not be added, which is the cause of
+// any panic that followed it.
+func withGraphReport(err, graphErr error) error {
+	report := strings.TrimSpace(firstLine(graphErr))
+	if strings.Contains(report, "Duplicate node name") {
+		report += " (every op needs a name of its own: build ops with an nn.Builder, or each on r.Scope().SubScope(name))"
+	}
+	be := &BuildError{Replica: -1, Err: err}
+	if errors.As(err, &be) {
+		be = &BuildError{Replica: be.Replica, Err: be.Err}
+	}
+	if strings.HasPrefix(report, strings.TrimSpace(firstLine(be.Err))) {
+		be.Err = errors.New(report) // the cause is the graph's own error
+	} else {
+		be.Err = fmt.Errorf("%s; then: %w", report, be.Err)
+	}
+	return be
 }
 
 func firstLine(err error) string {

@@ -3,6 +3,7 @@ package strategy_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -274,6 +275,19 @@ func TestReplicaErrorsAndPanicsAreBuildErrors(t *testing.T) {
 	})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "panic")
+
+	// Two ops of one name on the replica's scope: the error names the op
+	// the graph refused, the replica and the remedy, once.
+	_, err = e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		x := op.Neg(rc.Scope(), in["x"])
+		return strategy.Outputs{"x": op.Neg(rc.Scope(), x)}, nil
+	})
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, 0, be.Replica)
+	assert.Contains(t, err.Error(), `strategy: build: replica 0: failed to add operation "Neg": Duplicate node name in graph: 'step`)
+	assert.Contains(t, err.Error(), "every op needs a name of its own")
+	assert.Equal(t, 1, strings.Count(err.Error(), "strategy: build"), err.Error())
+	assert.Equal(t, 1, strings.Count(err.Error(), "Duplicate node name"), err.Error())
 
 	// A failed build does not poison the next one.
 	step, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
