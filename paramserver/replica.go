@@ -69,9 +69,12 @@ func (rc *replicaContext) NumReplicasInSync() int { return len(rc.s.workers) }
 // Scope returns a graph scope pinned to the worker.
 func (rc *replicaContext) Scope() *op.Scope { return rc.scope }
 
-// AverageLoss returns sum(perExample) / the examples of the step's batch
-// (the leading dimension of its first input, by name): the mean loss of the
-// batch, since each worker's step is applied on its own.
+// AverageLoss returns the sum of every element of perExample divided by
+// the examples of the worker's batch (the leading dimension of the step's
+// first input, by name; 0 when it is 0), since each worker's step is
+// applied on its own: the batch's mean when perExample holds one value
+// per example, and for a per-token loss the tokens per example times the
+// mean per token, which nn.ComputeAverageLoss of the flattened loss gives.
 func (rc *replicaContext) AverageLoss(perExample tf.Output) tf.Output {
 	return graphutil.AverageLoss(rc.scope.SubScope("average_loss"), perExample, rc.batch)
 }

@@ -64,10 +64,19 @@ type Replica interface {
 	// name: shape ids.shape + v.shape[1:]. An id out of range fails the
 	// step naming it.
 	Lookup(v Variable, ids tf.Output) (tf.Output, error)
-	// AverageLoss returns sum(perExample) divided by the number of examples
-	// whose gradients one update combines: the global batch under a
-	// synchronous strategy, the worker's batch under the parameter-server
-	// strategy.
+	// AverageLoss returns the sum of every element of perExample divided
+	// by the number of examples whose gradients one update combines (0
+	// when there are none): under a synchronous strategy the examples of
+	// the global step, the sum of every replica's batch (the leading
+	// dimension of the step's first input by name; RunReplicas's
+	// globalCount), a partial last batch counted as it is; under the
+	// parameter-server strategy the worker's batch, the leading dimension
+	// of its first input. It is tf.nn.compute_average_loss with
+	// global_batch_size set to that count, so it is the mean only when
+	// perExample holds one value per example: for a per-token loss it is
+	// the tokens per example times the mean per token. It is not
+	// tf.nn.compute_average_loss with its default divisor, which is
+	// nn.ComputeAverageLoss; nn.ReduceLoss reduces as Keras's losses do.
 	AverageLoss(perExample tf.Output) tf.Output
 	// Minimize computes the gradients of loss with respect to vars and
 	// applies them with opt, as opts (WithSparseOptimizer,

@@ -342,10 +342,15 @@ func (e *InGraph) mergeApply(opt Optimizer, all []any, ab *accumBuild) ([]any, e
 	return out, nil
 }
 
-// AverageLoss returns sum(perExample) / global batch size: the loss whose
-// gradients, summed over replicas, equal the gradient of the mean loss over
-// the global batch — what one device computes on the whole batch
-// (tf.distribute's compute_average_loss).
+// AverageLoss returns the sum of every element of perExample divided by
+// the examples of the global step (the count Run feeds, or the sum of
+// every replica's batch all-reduced across workers; 0 when it is 0). When
+// perExample holds one value per example, the gradients summed over the
+// replicas are those of the mean over the global batch that one device
+// computes, a partial batch included. It is tf.nn.compute_average_loss
+// with that count as global_batch_size, not with its default divisor
+// (nn.ComputeAverageLoss): for a per-token loss it is the tokens per
+// example times the mean per token.
 func (rc *ReplicaContext) AverageLoss(perExample tf.Output) tf.Output {
 	return graphutil.AverageLoss(rc.scope.SubScope("average_loss"), perExample, rc.globalCount)
 }
