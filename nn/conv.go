@@ -93,6 +93,9 @@ func (c Conv2D) Build(sc strategy.Scope, name string, in []int64, seed int64) (L
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := c.Activation.check("Conv2D", out); err != nil {
+		return nil, nil, err
+	}
 	init := GlorotUniform(seed)
 	if c.Activation == ReLU {
 		init = HeUniform(seed)
@@ -128,7 +131,7 @@ func (l *conv2D) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, erro
 	}
 	s := int64(l.c.Strides)
 	y := op.Conv2D(b.Op(), x, wb[0], []int64{1, s, s, 1}, l.c.Padding.String())
-	return l.c.Activation.apply(b, op.BiasAdd(b.Op(), y, wb[1])), b.Err()
+	return l.c.Activation.Apply(b, op.BiasAdd(b.Op(), y, wb[1])), b.Err()
 }
 
 // MaxPool2D takes the maximum of each Size×Size window of NHWC inputs,

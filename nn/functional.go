@@ -138,7 +138,6 @@ func (l singleLayer) ApplyMulti(r strategy.Replica, xs []tf.Output, training boo
 	return l.Apply(r, xs[0], training)
 }
 
-
 // The layers' Call methods: each makes a new layer and calls it on x
 // (Dense{Units: 64}.Call(x), Keras' layers.Dense(64)(x)); Share makes one
 // layer that several calls share.
@@ -172,3 +171,26 @@ func (l LayerNorm) Call(x *Tensor) *Tensor { return callSpec(l, []*Tensor{x}) }
 
 // Call returns the output of a new BatchNorm layer called on x.
 func (bn BatchNorm) Call(x *Tensor) *Tensor { return callSpec(bn, []*Tensor{x}) }
+
+// Call returns the output of a new Activation layer of a called on x
+// (nn.GELU.Call(x), Keras' layers.Activation("gelu")(x)).
+func (a Activation) Call(x *Tensor) *Tensor { return callSpec(a, []*Tensor{x}) }
+
+// Call returns the output of a new Activation layer called on x.
+func (l ActivationLayer) Call(x *Tensor) *Tensor { return callSpec(l, []*Tensor{x}) }
+
+// Call returns the output of a new GlobalAveragePooling1D layer called on
+// x.
+func (p GlobalAveragePooling1D) Call(x *Tensor) *Tensor { return callSpec(p, []*Tensor{x}) }
+
+// Call returns the output of a new GlobalAveragePooling2D layer called on
+// x.
+func (p GlobalAveragePooling2D) Call(x *Tensor) *Tensor { return callSpec(p, []*Tensor{x}) }
+
+// Call returns the output of a new PositionEmbedding layer called on x:
+// the position embeddings, of x's shape.
+func (p PositionEmbedding) Call(x *Tensor) *Tensor { return callSpec(p, []*Tensor{x}) }
+
+// Call returns the output of a new TokenAndPositionEmbedding layer called
+// on ids.
+func (e TokenAndPositionEmbedding) Call(ids *Tensor) *Tensor { return callSpec(e, []*Tensor{ids}) }

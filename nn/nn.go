@@ -1,10 +1,17 @@
-// Package nn has the layers, initialisers and losses of tfdist models,
-// built from TensorFlow ops whose gradients TensorFlow's C++ registry knows,
-// on the model contract of package strategy, so that one model trains
-// under every strategy: Dense, Conv2D, MaxPool2D, AvgPool2D, Flatten,
-// Embedding, Dropout, LayerNorm and BatchNorm, composed by Sequential,
-// which computes in float32 or, under a mixed-precision Policy, in
-// bfloat16 or float16 on float32 variables.
+// Package nn has the layers, activations, initialisers and losses of
+// tfdist models, with Keras' names and semantics, built from TensorFlow
+// ops whose gradients TensorFlow's C++ registry knows, on the model
+// contract of package strategy, so that one model trains under every
+// strategy. Layers: Dense (over the last axis, of any rank), Conv2D,
+// MaxPool2D, AvgPool2D, GlobalAveragePooling1D and 2D, Flatten, Reshape,
+// Embedding, PositionEmbedding, TokenAndPositionEmbedding, Dropout,
+// LayerNorm (over any axis), BatchNorm, Add, Multiply, Concatenate, and
+// the activations ReLU, GELU (exact and tanh), SiLU, Softmax, Sigmoid and
+// Tanh, as a Dense or Conv2D option or a layer of their own. A Model
+// composes layers from its inputs to its outputs (Input, each layer's
+// Call, NewModel), a Sequential in a line; both compute in float32 or,
+// under a mixed-precision Policy, in bfloat16 or float16 on float32
+// variables.
 // Initial values and dropout masks come from stateless generators with
 // explicit seeds, so every replica and every worker computes the same
 // ones, and runs repeat.
@@ -12,41 +19,18 @@ package nn
 
 import (
 	"fmt"
+	"slices"
 
 	tf "github.com/wamuir/graft/tensorflow"
 
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// Activation is applied to a layer's output.
-type Activation int
-
-const (
-	// Linear applies nothing.
-	Linear Activation = iota
-	// ReLU is max(x, 0).
-	ReLU
-	// Tanh is the hyperbolic tangent.
-	Tanh
-	// Sigmoid is 1/(1+e^-x).
-	Sigmoid
-)
-
-func (a Activation) apply(b *Builder, x tf.Output) tf.Output {
-	switch a {
-	case ReLU:
-		return b.Relu(x)
-	case Tanh:
-		return b.Tanh(x)
-	case Sigmoid:
-		return b.Sigmoid(x)
-	}
-	return x
-}
-
-// Dense is a fully connected layer y = act(x·kernel + bias) on inputs
-// [batch, n]. Its kernel is Glorot-initialised, its bias zero. It computes
-// in its input's type, its float32 variables read cast to it (see Policy).
+// Dense is a fully connected layer y = act(x·kernel + bias) over the
+// last axis of its inputs, as Keras' Dense: [batch, …, n] gives [batch,
+// …, Units]. Its kernel [n, Units] is Glorot-initialised, its bias zero.
+// It computes in its input's type, its float32 variables read cast to it
+// (see Policy).
 type Dense struct {
 	Units      int
 	Activation Activation
@@ -57,13 +41,17 @@ func (Dense) Kind() string { return "dense" }
 
 // Build implements Spec.
 func (d Dense) Build(sc strategy.Scope, name string, in []int64, seed int64) (Layer, []int64, error) {
-	if len(in) != 1 {
-		return nil, nil, fmt.Errorf("Dense: input shape %v, expected [batch, features] (Flatten first)", append([]int64{-1}, in...))
+	if len(in) == 0 || in[len(in)-1] < 0 {
+		return nil, nil, fmt.Errorf("Dense: input shape %v, expected [batch, …, features] with a known number of features", append([]int64{-1}, in...))
 	}
 	if d.Units < 1 {
 		return nil, nil, fmt.Errorf("Dense: Units %d, expected at least 1", d.Units)
 	}
-	w, err := sc.Variable(name+"/kernel", tf.Float, []int64{in[0], int64(d.Units)}, GlorotUniform(seed))
+	out := append(slices.Clone(in[:len(in)-1]), int64(d.Units))
+	if err := d.Activation.check("Dense", out); err != nil {
+		return nil, nil, err
+	}
+	w, err := sc.Variable(name+"/kernel", tf.Float, []int64{in[len(in)-1], int64(d.Units)}, GlorotUniform(seed))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -71,7 +59,7 @@ func (d Dense) Build(sc strategy.Scope, name string, in []int64, seed int64) (La
 	if err != nil {
 		return nil, nil, err
 	}
-	return &dense{w: w, b: b, in: in, act: d.Activation}, []int64{int64(d.Units)}, nil
+	return &dense{w: w, b: b, in: in, act: d.Activation}, out, nil
 }
 
 type dense struct {
@@ -91,7 +79,7 @@ func (d *dense) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, error
 	if err != nil {
 		return tf.Output{}, err
 	}
-	return d.act.apply(b, b.Add(b.MatMul(x, wb[0]), wb[1])), b.Err()
+	return d.act.Apply(b, b.Add(b.MatMulLast(x, wb[0]), wb[1])), b.Err()
 }
 
 // MLP is a stack of dense layers: ReLU between them, linear at the end.

@@ -2,6 +2,7 @@ package nn
 
 import (
 	"fmt"
+	"slices"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
@@ -9,9 +10,13 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// LayerNorm normalises each example over its last axis to mean 0 and
-// variance 1, then scales by gamma and shifts by beta (one per feature).
+// LayerNorm normalises each example over one axis to mean 0 and
+// variance 1, then scales by gamma and shifts by beta, one of each per
+// element of that axis (Keras' LayerNormalization).
 type LayerNorm struct {
+	// Axis is the axis normalised over, numbered as Keras numbers it:
+	// 1 is the first after the batch, -1 (and the zero value) the last.
+	Axis    int
 	Epsilon float64 // default 1e-3
 }
 
@@ -21,18 +26,39 @@ func (LayerNorm) Kind() string { return "layer_norm" }
 // Build implements Spec.
 func (l LayerNorm) Build(sc strategy.Scope, name string, in []int64, _ int64) (Layer, []int64, error) {
 	if len(in) == 0 {
-		return nil, nil, fmt.Errorf("LayerNorm: input shape [-1], expected at least one feature axis")
+		return nil, nil, fmt.Errorf("LayerNorm: input shape [-1], expected at least one axis after the batch")
 	}
-	gamma, beta, err := scaleShift(sc, name, in[len(in)-1])
+	rank := len(in) + 1
+	axis := l.Axis
+	if axis == 0 {
+		axis = -1
+	}
+	if axis < 0 {
+		axis += rank
+	}
+	shape := append([]int64{-1}, in...)
+	if axis < 1 || axis >= rank {
+		return nil, nil, fmt.Errorf("LayerNorm: Axis %d for input shape %v, expected 1 to %d or -%d to -1 (axis 0 is the batch)", l.Axis, shape, rank-1, rank-1)
+	}
+	if in[axis-1] < 0 {
+		return nil, nil, fmt.Errorf("LayerNorm: input shape %v, expected a known size on axis %d", shape, axis)
+	}
+	gamma, beta, err := scaleShift(sc, name, in[axis-1])
 	if err != nil {
 		return nil, nil, err
 	}
-	return &layerNorm{gamma: gamma, beta: beta, in: in, eps: orDefault(l.Epsilon, 1e-3)}, in, nil
+	var bshape []int64 // gamma and beta broadcast along the axes after Axis
+	if axis < rank-1 {
+		bshape = append([]int64{in[axis-1]}, slices.Repeat([]int64{1}, rank-1-axis)...)
+	}
+	return &layerNorm{gamma: gamma, beta: beta, in: in, axis: int32(axis), bshape: bshape, eps: orDefault(l.Epsilon, 1e-3)}, in, nil
 }
 
 type layerNorm struct {
 	gamma, beta strategy.Variable
 	in          []int64
+	axis        int32
+	bshape      []int64
 	eps         float64
 }
 
@@ -44,10 +70,9 @@ func (l *layerNorm) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, e
 	}
 	b := NewBuilder(r.Scope(), "layer_norm")
 	return inFloat32(b, x, func(x tf.Output) (tf.Output, error) {
-		last := int32(len(l.in))
-		mean := b.Mean(x, true, last)
-		variance := b.Mean(b.Square(b.Sub(x, mean)), true, last)
-		return normalize(r, b, x, mean, variance, l.eps, l.gamma, l.beta)
+		mean := b.Mean(x, true, l.axis)
+		variance := b.Mean(b.Square(b.Sub(x, mean)), true, l.axis)
+		return normalize(r, b, x, mean, variance, l.eps, l.gamma, l.beta, l.bshape)
 	})
 }
 
@@ -61,9 +86,10 @@ func (l *layerNorm) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, e
 // Synchronized computes the batch statistics over the global batch, all
 // replicas and workers together (Keras' synchronized=True), with one
 // all-reduce of every feature's sum, sum of squares and count per step,
-// so N replicas normalise exactly as one device on the global batch. The
-// gradient reaches each replica's inputs through its own share of the
-// statistics only. A strategy whose replicas do not run in sync (the
+// so N replicas normalise exactly as one device on the global batch; the
+// gradient passes back through that all-reduce (see
+// strategy.ReplicaContext.Gradients), so they also train as one device
+// does. A strategy whose replicas do not run in sync (the
 // parameter-server strategy) refuses it when the step is built.
 type BatchNorm struct {
 	Momentum     float64 // default 0.99
@@ -123,7 +149,7 @@ func (l *batchNorm) apply(r strategy.Replica, b *Builder, x tf.Output, training 
 		if err != nil {
 			return tf.Output{}, err
 		}
-		return normalize(r, b, x, moving[0], moving[1], l.eps, l.gamma, l.beta)
+		return normalize(r, b, x, moving[0], moving[1], l.eps, l.gamma, l.beta, nil)
 	}
 	mean, variance, n, err := l.batchStats(r, b, x)
 	if err != nil {
@@ -147,7 +173,7 @@ func (l *batchNorm) apply(r strategy.Replica, b *Builder, x tf.Output, training 
 			return tf.Output{}, err
 		}
 	}
-	return normalize(r, b, x, mean, variance, l.eps, l.gamma, l.beta)
+	return normalize(r, b, x, mean, variance, l.eps, l.gamma, l.beta, nil)
 }
 
 // batchStats returns every feature's mean and (biased) variance over the
@@ -167,9 +193,6 @@ func (l *batchNorm) batchStats(r strategy.Replica, b *Builder, x tf.Output) (mea
 		if err != nil {
 			return tf.Output{}, tf.Output{}, tf.Output{}, fmt.Errorf("BatchNorm synchronized: %w", err)
 		}
-		// The gradient flows through this replica's own sums; the other
-		// replicas' share enters as a constant.
-		global = b.Add(local, op.StopGradient(b.Op(), b.Sub(global, local)))
 		sum = op.Slice(b.Op(), global, b.Const([]int32{0}), b.Const([]int32{int32(c)}))
 		sumsq = op.Slice(b.Op(), global, b.Const([]int32{int32(c)}), b.Const([]int32{int32(c)}))
 		n = b.Reshape(op.Slice(b.Op(), global, b.Const([]int32{int32(2 * c)}), b.Const([]int32{1})))
@@ -193,11 +216,15 @@ func inFloat32(b *Builder, x tf.Output, fn func(x tf.Output) (tf.Output, error))
 	return b.Cast(y, x.DataType()), b.Err()
 }
 
-// normalize returns (x - mean)/sqrt(variance + eps)·gamma + beta.
-func normalize(r strategy.Replica, b *Builder, x, mean, variance tf.Output, eps float64, gammaVar, betaVar strategy.Variable) (tf.Output, error) {
+// normalize returns (x - mean)/sqrt(variance + eps)·gamma + beta, gamma
+// and beta reshaped to bshape unless it is nil.
+func normalize(r strategy.Replica, b *Builder, x, mean, variance tf.Output, eps float64, gammaVar, betaVar strategy.Variable, bshape []int64) (tf.Output, error) {
 	gb, err := readAll(r, gammaVar, betaVar)
 	if err != nil {
 		return tf.Output{}, err
+	}
+	if bshape != nil {
+		gb[0], gb[1] = b.Reshape(gb[0], bshape...), b.Reshape(gb[1], bshape...)
 	}
 	inv := b.Mul(b.Rsqrt(b.Add(variance, b.Scalar(eps, tf.Float))), gb[0])
 	return b.Add(b.Mul(b.Sub(x, mean), inv), gb[1]), b.Err()
