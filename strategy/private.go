@@ -23,13 +23,16 @@ func (rc *ReplicaContext) privateGradients(po PrivateOptimizer, loss tf.Output, 
 	} else if shape[0] > int64(n) {
 		return nil, fmt.Errorf("DP-SGD: the loss %q holds %d examples, more than the %d per replica the optimizer allows", loss.Op.Name(), shape[0], n)
 	}
+	if len(rc.taps) > 0 {
+		return nil, errors.New("DP-SGD with a loss that may depend on an AllReduce (a synchronized BatchNorm, say): an example's gradient cannot pass through it on its own")
+	}
 	s := rc.scope.SubScope("dp_sgd")
 	padded := padExamples(s.SubScope("pad"), loss, n)
 	var sums []tf.Output
 	for i := range n {
 		es := s.SubScope(fmt.Sprintf("example_%d", i))
 		li := op.Slice(es, padded, op.Const(es.SubScope("begin"), []int32{int32(i)}), op.Const(es.SubScope("size"), []int32{1}))
-		g, err := rc.Gradients(li, vars)
+		g, err := rc.gradients(li, vars, false)
 		if err != nil {
 			return nil, err
 		}

@@ -39,6 +39,7 @@ type ReplicaContext struct {
 	nGrad       int
 	reduced     ReducedOutputs
 	acc         *accumBuild
+	taps        []tap // the replica's differentiable all-reduces
 }
 
 // ReplicaID returns the replica's id among all replicas in sync.
@@ -99,9 +100,21 @@ func (rc *ReplicaContext) Lookup(v Variable, ids tf.Output) (tf.Output, error) {
 func (rc *ReplicaContext) AddTarget(o *tf.Operation) { rc.targets = append(rc.targets, o) }
 
 // AllReduce combines value across all replicas in sync and returns the result
-// on this replica's device. It is a merge point.
+// on this replica's device. It is a merge point. The gradient of a loss
+// passes through a sum or a mean of floating-point values as
+// tf.distribute's does (see Gradients); not through Min or Max.
 func (rc *ReplicaContext) AllReduce(red ReduceOp, value tf.Output) (tf.Output, error) {
-	res, err := rc.merges.call(rc.local, "AllReduce", value, func(args []any) ([]any, error) {
+	out, err := rc.allReduce(red, value, "AllReduce")
+	if err != nil {
+		return tf.Output{}, err
+	}
+	return rc.tap(red, value, out)
+}
+
+// allReduce is AllReduce, a merge point of the given kind, without its
+// gradient.
+func (rc *ReplicaContext) allReduce(red ReduceOp, value tf.Output, kind string) (tf.Output, error) {
+	res, err := rc.merges.call(rc.local, kind, value, func(args []any) ([]any, error) {
 		vals := make([][]tf.Output, len(args))
 		for r, a := range args {
 			vals[r] = []tf.Output{a.(tf.Output)}
@@ -118,7 +131,7 @@ func (rc *ReplicaContext) AllReduce(red ReduceOp, value tf.Output) (tf.Output, e
 	// Run it every step even if this replica does not use it: a collective
 	// completes only when every replica joins.
 	rc.targets = append(rc.targets, res.(tf.Output).Op)
-	rc.acc.communicates = append(rc.acc.communicates, "AllReduce")
+	rc.acc.communicates = append(rc.acc.communicates, kind)
 	return res.(tf.Output), nil
 }
 
@@ -158,8 +171,18 @@ func perReplicaAny(out [][]tf.Output, pick func([]tf.Output) any) []any {
 
 // Gradients returns the gradients of loss with respect to this replica's
 // reads of vars, from TensorFlow's gradient registry. An op with no
-// registered gradient, or a variable the loss does not depend on, is an error.
+// registered gradient, or a variable the loss does not depend on, is an
+// error. Where loss depends on an AllReduce (a sum or a mean), the
+// gradient passes through it as tf.distribute's does: the gradients with
+// respect to its result are all-reduced across the replicas and continue
+// into each replica's input, so Gradients is then a merge point.
 func (rc *ReplicaContext) Gradients(loss tf.Output, vars []Variable) ([]tf.Output, error) {
+	return rc.gradients(loss, vars, true)
+}
+
+// gradients is Gradients; throughTaps false leaves out the all-reduces'
+// gradients, for a loss that does not depend on one.
+func (rc *ReplicaContext) gradients(loss tf.Output, vars []Variable, throughTaps bool) ([]tf.Output, error) {
 	if len(vars) == 0 {
 		return nil, errors.New("Gradients: no variables")
 	}
@@ -179,7 +202,14 @@ func (rc *ReplicaContext) Gradients(loss tf.Output, vars []Variable) ([]tf.Outpu
 	}
 	prefix := fmt.Sprintf("%s/gradients_%d", rc.scopeName(), rc.nGrad)
 	rc.nGrad++
-	grads, err := rc.e.graph.AddGradients(prefix, []tf.Output{loss}, xs, nil)
+	ys, dys := []tf.Output{loss}, []tf.Output(nil)
+	if throughTaps && len(rc.taps) > 0 {
+		var err error
+		if ys, dys, err = rc.throughTaps(prefix, loss); err != nil {
+			return nil, fmt.Errorf("gradients of %q: %w", loss.Op.Name(), err)
+		}
+	}
+	grads, err := rc.e.graph.AddGradients(prefix, ys, xs, dys)
 	if err != nil {
 		if strings.Contains(err.Error(), "unreachable from the output") {
 			for i, x := range xs {
