@@ -177,7 +177,7 @@ func TestFunctionalBuildErrors(t *testing.T) {
 		{"names", []*nn.Tensor{x}, []*nn.Tensor{nn.Named("proj", nn.Dense{Units: 3}).Call(nn.Named("proj", nn.Dense{Units: 3}).Call(x))},
 			"layer m/proj: two layers of the model have that name"},
 		{"arity", []*nn.Tensor{x}, []*nn.Tensor{nn.Share(nn.Dense{Units: 3}).Call(x, x)}, "layer m/dense_0: called on 2 inputs [[3] [3]], expected one"},
-		{"concatenate", []*nn.Tensor{x, other}, []*nn.Tensor{nn.Concatenate{Axis: 1}.Call(x, other)}, "Concatenate: Axis 1, expected -1 to 0"},
+		{"concatenate", []*nn.Tensor{x, other}, []*nn.Tensor{nn.Concatenate{Axis: 2}.Call(x, other)}, "Concatenate: Axis 2, expected -1 to -1 or 1 to 1 for inputs of shape [-1 3]"},
 		{"no outputs", []*nn.Tensor{x}, nil, "1 inputs and 0 outputs"},
 	}
 	for _, c := range cases {

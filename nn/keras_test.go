@@ -152,8 +152,10 @@ func kerasLayerCases() []kerasLayerCase {
 			config: kw("pool_size", 3, "strides", 2, "padding", "same"), in: ins(f32(2, 5, 4, 2))},
 		{name: "add", spec: nn.Add{}, keras: "Add", in: ins(f32(2, 3, 4), f32(2, 3, 4), f32(2, 3, 4))},
 		{name: "multiply", spec: nn.Multiply{}, keras: "Multiply", in: ins(f32(2, 3, 4), f32(2, 3, 4))},
-		{name: "concatenate_last", spec: nn.Concatenate{Axis: -1}, keras: "Concatenate", in: ins(f32(2, 3, 4), f32(2, 3, 2))},
-		{name: "concatenate_axis1", spec: nn.Concatenate{Axis: 0}, keras: "Concatenate", config: kw("axis", 1),
+		{name: "concatenate_last", spec: nn.Concatenate{}, keras: "Concatenate", in: ins(f32(2, 3, 4), f32(2, 3, 2))},
+		{name: "concatenate_minus2", spec: nn.Concatenate{Axis: -2}, keras: "Concatenate", config: kw("axis", -2),
+			in: ins(f32(2, 3, 4), f32(2, 1, 4))},
+		{name: "concatenate_axis1", spec: nn.Concatenate{Axis: 1}, keras: "Concatenate", config: kw("axis", 1),
 			in: ins(f32(2, 3, 4), f32(2, 1, 4))},
 	}...)
 }

@@ -2,6 +2,7 @@ package nn
 
 import (
 	"fmt"
+	"slices"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
@@ -68,9 +69,9 @@ func (e elementwise) ApplyMulti(r strategy.Replica, xs []tf.Output, _ bool) (tf.
 	return y, b.Err()
 }
 
-// Concatenate joins two or more inputs along Axis (Keras' default -1, the
-// last; 0 is the first axis after the batch): their other dimensions
-// must agree.
+// Concatenate joins two or more inputs along Axis, numbered as Keras
+// numbers it: -1 (and the zero value) the last axis, 1 the first after
+// the batch. The inputs' other dimensions must agree.
 type Concatenate struct {
 	Axis int
 }
@@ -87,20 +88,21 @@ func (c Concatenate) BuildMulti(_ strategy.Scope, _ string, in [][]int64, _ int6
 		return nil, nil, fmt.Errorf("Concatenate: called on %d inputs, expected at least 2", len(in))
 	}
 	rank := len(in[0])
-	axis := c.Axis
-	if axis < 0 {
+	axis := c.Axis // among the axes after the batch
+	switch {
+	case axis == 0:
+		axis = rank - 1
+	case axis < 0:
 		axis += rank
+	default:
+		axis--
 	}
 	if axis < 0 || axis >= rank {
-		return nil, nil, fmt.Errorf("Concatenate: Axis %d, expected -%d to %d for inputs of shape %v (without the batch)", c.Axis, rank, rank-1, in[0])
+		return nil, nil, fmt.Errorf("Concatenate: Axis %d, expected -%d to -1 or 1 to %d for inputs of shape %v", c.Axis, rank, rank, withBatch(in[0]))
 	}
-	out := append([]int64(nil), in[0]...)
+	out := slices.Clone(in[0])
 	for _, s := range in[1:] {
-		rest := append(append([]int64(nil), s...), 0)
-		if len(s) == rank {
-			rest[axis] = out[axis]
-		}
-		if !fitShape(rest[:len(s)], out) {
+		if !fitOffAxis(s, out, axis) {
 			return nil, nil, fmt.Errorf("Concatenate: inputs of shapes %v differ off axis %d (without the batch)", in, c.Axis)
 		}
 		if out[axis] >= 0 && s[axis] >= 0 {
@@ -110,6 +112,16 @@ func (c Concatenate) BuildMulti(_ strategy.Scope, _ string, in [][]int64, _ int6
 		}
 	}
 	return concatenate{axis: int32(axis + 1)}, out, nil
+}
+
+// fitOffAxis reports whether shapes a and b fit on every axis but axis.
+func fitOffAxis(a, b []int64, axis int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	a, b = slices.Clone(a), slices.Clone(b)
+	a[axis], b[axis] = -1, -1
+	return fitShape(a, b)
 }
 
 type concatenate struct{ axis int32 }
