@@ -75,6 +75,7 @@ type Conv2D struct {
 	Strides    int
 	Padding    Padding
 	Activation Activation
+	NoBias     bool // leave the bias out (Keras' use_bias=False), as before a BatchNorm
 }
 
 // Kind implements Spec.
@@ -101,37 +102,31 @@ func (c Conv2D) Build(sc strategy.Scope, name string, in []int64, seed int64) (L
 		init = HeUniform(seed)
 	}
 	k := int64(c.Kernel)
-	w, err := sc.Variable(name+"/kernel", tf.Float, []int64{k, k, in[2], int64(c.Filters)}, init)
+	kb, err := newKernelBias(sc, name, []int64{k, k, in[2], int64(c.Filters)}, init, c.NoBias)
 	if err != nil {
 		return nil, nil, err
 	}
-	b, err := sc.Variable(name+"/bias", tf.Float, []int64{int64(c.Filters)}, strategy.Zeros())
-	if err != nil {
-		return nil, nil, err
-	}
-	return &conv2D{w: w, b: b, in: in, c: c}, out, nil
+	return &conv2D{kernelBias: kb, in: in, c: c}, out, nil
 }
 
 type conv2D struct {
-	w, b strategy.Variable
-	in   []int64
-	c    Conv2D
+	kernelBias
+	in []int64
+	c  Conv2D
 }
-
-func (l *conv2D) Vars() []strategy.Variable { return []strategy.Variable{l.w, l.b} }
 
 func (l *conv2D) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, error) {
 	if err := checkInput(x, l.in); err != nil {
 		return tf.Output{}, err
 	}
 	b := NewBuilder(r.Scope(), "conv2d")
-	wb, err := readAs(r, x.DataType(), b, l.w, l.b)
+	w, addBias, err := l.read(r, b, x.DataType())
 	if err != nil {
 		return tf.Output{}, err
 	}
 	s := int64(l.c.Strides)
-	y := op.Conv2D(b.Op(), x, wb[0], []int64{1, s, s, 1}, l.c.Padding.String())
-	return l.c.Activation.Apply(b, op.BiasAdd(b.Op(), y, wb[1])), b.Err()
+	y := op.Conv2D(b.Op(), x, w, []int64{1, s, s, 1}, l.c.Padding.String())
+	return l.c.Activation.Apply(b, addBias(y)), b.Err()
 }
 
 // MaxPool2D takes the maximum of each Size×Size window of NHWC inputs,

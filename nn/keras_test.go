@@ -101,9 +101,12 @@ func kerasLayerCases() []kerasLayerCase {
 	return append(cases, []kerasLayerCase{
 		{name: "dense_rank3_any_length", spec: nn.Dense{Units: 3}, keras: "Dense", config: kw("units", 3), in: ins(f32(2, 4, 5)), anyLength: true},
 		{name: "dense_rank4", spec: nn.Dense{Units: 3}, keras: "Dense", config: kw("units", 3), in: ins(f32(2, 2, 3, 4))},
+		{name: "dense_no_bias", spec: nn.Dense{Units: 3, NoBias: true}, keras: "Dense", config: kw("units", 3, "use_bias", false), in: ins(f32(2, 4, 5))},
 		{name: "softmax", spec: nn.Softmax, keras: "Softmax", in: ins(f32(2, 3, 5))},
 		{name: "conv2d_valid", spec: nn.Conv2D{Filters: 3, Kernel: 3}, keras: "Conv2D",
 			config: kw("filters", 3, "kernel_size", 3), in: ins(f32(2, 6, 5, 2))},
+		{name: "conv2d_same_no_bias", spec: nn.Conv2D{Filters: 3, Kernel: 3, Padding: nn.Same, NoBias: true}, keras: "Conv2D",
+			config: kw("filters", 3, "kernel_size", 3, "padding", "same", "use_bias", false), in: ins(f32(2, 5, 5, 2))},
 		{name: "conv2d_same_strides2_relu", spec: nn.Conv2D{Filters: 4, Kernel: 3, Strides: 2, Padding: nn.Same, Activation: nn.ReLU}, keras: "Conv2D",
 			config: kw("filters", 4, "kernel_size", 3, "strides", 2, "padding", "same", "activation", "relu"), in: ins(f32(2, 7, 6, 3))},
 		{name: "conv2d_valid_strides2_gelu", spec: nn.Conv2D{Filters: 2, Kernel: 2, Strides: 2, Activation: nn.GELU}, keras: "Conv2D",

@@ -22,18 +22,20 @@ import (
 	"slices"
 
 	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/strategy"
 )
 
 // Dense is a fully connected layer y = act(x·kernel + bias) over the
 // last axis of its inputs, as Keras' Dense: [batch, …, n] gives [batch,
-// …, Units]. Its kernel [n, Units] is Glorot-initialised, its bias zero.
-// It computes in its input's type, its float32 variables read cast to it
-// (see Policy).
+// …, Units]. Its kernel [n, Units] is Glorot-initialised, its bias zero;
+// NoBias leaves the bias out (Keras' use_bias=False). It computes in its
+// input's type, its float32 variables read cast to it (see Policy).
 type Dense struct {
 	Units      int
 	Activation Activation
+	NoBias     bool
 }
 
 // Kind implements Spec.
@@ -51,35 +53,67 @@ func (d Dense) Build(sc strategy.Scope, name string, in []int64, seed int64) (La
 	if err := d.Activation.check("Dense", out); err != nil {
 		return nil, nil, err
 	}
-	w, err := sc.Variable(name+"/kernel", tf.Float, []int64{in[len(in)-1], int64(d.Units)}, GlorotUniform(seed))
+	kb, err := newKernelBias(sc, name, []int64{in[len(in)-1], int64(d.Units)}, GlorotUniform(seed), d.NoBias)
 	if err != nil {
 		return nil, nil, err
 	}
-	b, err := sc.Variable(name+"/bias", tf.Float, []int64{int64(d.Units)}, strategy.Zeros())
-	if err != nil {
-		return nil, nil, err
-	}
-	return &dense{w: w, b: b, in: in, act: d.Activation}, out, nil
+	return &dense{kernelBias: kb, in: in, act: d.Activation}, out, nil
 }
 
 type dense struct {
-	w, b strategy.Variable
-	in   []int64
-	act  Activation
+	kernelBias
+	in  []int64
+	act Activation
 }
-
-func (d *dense) Vars() []strategy.Variable { return []strategy.Variable{d.w, d.b} }
 
 func (d *dense) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, error) {
 	if err := checkInput(x, d.in); err != nil {
 		return tf.Output{}, err
 	}
 	b := NewBuilder(r.Scope(), "dense")
-	wb, err := readAs(r, x.DataType(), b, d.w, d.b)
+	w, addBias, err := d.read(r, b, x.DataType())
 	if err != nil {
 		return tf.Output{}, err
 	}
-	return d.act.Apply(b, b.Add(b.MatMulLast(x, wb[0]), wb[1])), b.Err()
+	return d.act.Apply(b, addBias(b.MatMulLast(x, w))), b.Err()
+}
+
+// kernelBias is a layer's kernel and its bias, one per output unit (the
+// last axis of the kernel), or none.
+type kernelBias struct {
+	w, b strategy.Variable
+}
+
+// newKernelBias creates the kernel "<name>/kernel" of shape kshape and,
+// unless noBias, the zero bias "<name>/bias".
+func newKernelBias(sc strategy.Scope, name string, kshape []int64, init strategy.Initializer, noBias bool) (kernelBias, error) {
+	w, err := sc.Variable(name+"/kernel", tf.Float, kshape, init)
+	if err != nil || noBias {
+		return kernelBias{w: w}, err
+	}
+	b, err := sc.Variable(name+"/bias", tf.Float, kshape[len(kshape)-1:], strategy.Zeros())
+	return kernelBias{w: w, b: b}, err
+}
+
+// Vars returns the kernel and the bias.
+func (kb kernelBias) Vars() []strategy.Variable {
+	if kb.b == nil {
+		return []strategy.Variable{kb.w}
+	}
+	return []strategy.Variable{kb.w, kb.b}
+}
+
+// read returns the kernel read as dtype and a function adding the bias
+// (as dtype) over the last axis of its argument.
+func (kb kernelBias) read(r strategy.Replica, b *Builder, dtype tf.DataType) (tf.Output, func(tf.Output) tf.Output, error) {
+	vs, err := readAs(r, dtype, b, kb.Vars()...)
+	if err != nil {
+		return tf.Output{}, nil, err
+	}
+	if len(vs) == 1 {
+		return vs[0], func(y tf.Output) tf.Output { return y }, nil
+	}
+	return vs[0], func(y tf.Output) tf.Output { return op.BiasAdd(b.Op(), y, vs[1]) }, nil
 }
 
 // MLP is a stack of dense layers: ReLU between them, linear at the end.
