@@ -1,0 +1,214 @@
+// Command transformer trains a decoder-only character-level Transformer
+// language model on the Go standard library's source, the text every
+// machine that builds tfdist has, under any synchronous strategy, and
+// compares its held-out loss per character with the text's bigram
+// entropy; at the end it samples text from the model.
+//
+//	transformer -strategy mirrored -devices 2
+//	transformer -strategy default -steps 200 -json
+//	tfdist launch --workers 2 -- transformer -strategy multiworker
+//
+// The text: the .go files under $(go env GOROOT)/src (-corpus names
+// another directory), sorted by path; every tenth file is held out, the
+// others train, each set capped (-train-bytes, -eval-bytes). Characters
+// are ids of a fixed vocabulary: printable ASCII, tab, newline, and one
+// id for any other byte.
+//
+// The model (newModel) is a GPT-style decoder: token and position
+// embeddings, -layers blocks of pre-LayerNorm causal multi-head
+// self-attention and a GELU MLP, each with a residual connection, a final
+// LayerNorm and a Dense layer to the vocabulary's logits. Its loss is the
+// cross-entropy of every next character, averaged per character over the
+// global batch with tf.nn.compute_average_loss's rule
+// (nn.ComputeAverageLoss), so every strategy trains the same model: with
+// the same seed, data order and global batch, N replicas end with the
+// variables of one device, up to float summation order.
+//
+// In Keras (keras_hub's layers), the model is:
+//
+//	ids = keras.Input((seq_len,), dtype="int32")
+//	x = keras_hub.layers.TokenAndPositionEmbedding(vocab, seq_len, width)(ids)
+//	for _ in range(layers):
+//	    h = keras.layers.LayerNormalization()(x)
+//	    h = keras.layers.MultiHeadAttention(heads, width // heads)(h, h, use_causal_mask=True)
+//	    x = keras.layers.Add()([x, h])
+//	    h = keras.layers.LayerNormalization()(x)
+//	    h = keras.layers.Dense(4 * width, activation="gelu")(h)
+//	    h = keras.layers.Dense(width)(h)
+//	    x = keras.layers.Add()([x, h])
+//	logits = keras.layers.Dense(vocab)(keras.layers.LayerNormalization()(x))
+//	model = keras.Model(ids, logits)
+//
+// Under multiworker every worker trains, scores its shard of the held-out
+// text and samples in step with the others; only the chief prints.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/tfdist/tfdist/distribute"
+)
+
+// options are the command's flags.
+type options struct {
+	dist         distribute.Config
+	corpus       string
+	trainBytes   byteSize
+	evalBytes    byteSize
+	steps        int
+	globalBatch  int
+	seqLen       int
+	width        int
+	heads        int
+	layers       int
+	lr           float64
+	warmup       int
+	seed         int64
+	logEvery     int
+	sample       int
+	prompt       string
+	temperature  float64
+	json         bool
+	printSummary bool
+}
+
+// defaults are the flags' defaults: about two minutes under
+// `-strategy mirrored -devices 2` on two cores.
+func defaults() options {
+	return options{
+		dist:       distribute.Config{Strategy: "default"},
+		trainBytes: 2 << 20, evalBytes: 256 << 10,
+		steps: 1500, globalBatch: 32, seqLen: 64,
+		width: 64, heads: 4, layers: 2,
+		lr: 3e-3, warmup: 50, seed: 1, logEvery: 100,
+		sample: 300, prompt: "func ", temperature: 0.8,
+	}
+}
+
+// parseFlags parses args into options.
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	o := defaults()
+	fs := flag.NewFlagSet("transformer", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.dist.RegisterFlags(fs)
+	fs.StringVar(&o.corpus, "corpus", "", "directory of .go files to learn from (default $(go env GOROOT)/src)")
+	fs.Var(&o.trainBytes, "train-bytes", "training text to read, in bytes (KiB, MiB suffixes)")
+	fs.Var(&o.evalBytes, "eval-bytes", "held-out text to read, in bytes (KiB, MiB suffixes)")
+	fs.IntVar(&o.steps, "steps", o.steps, "training steps")
+	fs.IntVar(&o.globalBatch, "global-batch", o.globalBatch, "sequences per step across all replicas")
+	fs.IntVar(&o.seqLen, "seq-len", o.seqLen, "characters per sequence")
+	fs.IntVar(&o.width, "width", o.width, "model width (embedding size)")
+	fs.IntVar(&o.heads, "heads", o.heads, "attention heads (dividing -width)")
+	fs.IntVar(&o.layers, "layers", o.layers, "Transformer blocks")
+	fs.Float64Var(&o.lr, "lr", o.lr, "Adam's learning rate")
+	fs.IntVar(&o.warmup, "warmup", o.warmup, "steps of linear learning-rate warmup, then cosine decay to a tenth")
+	fs.Int64Var(&o.seed, "seed", o.seed, "seed of the initial values, the data order and the sampling")
+	fs.IntVar(&o.logEvery, "log-every", o.logEvery, "print the training loss every this many steps")
+	fs.IntVar(&o.sample, "sample", o.sample, "characters to sample from the trained model (0: none)")
+	fs.StringVar(&o.prompt, "prompt", o.prompt, "text the sample starts from")
+	fs.Float64Var(&o.temperature, "temperature", o.temperature, "sampling temperature")
+	fs.BoolVar(&o.json, "json", false, "print one JSON line of results")
+	fs.BoolVar(&o.printSummary, "summary", false, "print the model's layers and parameters")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return o, o.check()
+}
+
+// check reports a flag value the program cannot run with.
+func (o options) check() error {
+	switch {
+	case o.steps < 1 || o.globalBatch < 1 || o.seqLen < 1 || o.layers < 1:
+		return fmt.Errorf("-steps %d, -global-batch %d, -seq-len %d, -layers %d: expected at least 1 each", o.steps, o.globalBatch, o.seqLen, o.layers)
+	case o.heads < 1 || o.width%o.heads != 0:
+		return fmt.Errorf("-heads %d: expected a positive divisor of -width %d", o.heads, o.width)
+	case o.trainBytes < 2 || o.evalBytes < 2:
+		return fmt.Errorf("-train-bytes %d, -eval-bytes %d: expected at least 2 each", o.trainBytes, o.evalBytes)
+	case o.lr <= 0 || o.temperature <= 0:
+		return fmt.Errorf("-lr %g, -temperature %g: expected both positive", o.lr, o.temperature)
+	case o.logEvery < 1 || o.sample < 0 || o.warmup < 0:
+		return fmt.Errorf("-log-every %d, -sample %d, -warmup %d: expected -log-every at least 1, the others 0 or more", o.logEvery, o.sample, o.warmup)
+	}
+	return nil
+}
+
+// byteSize is a flag of bytes, with an optional KiB, MiB or GiB suffix.
+type byteSize int
+
+func (b *byteSize) String() string { return strconv.Itoa(int(*b)) }
+
+func (b *byteSize) Set(s string) error {
+	unit := 1
+	for suffix, u := range map[string]int{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if strings.HasSuffix(s, suffix) {
+			s, unit = strings.TrimSuffix(s, suffix), u
+		}
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%q: expected a number of bytes, optionally with a KiB, MiB or GiB suffix", s)
+	}
+	*b = byteSize(n * unit)
+	return nil
+}
+
+func main() { os.Exit(Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr)) }
+
+// Main runs the command with args and returns its exit status.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if err == flag.ErrHelp {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "transformer:", err)
+		return 2
+	}
+	if err := run(ctx, o, stdout); err != nil {
+		fmt.Fprintln(stderr, "transformer:", err)
+		return 1
+	}
+	return 0
+}
+
+// run makes the strategy the flags name and trains under it.
+func run(ctx context.Context, o options, stdout io.Writer) error {
+	if o.corpus == "" {
+		dir, err := goSource()
+		if err != nil {
+			return err
+		}
+		o.corpus = dir
+	}
+	s, err := distribute.New(ctx, o.dist)
+	if err != nil {
+		return err
+	}
+	rep, err := train(ctx, s, o, stdout)
+	if cerr := s.Close(); err == nil && cerr != nil {
+		return fmt.Errorf("close the strategy: %w", cerr)
+	}
+	if err != nil || !o.json || !distribute.IsChief(s) {
+		return err
+	}
+	line, err := json.Marshal(rep)
+	if err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	_, err = fmt.Fprintf(stdout, "%s\n", line)
+	return err
+}
+
+// bits converts nats to bits.
+func bits(nats float64) float64 { return nats / math.Ln2 }

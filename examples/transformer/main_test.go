@@ -1,0 +1,327 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/distribute"
+	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/strategy"
+)
+
+// tiny returns options for runs of a few seconds on the standard
+// library's source.
+func tiny(t *testing.T) options {
+	t.Helper()
+	dir, err := goSource()
+	require.NoError(t, err)
+	o := defaults()
+	o.corpus = dir
+	o.trainBytes, o.evalBytes = 64<<10, 1<<10
+	o.steps, o.globalBatch, o.seqLen = 4, 8, 16
+	o.width, o.heads, o.layers = 16, 2, 2
+	o.warmup, o.logEvery, o.sample = 1, 2, 8
+	return o
+}
+
+// trainOn trains with o under the strategy dc names, in this process.
+func trainOn(t *testing.T, o options, dc distribute.Config) report {
+	t.Helper()
+	s, err := distribute.New(context.Background(), dc)
+	require.NoError(t, err)
+	defer s.Close()
+	o.dist = dc
+	rep, err := train(context.Background(), s, o, io.Discard)
+	require.NoError(t, err, "strategy %s ×%d", dc.Strategy, dc.Devices)
+	return rep
+}
+
+// trainOnWorkers trains with o on a cluster of workers in this process,
+// each with devices replicas, and returns each worker's report.
+func trainOnWorkers(t *testing.T, o options, workers, devices int) []report {
+	t.Helper()
+	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: loopbackAddrs(t, workers)})
+	require.NoError(t, err)
+	o.dist = distribute.Config{Strategy: "multiworker", Devices: devices}
+	reps := make([]report, workers)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: w})
+			if err != nil {
+				errs[w] = err
+				return
+			}
+			s, err := multiworker.New(context.Background(), multiworker.WithResolver(r), multiworker.WithLogicalCPUs(devices))
+			if err != nil {
+				errs[w] = err
+				return
+			}
+			defer s.Close()
+			reps[w], errs[w] = train(context.Background(), s, o, io.Discard)
+		}()
+	}
+	wg.Wait()
+	for w, err := range errs {
+		require.NoError(t, err, "worker %d", w)
+	}
+	return reps
+}
+
+// loopbackAddrs returns n addresses on 127.0.0.1 whose ports were free
+// when asked, below the ephemeral range so that no outgoing connection
+// takes one before its worker listens on it.
+func loopbackAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	var addrs []string
+	for tries := 0; len(addrs) < n; tries++ {
+		require.Less(t, tries, 1000, "no free loopback port found")
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(10000+rand.IntN(20000)))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		require.NoError(t, l.Close())
+		addrs = append(addrs, addr)
+	}
+	return addrs
+}
+
+// inert reports whether the variable named name is an attention layer's
+// key bias, whose gradient is zero in exact arithmetic: softmax ignores a
+// shift that every key shares, and the bias shifts each query's scores of
+// all keys by the same q·b. Its value is the rounding noise of that zero
+// (Adam's normalisation makes a noise gradient move it by ~1e-6 per step
+// here), so no two summation orders agree on it; it is compared by how
+// close to 0 it stays instead.
+func inert(name string) bool { return strings.HasSuffix(name, "/key/bias") }
+
+// inertBound is how far from 0 an inert variable may drift in the tests'
+// few steps, where every other bias moves by ~1e-2.
+const inertBound = 1e-4
+
+// requireSameVariables fails unless got holds want's variables, element
+// by element within tol of each variable's largest magnitude
+// (strategy.MaxDiff), naming the variable and the index of the largest
+// difference; inert variables must stay within inertBound of 0 in both.
+func requireSameVariables(t *testing.T, want, got []strategy.VariableValue, tol float64, what string) {
+	t.Helper()
+	require.Len(t, got, len(want), what)
+	var w, g []strategy.VariableValue
+	for k := range want {
+		if !inert(want[k].Name) {
+			w, g = append(w, want[k]), append(g, got[k])
+			continue
+		}
+		for i := range want[k].Float32 {
+			require.LessOrEqual(t, math.Abs(float64(want[k].Float32[i])), inertBound, "%s: %s[%d] in one device", what, want[k].Name, i)
+			require.LessOrEqual(t, math.Abs(float64(got[k].Float32[i])), inertBound, "%s: %s[%d]", what, got[k].Name, i)
+		}
+	}
+	diff, name, index := strategy.MaxDiff(w, g)
+	msg := fmt.Sprintf("%s: largest difference %.3g of its variable's scale in %s[%d]", what, diff, name, index)
+	for k := range w {
+		if w[k].Name == name && index >= 0 && index < len(w[k].Float32) {
+			msg += fmt.Sprintf(": %g, expected %g", g[k].Float32[index], w[k].Float32[index])
+		}
+	}
+	require.LessOrEqual(t, diff, tol, msg)
+	t.Log(msg)
+}
+
+// requireSameLosses fails unless every step's training loss and the
+// held-out loss agree within tol, relative.
+func requireSameLosses(t *testing.T, want, got report, tol float64, what string) {
+	t.Helper()
+	require.Len(t, got.Losses, len(want.Losses), what)
+	for i := range want.Losses {
+		require.InEpsilon(t, want.Losses[i], got.Losses[i], tol, "%s: step %d's loss", what, i+1)
+	}
+	require.InEpsilon(t, want.HeldOutLoss, got.HeldOutLoss, tol, "%s: held-out loss", what)
+}
+
+// N replicas train the model of one device: with the same seed, data
+// order and global batch, Mirrored ×2 and ×4 and two workers of two
+// replicas each end with the default strategy's variables, every element
+// of every variable, the same losses and the same sample.
+func TestReplicasEqualOneDevice(t *testing.T) {
+	o := tiny(t)
+	one := trainOn(t, o, distribute.Config{Strategy: "default"})
+	require.NotEmpty(t, one.Variables)
+	require.Len(t, one.Losses, o.steps)
+	for _, devices := range []int{2, 4} {
+		what := fmt.Sprintf("mirrored ×%d", devices)
+		rep := trainOn(t, o, distribute.Config{Strategy: "mirrored", Devices: devices})
+		requireSameVariables(t, one.Variables, rep.Variables, 1e-4, what)
+		requireSameLosses(t, one, rep, 1e-4, what)
+		assert.Equal(t, one.Sample, rep.Sample, what)
+	}
+	for w, rep := range trainOnWorkers(t, o, 2, 2) {
+		what := fmt.Sprintf("multiworker 2×2, worker %d", w)
+		requireSameVariables(t, one.Variables, rep.Variables, 1e-4, what)
+		requireSameLosses(t, one, rep, 1e-4, what)
+		assert.Equal(t, one.Sample, rep.Sample, what)
+	}
+}
+
+// The variables compared are every variable of the model, read as
+// strategy.ReadVariables reads them, and training moves each of them by
+// at least 1e-4 (Adam moves an element by up to the learning rate, 3e-3,
+// per step), but the inert key biases, which start at 0 and stay within
+// inertBound of it.
+func TestEveryVariableTrains(t *testing.T) {
+	ctx := context.Background()
+	o := tiny(t)
+	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
+	require.NoError(t, err)
+	s, err := strategy.Default()
+	require.NoError(t, err)
+	defer s.Close()
+	tr, err := newTrainer(s, o, io.Discard)
+	require.NoError(t, err)
+	initial, err := tr.variables(ctx)
+	require.NoError(t, err)
+	require.NoError(t, tr.fit(ctx, &report{}, text.train))
+	trained, err := tr.variables(ctx)
+	require.NoError(t, err)
+	read, err := strategy.ReadVariables(ctx, s, tr.model.Variables())
+	require.NoError(t, err)
+	require.Len(t, trained, len(read))
+	names := map[string]bool{}
+	for k, v := range trained {
+		require.Equal(t, read[k].Name, v.Name)
+		require.Equal(t, read[k].Shape, v.Shape, v.Name)
+		require.Equal(t, read[k].Float32, v.Float32, v.Name)
+		names[v.Name] = true
+		moved, largest := 0.0, 0.0
+		for i, x := range v.Float32 {
+			moved = max(moved, math.Abs(float64(x-initial[k].Float32[i])))
+			largest = max(largest, math.Abs(float64(x)))
+		}
+		if inert(v.Name) {
+			assert.LessOrEqual(t, largest, inertBound, "%s, inert, drifted", v.Name)
+		} else {
+			assert.GreaterOrEqual(t, moved, 1e-4, "%s did not train", v.Name)
+		}
+	}
+	// Embeddings, 2 blocks of (2 LayerNorms, attention's 4 kernels and
+	// 4 biases, 2 Dense layers), the final LayerNorm and Dense.
+	assert.Len(t, names, 2+2*(2*2+8+2*2)+2+2, "variables: %v", names)
+}
+
+// A corpus that holds no .go files, or that cannot be read, is an error
+// naming its path.
+func TestCorpusErrors(t *testing.T) {
+	empty := t.TempDir()
+	noGo := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(noGo, "notes.txt"), []byte("not Go"), 0o644))
+	few := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(few, "a.go"), []byte("package a\n"), 0o644))
+	file := filepath.Join(noGo, "notes.txt")
+	missing := filepath.Join(empty, "missing")
+	for path, want := range map[string]string{
+		empty: "no .go files", noGo: "no .go files", few: "1 .go files, expected at least 10",
+		file: "no .go files", missing: "no such file or directory",
+	} {
+		_, err := loadCorpus(path, 1<<10, 1<<10)
+		require.Error(t, err, path)
+		assert.Contains(t, err.Error(), path)
+		assert.Contains(t, err.Error(), want)
+
+		var stdout, stderr bytes.Buffer
+		code := Main(context.Background(), []string{"-corpus", path, "-steps", "1"}, &stdout, &stderr)
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr.String(), "corpus "+path)
+	}
+}
+
+// The held-out set is whole files that never train, every tenth in
+// sorted order, and a character stays itself through encode and decode.
+func TestCorpusSplit(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 20 {
+		text := fmt.Sprintf("package p%02d\n", i)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%02d.go", i)), []byte(text), 0o644))
+	}
+	c, err := loadCorpus(dir, 1<<20, 1<<20)
+	require.NoError(t, err)
+	assert.Equal(t, 18, c.trainFiles)
+	assert.Equal(t, 2, c.evalFiles)
+	assert.Equal(t, "package p09\npackage p19\n", decode(c.eval))
+	assert.NotContains(t, decode(c.train), "p09")
+	assert.NotContains(t, decode(c.train), "p19")
+
+	capped, err := loadCorpus(dir, 30, 5)
+	require.NoError(t, err)
+	assert.Equal(t, "package p00\npackage p01\npackag", decode(capped.train))
+	assert.Equal(t, "packa", decode(capped.eval))
+
+	text := "func main() {\n\tprintln(\"~ héllo\")\n}\n"
+	assert.Equal(t, strings.Replace(text, "é", "\uFFFD\uFFFD", 1), decode(encode([]byte(text))))
+}
+
+// The bigram statistics of a text whose next character follows from the
+// previous one: no entropy.
+func TestBigram(t *testing.T) {
+	ids := encode([]byte(strings.Repeat("ab", 10000)))
+	st := bigram(ids, ids)
+	assert.InDelta(t, 0, st.Entropy, 1e-12)
+	assert.InDelta(t, math.Log(2), st.Unigram, 1e-3)
+	assert.Less(t, st.HeldOut, 0.01)
+}
+
+// The command trains end to end, prints the bigram entropy, the loss
+// lines, the held-out loss and a sample, and its -json line.
+func TestMainEndToEnd(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	args := []string{"-strategy", "mirrored", "-devices", "2", "-train-bytes", "64KiB", "-eval-bytes", "4KiB",
+		"-steps", "6", "-global-batch", "8", "-seq-len", "16", "-width", "16", "-heads", "2", "-layers", "2",
+		"-log-every", "3", "-sample", "40", "-summary", "-json"}
+	code := Main(context.Background(), args, &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	out := stdout.String()
+	t.Log(out)
+	for _, want := range []string{"bigram entropy H(next|previous)", "step    3/6  loss", "step    6/6  loss",
+		"held-out loss", "sample (temperature 0.8):\nfunc ", "Total params"} {
+		assert.Contains(t, out, want)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &rep))
+	for _, key := range []string{"final_train_loss", "held_out_loss", "bigram_entropy", "tokens_per_sec"} {
+		assert.Greater(t, rep[key], 0.0, key)
+	}
+	assert.Len(t, []rune(rep["sample"].(string)), len("func ")+40)
+}
+
+// Flags the command cannot run with are usage errors.
+func TestFlagErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"-heads", "3"}, {"-steps", "0"}, {"-train-bytes", "1XB"}, {"extra"},
+		{"-strategy", "mirrored", "-devices", "2", "-global-batch", "3", "-train-bytes", "64KiB", "-eval-bytes", "4KiB"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := Main(context.Background(), args, &stdout, &stderr)
+		assert.NotEqual(t, 0, code, "%v", args)
+		assert.NotEmpty(t, stderr.String(), "%v", args)
+	}
+}
