@@ -33,53 +33,52 @@ func (rc *ReplicaContext) tap(red ReduceOp, in, out tf.Output) (tf.Output, error
 // throughTaps returns the outputs and their initial gradients from which
 // the gradients of loss flow through the replica's taps: loss itself, and
 // each tap's input with the all-reduced gradient of loss with respect to
-// the tap's result. It is a merge point: every replica all-reduces the
-// gradients of its taps together, in one all-reduce.
+// the tap's result. The taps are taken from the last to the first, since
+// an earlier tap's result reaches the loss through the later ones too:
+// each gradient is all-reduced, a merge point, before the earlier taps'
+// are taken.
 func (rc *ReplicaContext) throughTaps(prefix string, loss tf.Output) (ys, dys []tf.Output, err error) {
-	outs := make([]tf.Output, len(rc.taps))
 	memo := map[string]bool{}
-	var reached []int
-	for i, t := range rc.taps {
-		outs[i] = t.out
-		if reaches(t.out, loss.Op.Name(), memo) {
-			reached = append(reached, i)
-		}
-	}
+	ys, dys = []tf.Output{loss}, []tf.Output{op.OnesLike(rc.scope.SubScope("tap_gradients_one"), loss)}
 	// The graph is the same on every replica, so every replica reaches
-	// the same taps, and all or none take the merge point.
-	if len(reached) == 0 {
-		return []tf.Output{loss}, nil, nil
+	// the same taps and takes the same merge points.
+	for i := len(rc.taps) - 1; i >= 0; i-- {
+		t := rc.taps[i]
+		if !reaches(t.out, loss.Op.Name(), memo) {
+			continue
+		}
+		g, err := rc.e.graph.AddGradients(fmt.Sprintf("%s_tap_%d", prefix, i), ys, []tf.Output{t.out}, dys)
+		if err != nil {
+			return nil, nil, err
+		}
+		dy, err := rc.reduceTapGradient(t, g[0], i)
+		if err != nil {
+			return nil, nil, err
+		}
+		ys, dys = append(ys, t.in), append(dys, dy)
 	}
-	g, err := rc.e.graph.AddGradients(prefix+"_taps", []tf.Output{loss}, pick(outs, reached), nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	s := rc.scope.SubScope("tap_gradients")
-	flat := make([]tf.Output, len(g))
-	for k := range g {
-		ks := s.SubScope(fmt.Sprintf("tap_%d", k))
-		flat[k] = op.Reshape(ks, op.Cast(ks.SubScope("float"), g[k], tf.Float), op.Const(ks.SubScope("minus_one"), []int32{-1}))
-	}
-	all := flat[0]
-	if len(flat) > 1 {
-		all = op.ConcatV2(s.SubScope("concat"), flat, op.Const(s.SubScope("axis"), int32(0)))
+	return ys, dys, nil
+}
+
+// reduceTapGradient returns the gradient g with respect to tap i's result
+// all-reduced across the replicas as the tap's input needs it.
+func (rc *ReplicaContext) reduceTapGradient(t tap, g tf.Output, i int) (tf.Output, error) {
+	s := rc.scope.SubScope(fmt.Sprintf("tap_gradient_%d", i))
+	if g.Op == nil {
+		g = op.ZerosLike(s.SubScope("zeros"), t.out)
 	}
 	if err := s.Err(); err != nil {
-		return nil, nil, err
+		return tf.Output{}, err
 	}
-	summed, err := rc.allReduce(Sum, all, "GradientOfAllReduce")
+	sum, err := rc.allReduce(Sum, g, "GradientOfAllReduce")
 	if err != nil {
-		return nil, nil, err
+		return tf.Output{}, err
 	}
-	ys, dys = []tf.Output{loss}, []tf.Output{op.OnesLike(s.SubScope("one"), loss)}
-	for k, part := range splitLike(s.SubScope("split"), summed, g) {
-		t, ks := rc.taps[reached[k]], s.SubScope(fmt.Sprintf("tap_%d", k))
-		if t.red == Mean {
-			part = op.Div(ks.SubScope("mean"), part, op.Const(ks.SubScope("n"), float32(rc.NumReplicasInSync())))
-		}
-		ys, dys = append(ys, t.in), append(dys, op.Cast(ks.SubScope("dtype"), part, t.in.DataType()))
+	if t.red == Mean {
+		n := op.Cast(s.SubScope("n"), op.Const(s.SubScope("replicas"), float32(rc.NumReplicasInSync())), sum.DataType())
+		sum = op.Div(s.SubScope("mean"), sum, n)
 	}
-	return ys, dys, s.Err()
+	return sum, s.Err()
 }
 
 // reaches reports whether the op named to consumes out, directly or
@@ -105,31 +104,6 @@ func reaches(out tf.Output, to string, memo map[string]bool) bool {
 		}
 	}
 	return false
-}
-
-func pick(xs []tf.Output, idx []int) []tf.Output {
-	out := make([]tf.Output, len(idx))
-	for k, i := range idx {
-		out[k] = xs[i]
-	}
-	return out
-}
-
-// splitLike splits flat, the concatenation of likes' elements, into
-// tensors of likes' shapes.
-func splitLike(s *op.Scope, flat tf.Output, likes []tf.Output) []tf.Output {
-	sizes := make([]tf.Output, len(likes))
-	for i, l := range likes {
-		sizes[i] = op.Size(s.SubScope(fmt.Sprintf("size_%d", i)), l, op.SizeOutType(tf.Int32))
-	}
-	parts := []tf.Output{flat}
-	if len(likes) > 1 {
-		parts = op.SplitV(s, flat, op.Pack(s.SubScope("sizes"), sizes), op.Const(s.SubScope("axis"), int32(0)), int64(len(likes)))
-	}
-	for i := range parts {
-		parts[i] = op.Reshape(s.SubScope(fmt.Sprintf("shape_%d", i)), parts[i], op.Shape(s.SubScope(fmt.Sprintf("like_%d", i)), likes[i]))
-	}
-	return parts
 }
 
 func isFloat(dt tf.DataType) bool {
