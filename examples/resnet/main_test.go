@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/internal/testcluster"
+	"github.com/tfdist/tfdist/mirrored"
+	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/strategy"
+)
+
+// small is a run short enough for a test.
+var small = options{steps: 15, globalBatch: 32, filters: 4, lr: 0.01, seed: 3}
+
+// trainOn trains small on s and reads every variable of the model.
+func trainOn(t *testing.T, s strategy.Strategy) []strategy.VariableValue {
+	t.Helper()
+	ctx := context.Background()
+	res, err := train(ctx, s, small, false, io.Discard)
+	require.NoError(t, err)
+	vals, err := strategy.ReadVariables(ctx, s, res.model.Variables())
+	require.NoError(t, err)
+	return vals
+}
+
+// Mirrored on 2 and 4 devices and 2 workers of 2 devices end with the
+// model one device trains on the same global batches, every element of
+// every variable (the batch normalisation's moving statistics included)
+// within 1e-4 of its variable's scale.
+func TestReplicasMatchOneDevice(t *testing.T) {
+	def, err := strategy.Default()
+	require.NoError(t, err)
+	defer def.Close()
+	want := trainOn(t, def)
+	require.Equal(t, 5*(1+4)+2, len(want), "5 convolutions with batch normalisation, and the classifier")
+
+	for _, n := range []int{2, 4} {
+		s, err := mirrored.New(mirrored.WithLogicalCPUs(n))
+		require.NoError(t, err)
+		diff, name, i := strategy.MaxDiff(want, trainOn(t, s))
+		assert.Less(t, diff, 1e-4, "mirrored x%d: %s[%d]", n, name, i)
+		require.NoError(t, s.Close())
+	}
+
+	got := make([][]strategy.VariableValue, 2)
+	errs := testcluster.OnWorkers(testcluster.LoopbackSpec(t, 2), []multiworker.Option{multiworker.WithLogicalCPUs(2),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+		func(w int, s *multiworker.Strategy) error {
+			got[w] = trainOn(t, s)
+			return nil
+		})
+	for w := range 2 {
+		require.NoError(t, errs[w])
+		diff, name, i := strategy.MaxDiff(want, got[w])
+		assert.Less(t, diff, 1e-4, "worker %d of 2x2: %s[%d]", w, name, i)
+	}
+}
+
+// The command prints the model's summary, falling loss and the held-out
+// accuracy, and refuses bad flags naming them.
+func TestCommand(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"-strategy", "mirrored", "-devices", "2", "-steps", "100", "-filters", "4", "-json"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	for _, want := range []string{`Model: "resnet"`, "batch_norm_4 (batch_norm)", "add_1 (add)", "step  100/100", "held-out accuracy", `"accuracy":`} {
+		assert.Contains(t, out.String(), want)
+	}
+	for args, want := range map[string][]string{
+		"-steps 0":   {"-steps", "0"},
+		`"gpu"`:      {"-strategy", "gpu"},
+		"Devices 2 ": {"-strategy", "default", "-devices", "2"},
+	} {
+		errOut.Reset()
+		assert.NotEqual(t, 0, run(want, io.Discard, &errOut))
+		assert.Contains(t, errOut.String(), args)
+	}
+}
