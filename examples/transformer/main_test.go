@@ -200,7 +200,9 @@ func TestEveryVariableTrains(t *testing.T) {
 	require.NoError(t, err)
 	initial, err := tr.variables(ctx)
 	require.NoError(t, err)
-	require.NoError(t, tr.fit(ctx, &report{}, text.train))
+	d, err := tr.distribute(text)
+	require.NoError(t, err)
+	require.NoError(t, tr.fit(ctx, &report{}, d.train))
 	trained, err := tr.variables(ctx)
 	require.NoError(t, err)
 	read, err := strategy.ReadVariables(ctx, s, tr.model.Variables())
@@ -313,15 +315,26 @@ func TestMainEndToEnd(t *testing.T) {
 	assert.Len(t, []rune(rep["sample"].(string)), len("func ")+40)
 }
 
-// Flags the command cannot run with are usage errors.
+// Flags the command cannot run with are usage errors (status 2), and
+// settings the data or the strategy cannot serve are errors (status 1),
+// each saying what is wrong.
 func TestFlagErrors(t *testing.T) {
-	for _, args := range [][]string{
-		{"-heads", "3"}, {"-steps", "0"}, {"-train-bytes", "1XB"}, {"extra"},
-		{"-strategy", "mirrored", "-devices", "2", "-global-batch", "3", "-train-bytes", "64KiB", "-eval-bytes", "4KiB"},
+	small := []string{"-train-bytes", "64KiB", "-eval-bytes", "1KiB", "-sample", "0"}
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"-heads", "3"}, 2, "-heads 3: expected a positive divisor of -width 64"},
+		{[]string{"-steps", "0"}, 2, "-steps 0"},
+		{[]string{"-train-bytes", "1XB"}, 2, `"1XB": expected a number of bytes`},
+		{[]string{"extra"}, 2, `unexpected arguments ["extra"]`},
+		{append([]string{"-strategy", "mirrored", "-devices", "2", "-global-batch", "3"}, small...), 1, "global batch size 3 by 2 replicas"},
+		{append([]string{"-eval-bytes", "10", "-seq-len", "16"}, small[:2]...), 1, "held-out text: 10 characters, fewer than one sequence of 17"},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := Main(context.Background(), args, &stdout, &stderr)
-		assert.NotEqual(t, 0, code, "%v", args)
-		assert.NotEmpty(t, stderr.String(), "%v", args)
+		code := Main(context.Background(), c.args, &stdout, &stderr)
+		assert.Equal(t, c.code, code, "%v", c.args)
+		assert.Contains(t, stderr.String(), c.want, "%v", c.args)
 	}
 }

@@ -65,11 +65,15 @@ func train(ctx context.Context, s strategy.Strategy, o options, stdout io.Writer
 	if err != nil {
 		return rep, err
 	}
-	t.describe(&rep, text)
-	if err := t.fit(ctx, &rep, text.train); err != nil {
+	data, err := t.distribute(text)
+	if err != nil {
 		return rep, err
 	}
-	if err := t.evaluate(ctx, &rep, text.eval); err != nil {
+	t.describe(&rep, text)
+	if err := t.fit(ctx, &rep, data.train); err != nil {
+		return rep, err
+	}
+	if err := t.evaluate(ctx, &rep, data); err != nil {
 		return rep, err
 	}
 	if rep.Sample, err = t.generate(ctx); err != nil {
@@ -217,23 +221,42 @@ func (t *trainer) describe(rep *report, text corpus) {
 		t.o.layers, t.o.width, t.o.heads, rep.Params, t.o.dist.Strategy, rep.Replicas, t.o.globalBatch, t.o.seqLen)
 }
 
-// fit trains for -steps steps on shuffled windows of the training text.
-func (t *trainer) fit(ctx context.Context, rep *report, ids []int32) error {
-	x, y := windows(ids, t.o.seqLen)
-	ds, err := dataset.FromSlices(map[string]any{"x": x, "y": y})
+// data is a run's input, divided among the workers and replicas.
+type data struct {
+	train     *dataset.Distributed // -steps global batches of shuffled training windows
+	eval      *dataset.Distributed // every held-out window once, the last batch partial
+	evalChars int                  // the held-out characters scored
+}
+
+// distribute divides the windows of the text among s's workers and
+// replicas.
+func (t *trainer) distribute(text corpus) (data, error) {
+	var d data
+	ds, n, err := t.sequences(text.train, "training text")
 	if err != nil {
-		return fmt.Errorf("training data: %w", err)
+		return d, err
 	}
-	ds = dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, len(x), uint64(t.o.seed)), -1), t.o.globalBatch, true)
-	dist, err := t.s.DistributeDataset(dataset.Take(ds, t.o.steps))
-	if err != nil {
-		return fmt.Errorf("training data: %w", err)
+	ds = dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, n, uint64(t.o.seed)), -1), t.o.globalBatch, true)
+	if d.train, err = t.s.DistributeDataset(dataset.Take(ds, t.o.steps)); err != nil {
+		return d, fmt.Errorf("training text: %w", err)
 	}
+	if ds, n, err = t.sequences(text.eval, "held-out text"); err != nil {
+		return d, err
+	}
+	if d.eval, err = t.s.DistributeDataset(dataset.Batched(ds, t.o.globalBatch, false)); err != nil {
+		return d, fmt.Errorf("held-out text: %w", err)
+	}
+	d.evalChars = n * t.o.seqLen
+	return d, nil
+}
+
+// fit trains on every batch of dist, printing the loss.
+func (t *trainer) fit(ctx context.Context, rep *report, dist *dataset.Distributed) error {
 	var start, first time.Time
 	step := 0
 	for batch, err := range dist.All(ctx) {
 		if err != nil {
-			return fmt.Errorf("training data: step %d: %w", step+1, err)
+			return fmt.Errorf("training text: step %d: %w", step+1, err)
 		}
 		if step == 0 {
 			start = time.Now()
@@ -248,6 +271,20 @@ func (t *trainer) fit(ctx context.Context, rep *report, ids []int32) error {
 	}
 	rep.TrainSeconds = time.Since(start).Seconds()
 	return nil
+}
+
+// sequences returns the windows of ids (see windows) as a dataset of
+// "x" and "y", and their number; text too short for one is an error.
+func (t *trainer) sequences(ids []int32, what string) (dataset.Dataset, int, error) {
+	x, y := windows(ids, t.o.seqLen)
+	if len(x) == 0 {
+		return nil, 0, fmt.Errorf("%s: %d characters, fewer than one sequence of %d", what, len(ids), t.o.seqLen+1)
+	}
+	ds, err := dataset.FromSlices(map[string]any{"x": x, "y": y})
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", what, err)
+	}
+	return ds, len(x), nil
 }
 
 // runTrain runs one training step and records its loss.
@@ -286,25 +323,13 @@ func (t *trainer) progress(rep *report, step int, first time.Time) {
 
 // evaluate scores every character of the held-out text once, each worker
 // its own shard.
-func (t *trainer) evaluate(ctx context.Context, rep *report, ids []int32) error {
-	x, y := windows(ids, t.o.seqLen)
-	if len(x) == 0 {
-		return fmt.Errorf("held-out text: %d characters, fewer than one sequence of %d", len(ids), t.o.seqLen+1)
-	}
-	ds, err := dataset.FromSlices(map[string]any{"x": x, "y": y})
-	if err != nil {
-		return fmt.Errorf("held-out data: %w", err)
-	}
-	dist, err := t.s.DistributeDataset(dataset.Batched(ds, t.o.globalBatch, false))
-	if err != nil {
-		return fmt.Errorf("held-out data: %w", err)
-	}
-	res, err := metrics.Evaluate(ctx, t.s, t.evalStep, dist, t.heldOut)
+func (t *trainer) evaluate(ctx context.Context, rep *report, d data) error {
+	res, err := metrics.Evaluate(ctx, t.s, t.evalStep, d.eval, t.heldOut)
 	if err != nil {
 		return fmt.Errorf("evaluate: %w", err)
 	}
 	rep.HeldOutLoss = res[t.heldOut.Name()]
-	rep.HeldOutBits, rep.HeldOutChars = bits(rep.HeldOutLoss), len(x)*t.o.seqLen
+	rep.HeldOutBits, rep.HeldOutChars = bits(rep.HeldOutLoss), d.evalChars
 	verdict := "below"
 	if rep.HeldOutLoss >= rep.BigramEntropy {
 		verdict = "NOT below"
