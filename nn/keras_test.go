@@ -8,7 +8,6 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -196,7 +195,7 @@ type kerasLayerResult struct {
 // Keras 3 and tfdist agree, layer by layer, on outputs, gradients and
 // updated weights (see the top of this file).
 func TestKerasLayers(t *testing.T) {
-	python := kerasPython(t)
+	python := pyenv.TensorFlow(t)
 	cases := kerasLayerCases()
 	reqs := make([]kerasLayerRequest, len(cases))
 	ours := make([]kerasLayerResult, len(cases))
@@ -246,24 +245,6 @@ func TestKerasLayers(t *testing.T) {
 		t.Logf("largest difference from Keras: %s %.2g (%s)", key, worst[key].diff, worst[key].name)
 	}
 }
-
-// kerasPython returns the Python TensorFlow environment's Runner. Under
-// CI ($CI set) an environment that cannot be installed fails the test
-// rather than skip it.
-func kerasPython(t *testing.T) pyenv.Runner {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		return pyenv.TensorFlow(skipFails{t})
-	}
-	return pyenv.TensorFlow(t)
-}
-
-// skipFails is a testing.TB whose skips fail the test.
-type skipFails struct{ testing.TB }
-
-func (s skipFails) Skip(args ...any)                 { s.Helper(); s.Fatal(args...) }
-func (s skipFails) Skipf(format string, args ...any) { s.Helper(); s.Fatalf(format, args...) }
-func (s skipFails) SkipNow()                         { s.Helper(); s.FailNow() }
 
 // kerasDiff returns the largest |a-b|/max(1, |b|), or +Inf when the lengths
 // differ.

@@ -82,17 +82,27 @@ func pinned(t testing.TB, name string, requirements []byte) Runner {
 	return Python(t, name, req)
 }
 
+// unavailable skips t for want of Python, or fails it under CI.
+func unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf("under CI: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
 // Python returns a Runner for the packages that the pip requirements file
 // requirements pins, installing them the first time into the environment
 // "<name>-venv-<hash>" under the tfdist cache — or, where Python's venv
 // module is missing (Debian without python3-venv), into a directory put on
-// PYTHONPATH. It skips t only when there is no python3 or pip cannot
-// reach the package index; any other failure fails t.
+// PYTHONPATH. Where there is no python3 or pip cannot reach the package
+// index it skips t, or fails it under CI ($CI set), where every
+// comparison with Python must run; any other failure fails t.
 func Python(t testing.TB, name, requirements string) Runner {
 	t.Helper()
 	python, err := exec.LookPath("python3")
 	if err != nil {
-		t.Skipf("python3 not found, so pip cannot install %s: %v", name, err)
+		unavailable(t, "python3 not found, so pip cannot install %s: %v", name, err)
 	}
 	req, err := os.ReadFile(requirements)
 	require.NoError(t, err)
@@ -135,7 +145,7 @@ func Python(t testing.TB, name, requirements string) Runner {
 		probe := runner(ctx, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
 			"--no-deps", "--no-cache-dir", "-q", "-d", t.TempDir(), "six==1.17.0")
 		if pout, perr := probe.CombinedOutput(); perr != nil {
-			t.Skipf("pip cannot reach the package index, so %s cannot be installed: %v\n%s\n%s", name, err, out, pout)
+			unavailable(t, "pip cannot reach the package index, so %s cannot be installed: %v\n%s\n%s", name, err, out, pout)
 		}
 		t.Fatalf("pip install -r %s failed although the index is reachable: %v\n%s", requirements, err, out)
 	}
