@@ -1,0 +1,111 @@
+package paramserver
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	tf "github.com/wamuir/graft/tensorflow"
+
+	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/optimizer"
+	"github.com/tfdist/tfdist/strategy"
+)
+
+// tinyTransformer is a one-block causal Transformer over sequences of 6
+// tokens of a vocabulary of 11. Its attention has no biases: the keys'
+// bias has no gradient (the softmax ignores it), so its values would be
+// rounding noise that no two engines agree on.
+func tinyTransformer(sc strategy.Scope) (*nn.Model, error) {
+	ids := nn.InputOf(tf.Int32, 6)
+	x := nn.TokenAndPositionEmbedding{VocabularySize: 11, SequenceLength: 6, EmbeddingDim: 8}.Call(ids)
+	h := nn.MultiHeadAttention{NumHeads: 2, KeyDim: 4, UseCausalMask: true, NoBias: true}.Call(nn.LayerNorm{}.Call(x), nn.LayerNorm{}.Call(x))
+	x = nn.Add{}.Call(x, h)
+	h = nn.Dense{Units: 16, Activation: nn.GELU}.Call(nn.LayerNorm{}.Call(x))
+	x = nn.Add{}.Call(x, nn.Dense{Units: 8}.Call(h))
+	return nn.NewModel(sc, "lm", []*nn.Tensor{ids}, []*nn.Tensor{nn.Dense{Units: 11}.Call(x)}, nn.WithSeed(5))
+}
+
+// lmStep is a step of SGD on the per-token cross-entropy of the next
+// token.
+func lmStep(m *nn.Model) strategy.ReplicaFn {
+	opt := optimizer.NewSGD(optimizer.Constant(0.5))
+	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		logits, err := m.Apply(r, in["x"], true)
+		if err != nil {
+			return nil, err
+		}
+		b := nn.NewBuilder(r.Scope(), "loss")
+		flat := b.Reshape(logits, -1, 11)
+		loss, err := nn.ComputeAverageLoss(r, nn.SparseSoftmaxCrossEntropy(r.Scope().SubScope("xent"), flat, b.Reshape(in["y"], -1), 11))
+		if err != nil {
+			return nil, err
+		}
+		// Under parameter servers the looked-up embeddings take sparse
+		// updates: the same SGD, on the rows the step looked up.
+		return nil, r.Minimize(opt, loss, m.Vars(), strategy.WithSparseOptimizer(optimizer.SparseSGD{LearningRate: 0.5}))
+	}
+}
+
+var lmSpec = strategy.InputSpec{"x": {DType: tf.Int32, Shape: []int64{-1, 6}}, "y": {DType: tf.Int32, Shape: []int64{-1, 6}}}
+
+// lmBatch is 4 sequences and their next tokens.
+func lmBatch(t *testing.T) dataset.Element {
+	var x, y [][]int32
+	for i := range 4 {
+		var xs, ys []int32
+		for j := range 6 {
+			xs, ys = append(xs, int32((i*3+j*j)%11)), append(ys, int32((i*3+(j+1)*(j+1))%11))
+		}
+		x, y = append(x, xs), append(y, ys)
+	}
+	return dataset.Element{"x": tensor(t, x), "y": tensor(t, y)}
+}
+
+// A functional Transformer, defined once, trains on parameter servers with
+// its variables in shards over two ps tasks: two steps there, scheduled
+// one after the other, end with the variables of the same two steps on
+// one device, element by element.
+func TestFunctionalModelOnShardedVariables(t *testing.T) {
+	ctx := testContext(t, 2*time.Minute)
+	def, err := strategy.Default()
+	require.NoError(t, err)
+	defer def.Close()
+	var want *nn.Model
+	require.NoError(t, def.Scope(func(sc strategy.Scope) (err error) { want, err = tinyTransformer(sc); return err }))
+	step, err := def.Build(lmSpec, lmStep(want))
+	require.NoError(t, err)
+	batch := lmBatch(t)
+	for range 2 {
+		_, err = def.RunReplicas(ctx, step, []map[string]*tf.Tensor{batch}, 4)
+		require.NoError(t, err)
+	}
+	wantVals, err := strategy.ReadVariables(ctx, def, want.Vars())
+	require.NoError(t, err)
+
+	s := newInProcess(t, 1, 2, WithPartitioner(FixedShards(2)))
+	var m *nn.Model
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) { m, err = tinyTransformer(sc); return err }))
+	sharded := 0
+	for _, v := range m.Vars() {
+		if v.(*Variable).NumShards() > 1 {
+			sharded++
+		}
+	}
+	assert.Greater(t, sharded, 10, "most variables are in two shards")
+	fn, err := s.Build(lmSpec, lmStep(m))
+	require.NoError(t, err)
+	c := newCoordinator(t, s)
+	for range 2 {
+		_, err := c.Schedule(fn, Feed(batch))
+		require.NoError(t, err)
+		require.NoError(t, c.Join(ctx))
+	}
+	got, err := strategy.ReadVariables(context.Background(), s, m.Vars())
+	require.NoError(t, err)
+	diff, name, i := strategy.MaxDiff(wantVals, got)
+	assert.Less(t, diff, 1e-5, "%s[%d]", name, i)
+}
