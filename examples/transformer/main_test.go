@@ -7,20 +7,16 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/distribute"
+	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -56,54 +52,17 @@ func trainOn(t *testing.T, o options, dc distribute.Config) report {
 // each with devices replicas, and returns each worker's report.
 func trainOnWorkers(t *testing.T, o options, workers, devices int) []report {
 	t.Helper()
-	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: loopbackAddrs(t, workers)})
-	require.NoError(t, err)
 	o.dist = distribute.Config{Strategy: "multiworker", Devices: devices}
 	reps := make([]report, workers)
-	errs := make([]error, workers)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: w})
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			s, err := multiworker.New(context.Background(), multiworker.WithResolver(r), multiworker.WithLogicalCPUs(devices))
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			defer s.Close()
-			reps[w], errs[w] = train(context.Background(), s, o, io.Discard)
-		}()
-	}
-	wg.Wait()
+	errs := testcluster.OnWorkers(testcluster.LoopbackSpec(t, workers), []multiworker.Option{multiworker.WithLogicalCPUs(devices)},
+		func(w int, s *multiworker.Strategy) (err error) {
+			reps[w], err = train(context.Background(), s, o, io.Discard)
+			return err
+		})
 	for w, err := range errs {
 		require.NoError(t, err, "worker %d", w)
 	}
 	return reps
-}
-
-// loopbackAddrs returns n addresses on 127.0.0.1 whose ports were free
-// when asked, below the ephemeral range so that no outgoing connection
-// takes one before its worker listens on it.
-func loopbackAddrs(t *testing.T, n int) []string {
-	t.Helper()
-	var addrs []string
-	for tries := 0; len(addrs) < n; tries++ {
-		require.Less(t, tries, 1000, "no free loopback port found")
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(10000+rand.IntN(20000)))
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		require.NoError(t, l.Close())
-		addrs = append(addrs, addr)
-	}
-	return addrs
 }
 
 // inert reports whether the variable named name is an attention layer's
