@@ -268,6 +268,38 @@ func runKerasCase(t *testing.T, i int, c kerasLayerCase) (kerasLayerRequest, ker
 	require.NoError(t, err)
 	defer s.Close()
 	rng := rand.New(rand.NewPCG(uint64(i), 40))
+	req := newKerasRequest(c)
+	syms, spec, feeds := kerasInputs(t, rng, c, &req)
+	m, dxs := buildKerasModel(t, s, c, syms, i)
+	weights := m.Vars()
+	for _, v := range m.Variables() {
+		if !v.Trainable() {
+			weights = append(weights, v)
+		}
+	}
+	req.Weights = readFloats(t, s, weights)
+	var shape []int64
+	step, err := s.Build(spec, kerasStep(t, c, m, dxs, rng, &req, &shape))
+	require.NoError(t, err, c.name)
+	res, err := s.RunReplicas(ctx, step, []map[string]*tf.Tensor{feeds}, int(c.in[0].shape[0]))
+	require.NoError(t, err, c.name)
+
+	got := kerasLayerResult{Output: widen(tensorutil.Float32s(res["y"][0])), Shape: shape}
+	for k := 0; ; k++ {
+		g, ok := res[fmt.Sprintf("g%02d", k)]
+		if !ok {
+			break
+		}
+		got.Grads = append(got.Grads, widen(tensorutil.Float32s(g[0])))
+	}
+	for _, w := range readFloats(t, s, weights) {
+		got.Weights = append(got.Weights, widen(w))
+	}
+	return req, got
+}
+
+// newKerasRequest returns what the Keras side is asked to build for c.
+func newKerasRequest(c kerasLayerCase) kerasLayerRequest {
 	req := kerasLayerRequest{Name: c.name, Class: c.keras, Config: maps.Clone(c.config), Call: c.call, Kwargs: c.kwargs,
 		Training: c.training, InputGrads: !c.noInputGrads}
 	if c.policy.Mixed() {
@@ -276,6 +308,12 @@ func runKerasCase(t *testing.T, i int, c kerasLayerCase) (kerasLayerRequest, ker
 		}
 		req.Config["dtype"] = c.policy.Name()
 	}
+	return req
+}
+
+// kerasInputs draws c's inputs into req and returns the model's symbolic
+// inputs, the step's input spec and its feeds.
+func kerasInputs(t *testing.T, rng *rand.Rand, c kerasLayerCase, req *kerasLayerRequest) ([]*nn.Tensor, strategy.InputSpec, map[string]*tf.Tensor) {
 	syms := make([]*nn.Tensor, len(c.in))
 	spec, feeds := strategy.InputSpec{}, map[string]*tf.Tensor{}
 	for j, in := range c.in {
@@ -293,9 +331,13 @@ func runKerasCase(t *testing.T, i int, c kerasLayerCase) (kerasLayerRequest, ker
 		spec[name] = strategy.TensorSpec{DType: dtype, Shape: in.shape}
 		feeds[name] = kerasTensorOf(t, dtype, in.shape, kt.Values)
 	}
+	return syms, spec, feeds
+}
 
-	// Each float input is fed plus a zero variable of its shape, whose
-	// gradient is the input's.
+// buildKerasModel builds the one-layer model of c on syms and, for each
+// float input, a zero variable of its shape, which the step adds to the
+// input so that its gradient is the input's.
+func buildKerasModel(t *testing.T, s *strategy.InGraph, c kerasLayerCase, syms []*nn.Tensor, i int) (*nn.Model, map[int]strategy.Variable) {
 	dxs := map[int]strategy.Variable{}
 	var m *nn.Model
 	require.NoError(t, s.Scope(func(sc strategy.Scope) error {
@@ -312,20 +354,16 @@ func runKerasCase(t *testing.T, i int, c kerasLayerCase) (kerasLayerRequest, ker
 		m, err = nn.NewModel(sc, "m", syms, []*nn.Tensor{nn.Share(c.spec).Call(syms...)}, nn.WithSeed(int64(i)))
 		return err
 	}), c.name)
-	weights := m.Vars()
-	for _, v := range m.Variables() {
-		if !v.Trainable() {
-			weights = append(weights, v)
-		}
-	}
-	before, err := strategy.ReadVariables(ctx, s, weights)
-	require.NoError(t, err)
-	for _, v := range before {
-		req.Weights = append(req.Weights, v.Float32)
-	}
+	return m, dxs
+}
 
-	var shape []int64
-	step, err := s.Build(spec, func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+// kerasStep returns the step that applies m under c's policy and returns
+// its output "y" and the gradients "g00", … of the output's product with
+// a random cotangent (drawn into req) with respect to the inputs and the
+// trainable weights; it sets shape to the output's.
+func kerasStep(t *testing.T, c kerasLayerCase, m *nn.Model, dxs map[int]strategy.Variable, rng *rand.Rand,
+	req *kerasLayerRequest, shape *[]int64) strategy.ReplicaFn {
+	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		b := nn.NewBuilder(r.Scope(), "keras_case")
 		xs := make([]tf.Output, len(c.in))
 		var wrt []strategy.Variable
@@ -344,14 +382,14 @@ func runKerasCase(t *testing.T, i int, c kerasLayerCase) (kerasLayerRequest, ker
 		if err != nil {
 			return nil, err
 		}
-		if shape, err = ys[0].Shape().ToSlice(); err != nil {
+		if *shape, err = ys[0].Shape().ToSlice(); err != nil {
 			return nil, err
 		}
-		req.Cotangent = make([]float32, elements(shape))
+		req.Cotangent = make([]float32, elements(*shape))
 		for k := range req.Cotangent {
 			req.Cotangent[k] = float32(rng.Float64()*2 - 1)
 		}
-		loss := b.SumAll(b.Mul(ys[0], b.Const(kerasTensorOf(t, tf.Float, shape, req.Cotangent))))
+		loss := b.SumAll(b.Mul(ys[0], b.Const(kerasTensorOf(t, tf.Float, *shape, req.Cotangent))))
 		grads, err := r.(*strategy.ReplicaContext).Gradients(loss, append(wrt, m.Vars()...))
 		if err != nil {
 			return nil, err
@@ -361,25 +399,18 @@ func runKerasCase(t *testing.T, i int, c kerasLayerCase) (kerasLayerRequest, ker
 			out[fmt.Sprintf("g%02d", k)] = g
 		}
 		return out, b.Err()
-	})
-	require.NoError(t, err, c.name)
-	res, err := s.RunReplicas(ctx, step, []map[string]*tf.Tensor{feeds}, int(c.in[0].shape[0]))
-	require.NoError(t, err, c.name)
+	}
+}
 
-	got := kerasLayerResult{Output: widen(tensorutil.Float32s(res["y"][0])), Shape: shape}
-	for k := 0; ; k++ {
-		g, ok := res[fmt.Sprintf("g%02d", k)]
-		if !ok {
-			break
-		}
-		got.Grads = append(got.Grads, widen(tensorutil.Float32s(g[0])))
-	}
-	after, err := strategy.ReadVariables(ctx, s, weights)
+// readFloats reads vs's float32 values.
+func readFloats(t *testing.T, s *strategy.InGraph, vs []strategy.Variable) [][]float32 {
+	vals, err := strategy.ReadVariables(context.Background(), s, vs)
 	require.NoError(t, err)
-	for _, v := range after {
-		got.Weights = append(got.Weights, widen(v.Float32))
+	out := make([][]float32, len(vals))
+	for k, v := range vals {
+		out[k] = v.Float32
 	}
-	return req, got
+	return out
 }
 
 // randomKerasInput returns random values for in.
