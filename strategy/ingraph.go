@@ -415,6 +415,39 @@ func (e *InGraph) Value(ctx context.Context, vv Variable) (*tf.Tensor, error) {
 	return out[0], nil
 }
 
+// Values reads vs as Value does, in one run: one extension of the graph
+// and one Session.Run for all of them, rather than one each.
+func (e *InGraph) Values(ctx context.Context, vs []Variable) ([]*tf.Tensor, error) {
+	own := make([]*variable, len(vs))
+	for i, vv := range vs {
+		v, err := e.own(vv, "strategy: Values")
+		if err != nil {
+			return nil, err
+		}
+		own[i] = v
+	}
+	if err := e.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer e.mu.Unlock()
+	if err := e.initPending(ctx); err != nil {
+		return nil, err
+	}
+	fetches := make([]tf.Output, len(own))
+	var targets []*tf.Operation
+	for i, v := range own {
+		h, err := e.readerLocked(v)
+		if err != nil {
+			return nil, err
+		}
+		fetches[i], targets = h.out, append(targets, h.all...)
+	}
+	if len(fetches) == 0 {
+		return nil, nil
+	}
+	return e.runLocked(ctx, nil, fetches, targets)
+}
+
 // readerLocked returns v's reader outside replicas, built once per
 // variable.
 func (e *InGraph) readerLocked(v *variable) (*hostReducer, error) {

@@ -36,21 +36,46 @@ type ValueReader interface {
 // variable — into Go memory. Only float32 and float64 variables can be read;
 // any other type is an error naming the variable.
 func ReadVariables(ctx context.Context, s ValueReader, vars []Variable) ([]VariableValue, error) {
-	out := make([]VariableValue, 0, len(vars))
 	for _, v := range vars {
 		if dt := v.DType(); dt != tf.Float && dt != tf.Double {
 			return nil, fmt.Errorf("strategy: ReadVariables: variable %q has dtype %s, expected float32 or float64", v.Name(), graphutil.DTypeName(dt))
 		}
+	}
+	ts, err := readAll(ctx, s, vars)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]VariableValue, 0, len(vars))
+	for i, v := range vars {
+		out = append(out, VariableValue{
+			Name: v.Name(), Shape: ts[i].Shape(),
+			Float32: tensorutil.Float32s(ts[i]), Float64: tensorutil.Float64s(ts[i]),
+		})
+	}
+	return out, nil
+}
+
+// readAll reads vars in one run where s can (the in-graph strategies'
+// Values), one by one otherwise.
+func readAll(ctx context.Context, s ValueReader, vars []Variable) ([]*tf.Tensor, error) {
+	if vs, ok := s.(interface {
+		Values(context.Context, []Variable) ([]*tf.Tensor, error)
+	}); ok {
+		ts, err := vs.Values(ctx, vars)
+		if err != nil {
+			return nil, fmt.Errorf("strategy: ReadVariables: %w", err)
+		}
+		return ts, nil
+	}
+	ts := make([]*tf.Tensor, len(vars))
+	for i, v := range vars {
 		t, err := s.Value(ctx, v)
 		if err != nil {
 			return nil, fmt.Errorf("strategy: ReadVariables: variable %q: %w", v.Name(), err)
 		}
-		out = append(out, VariableValue{
-			Name: v.Name(), Shape: t.Shape(),
-			Float32: tensorutil.Float32s(t), Float64: tensorutil.Float64s(t),
-		})
+		ts[i] = t
 	}
-	return out, nil
+	return ts, nil
 }
 
 // GlobalNorm returns the L2 norm of all the values together, the square root
