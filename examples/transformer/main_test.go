@@ -142,8 +142,8 @@ func TestReplicasEqualOneDevice(t *testing.T) {
 	}
 }
 
-// The variables compared are every variable of the model, read as
-// strategy.ReadVariables reads them, and training moves each of them by
+// The variables compared are every variable of the model, and training
+// moves each of them by
 // at least 1e-4 (Adam moves an element by up to the learning rate, 3e-3,
 // per step), but the inert key biases, which start at 0 and stay within
 // inertBound of it.
@@ -164,14 +164,8 @@ func TestEveryVariableTrains(t *testing.T) {
 	require.NoError(t, tr.fit(ctx, &report{}, d.train))
 	trained, err := tr.variables(ctx)
 	require.NoError(t, err)
-	read, err := strategy.ReadVariables(ctx, s, tr.model.Variables())
-	require.NoError(t, err)
-	require.Len(t, trained, len(read))
 	names := map[string]bool{}
 	for k, v := range trained {
-		require.Equal(t, read[k].Name, v.Name)
-		require.Equal(t, read[k].Shape, v.Shape, v.Name)
-		require.Equal(t, read[k].Float32, v.Float32, v.Name)
 		names[v.Name] = true
 		moved, largest := 0.0, 0.0
 		for i, x := range v.Float32 {
