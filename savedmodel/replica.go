@@ -51,10 +51,12 @@ func (r *replica) Lookup(v strategy.Variable, ids tf.Output) (tf.Output, error) 
 	return graphutil.LookupRows(r.scope.SubScope("lookup"), v.Name(), v.Shape(), val, ids)
 }
 
-// AverageLoss averages over the batch, the one replica's examples.
+// AverageLoss returns sum(perExample) / the batch's examples (its leading
+// dimension), as the contract says: the batch is the one replica's.
 func (r *replica) AverageLoss(perExample tf.Output) tf.Output {
 	s := r.scope.SubScope("average_loss")
-	n := op.Cast(s.SubScope("n"), op.Size(s.SubScope("size"), perExample), tf.Float)
+	n := op.Slice(s.SubScope("n"), op.Shape(s.SubScope("shape"), perExample), op.Const(s.SubScope("begin"), []int32{0}), op.Const(s.SubScope("size"), []int32{1}))
+	n = op.Cast(s.SubScope("float"), op.Reshape(s.SubScope("scalar"), n, op.Const(s.SubScope("scalar_shape"), []int32{})), tf.Float)
 	return graphutil.AverageLoss(s, perExample, n)
 }
 
