@@ -22,7 +22,6 @@ import (
 	"slices"
 
 	tf "github.com/wamuir/graft/tensorflow"
-	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -71,7 +70,7 @@ func (d *dense) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, error
 		return tf.Output{}, err
 	}
 	b := NewBuilder(r.Scope(), "dense")
-	w, addBias, err := d.read(r, b, x.DataType())
+	w, addBias, err := d.read(r, b, x.DataType(), b.Add)
 	if err != nil {
 		return tf.Output{}, err
 	}
@@ -104,8 +103,10 @@ func (kb kernelBias) Vars() []strategy.Variable {
 }
 
 // read returns the kernel read as dtype and a function adding the bias
-// (as dtype) over the last axis of its argument.
-func (kb kernelBias) read(r strategy.Replica, b *Builder, dtype tf.DataType) (tf.Output, func(tf.Output) tf.Output, error) {
+// (as dtype) to its argument with add, or returning it where there is no
+// bias.
+func (kb kernelBias) read(r strategy.Replica, b *Builder, dtype tf.DataType,
+	add func(y, bias tf.Output) tf.Output) (tf.Output, func(tf.Output) tf.Output, error) {
 	vs, err := readAs(r, dtype, b, kb.Vars()...)
 	if err != nil {
 		return tf.Output{}, nil, err
@@ -113,7 +114,7 @@ func (kb kernelBias) read(r strategy.Replica, b *Builder, dtype tf.DataType) (tf
 	if len(vs) == 1 {
 		return vs[0], func(y tf.Output) tf.Output { return y }, nil
 	}
-	return vs[0], func(y tf.Output) tf.Output { return op.BiasAdd(b.Op(), y, vs[1]) }, nil
+	return vs[0], func(y tf.Output) tf.Output { return add(y, vs[1]) }, nil
 }
 
 // MLP is a stack of dense layers: ReLU between them, linear at the end.

@@ -37,17 +37,25 @@ func TestDemoReachesNinetyPercent(t *testing.T) {
 }
 
 // The large-batch flags train together under the in-graph strategies, and
-// a strategy spread over replicas ends with the model of the default one.
+// a strategy spread over replicas ends with the model of the default one:
+// in float32 to 1e-5; under mixed_bfloat16, whose 8-bit significand
+// rounds every product and sum to about 4e-3 (and the replicas' halves of
+// a batch differently from the whole, in a way that depends on the CPU's
+// bfloat16 kernels), both reach 90% and agree to 1e-2.
 func TestLargeBatchFlags(t *testing.T) {
 	ctx := context.Background()
 	base := []string{"-steps", "200", "-global-batch", "128", "-optimizer", "lamb", "-lr", "0.02", "-warmup-steps", "10",
-		"-clip-norm", "1", "-accumulate", "2", "-mixed-precision", "mixed_bfloat16", "-log-every", "0"}
-	want, err := classifier.Run(ctx, options(t, append(base, "-strategy", "default")...), io.Discard)
-	require.NoError(t, err)
-	assert.GreaterOrEqual(t, want.Accuracy, 0.90)
-	got, err := classifier.Run(ctx, options(t, append(base, "-strategy", "mirrored", "-devices", "2")...), io.Discard)
-	require.NoError(t, err)
-	assert.Less(t, testmodel.RelDiff(want.ParamL2, got.ParamL2), 1e-3, "param_l2 %v vs %v", got.ParamL2, want.ParamL2)
+		"-clip-norm", "1", "-accumulate", "2", "-log-every", "0"}
+	for policy, tol := range map[string]float64{"float32": 1e-5, "mixed_bfloat16": 1e-2} {
+		args := append(base[:len(base):len(base)], "-mixed-precision", policy)
+		want, err := classifier.Run(ctx, options(t, append(args, "-strategy", "default")...), io.Discard)
+		require.NoError(t, err)
+		assert.GreaterOrEqual(t, want.Accuracy, 0.90, policy)
+		got, err := classifier.Run(ctx, options(t, append(args, "-strategy", "mirrored", "-devices", "2")...), io.Discard)
+		require.NoError(t, err)
+		assert.GreaterOrEqual(t, got.Accuracy, 0.90, policy)
+		assert.Less(t, testmodel.RelDiff(want.ParamL2, got.ParamL2), tol, "%s: param_l2 %v vs %v", policy, got.ParamL2, want.ParamL2)
+	}
 }
 
 // The accuracy is scored over the whole held-out set exactly once per
