@@ -39,9 +39,11 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-## bench: the benchmarks, as ratios measured in one run (the all-reduce on both backends: tfdist's engine and TensorFlow's ring; TLS against plaintext; DP-SGD against SGD).
+## bench: the benchmarks, as ratios measured in one run (the all-reduce on both backends: tfdist's engine and TensorFlow's ring; TLS against plaintext; DP-SGD against SGD; the ResNet and Transformer examples against Keras model.fit).
 bench:
 	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 1x ./multiworker ./examples/classifier
+	@$(TFENV) $(GO) test -run '^$$' -bench AgainstKeras -benchtime 1x ./examples/resnet
+	@$(TFENV) $(GO) test -run '^$$' -bench AgainstKeras -benchtime 1x ./examples/transformer
 	@$(TFENV) dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && $(GO) build -o "$$dir/" ./cmd/tfdist && \
 	for backend in tfdist tensorflow; do "$$dir/tfdist" bench allreduce --workers 2 --backend $$backend && echo; done; \
 	"$$dir/tfdist" bench allreduce --tls --sizes 16MiB,64MiB

@@ -1,0 +1,144 @@
+"""The ResNet of examples/resnet in Keras 3, trained with model.fit under
+tf.distribute.MirroredStrategy, for BenchmarkAgainstKeras.
+
+Reads one JSON line on stdin:
+
+  {"replicas": 2,                 # logical CPUs, one replica each
+   "intra_op": 2, "inter_op": 2,  # TensorFlow's thread pools
+   "global_batch": 64, "filters": 16, "lr": 0.05, "seed": 1,
+   "x": path, "y": path, "n": examples}  # float32 [n, 64], int32 [n], raw
+
+builds and compiles the model and starts model.fit; after its first step
+(the trace) prints {"ready": true, ...}; then, for every further line
+{"seconds": s, "warmup": w}, trains on until s seconds have passed after
+w more steps and prints {"steps": k, "seconds": t}: the k steps after the
+warm-up took t seconds. Training pauses between requests (see Server); it
+exits at the end of its input.
+"""
+
+import json
+import os
+import sys
+import time
+
+os.environ["KERAS_BACKEND"] = "tensorflow"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+cfg = json.loads(sys.stdin.readline())
+tf.config.threading.set_intra_op_parallelism_threads(cfg["intra_op"])
+tf.config.threading.set_inter_op_parallelism_threads(cfg["inter_op"])
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * cfg["replicas"])
+
+import keras  # noqa: E402
+
+keras.utils.set_random_seed(cfg["seed"])
+
+
+def conv_bn(x, filters, activation):
+    """A 3x3 convolution without bias, synchronized BatchNorm, activation:
+    examples/resnet's convBN."""
+    x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
+    x = keras.layers.BatchNormalization(synchronized=True)(x)
+    return keras.layers.Activation(activation)(x)
+
+
+def resnet(filters):
+    """examples/resnet's resnet."""
+    inputs = keras.Input((64,))
+    x = keras.layers.Reshape((8, 8, 1))(inputs)
+    x = conv_bn(x, filters, "relu")
+    for _ in range(2):
+        h = conv_bn(x, filters, "relu")
+        h = conv_bn(h, filters, "linear")
+        x = keras.layers.Activation("relu")(keras.layers.Add()([x, h]))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(10)(x))
+
+
+strategy = tf.distribute.MirroredStrategy(
+    [f"/cpu:{i}" for i in range(cfg["replicas"])])
+with strategy.scope():
+    model = resnet(cfg["filters"])
+    model.compile(
+        optimizer=keras.optimizers.SGD(cfg["lr"], momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+n = cfg["n"]
+x = np.fromfile(cfg["x"], dtype=np.float32).reshape(n, 64)
+y = np.fromfile(cfg["y"], dtype=np.int32).reshape(n)
+data = (tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(n, seed=cfg["seed"]).repeat()
+        .batch(cfg["global_batch"], drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE))
+
+
+def onednn():
+    """Whether TensorFlow's kernels use oneDNN (TF_ENABLE_ONEDNN_OPTS and
+    the CPU decide)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None
+
+
+def reply(obj):
+    print(json.dumps(obj), flush=True)
+
+
+class Server(keras.callbacks.Callback):
+    """Answers the requests on stdin from inside one model.fit, between
+    steps: after the first step (which traces the training function) it
+    prints the ready line; then, for each request, it lets warmup steps
+    pass untimed, times the steps until seconds have passed, prints them
+    and blocks, training paused, until the next request. At the end of the
+    input it stops training. One fit, one iterator over the data: with a
+    fit per request, TensorFlow builds a multi-device iterator for each,
+    and on this machine the 16th fit of a process spent 38 to 260 s
+    building it."""
+
+    def __init__(self):
+        super().__init__()
+        self.req, self.start, self.steps = None, None, 0
+
+    def next_request(self):
+        line = sys.stdin.readline()
+        if not line:
+            self.model.stop_training = True
+            return
+        self.req, self.start, self.steps = json.loads(line), None, 0
+        self.warm = self.req["warmup"]
+        if self.warm == 0:
+            self.start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        if self.req is None:  # the first step, traced
+            reply({"ready": True, "params": int(self.model.count_params()),
+                   "jit_compile": bool(self.model.jit_compile),
+                   "replicas": strategy.num_replicas_in_sync,
+                   "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+                   "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+                   "onednn": onednn(),
+                   "tensorflow": tf.__version__, "keras": keras.__version__})
+            self.next_request()
+        elif self.warm > 0:
+            self.warm -= 1
+            if self.warm == 0:
+                self.start = now
+        else:
+            self.steps += 1
+            if now - self.start >= self.req["seconds"]:
+                reply({"steps": self.steps, "seconds": now - self.start})
+                self.next_request()
+
+
+model.fit(data, epochs=1, steps_per_epoch=1 << 30, verbose=0, shuffle=False,
+          callbacks=[Server()])
+# Skip the interpreter's teardown, which can wait on TensorFlow's threads.
+os._exit(0)

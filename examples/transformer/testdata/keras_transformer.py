@@ -1,0 +1,172 @@
+"""The Transformer of examples/transformer in Keras 3, trained with
+model.fit under tf.distribute.MirroredStrategy, for BenchmarkAgainstKeras.
+
+Reads one JSON line on stdin:
+
+  {"replicas": 2,                 # logical CPUs, one replica each
+   "intra_op": 2, "inter_op": 2,  # TensorFlow's thread pools
+   "global_batch": 32, "seq_len": 64, "width": 64, "heads": 4,
+   "layers": 2, "vocab": 98, "lr": 3e-3, "warmup_steps": 50,
+   "decay_steps": 1450, "seed": 1,
+   "x": path, "y": path, "n": windows}  # int32 [n, seq_len] each, raw
+
+builds and compiles the model and starts model.fit; after its first step
+(the trace) prints {"ready": true, ...}; then, for every further line
+{"seconds": s, "warmup": w}, trains on until s seconds have passed after
+w more steps and prints {"steps": k, "seconds": t}: the k steps after the
+warm-up took t seconds. Training pauses between requests (see Server); it
+exits at the end of its input.
+
+keras_hub, whose TokenAndPositionEmbedding the example's README names, is
+not installed: the layer is written here as keras_hub defines it, a token
+Embedding plus a learned [seq_len, width] position table.
+"""
+
+import json
+import os
+import sys
+import time
+
+os.environ["KERAS_BACKEND"] = "tensorflow"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+cfg = json.loads(sys.stdin.readline())
+tf.config.threading.set_intra_op_parallelism_threads(cfg["intra_op"])
+tf.config.threading.set_inter_op_parallelism_threads(cfg["inter_op"])
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * cfg["replicas"])
+
+import keras  # noqa: E402
+from keras import ops  # noqa: E402
+
+keras.utils.set_random_seed(cfg["seed"])
+
+
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """keras_hub.layers.TokenAndPositionEmbedding: a token Embedding plus
+    the first rows of a learned [sequence_length, width] table."""
+
+    def __init__(self, vocabulary_size, sequence_length, embedding_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.sequence_length, self.embedding_dim = sequence_length, embedding_dim
+        self.token_embedding = keras.layers.Embedding(vocabulary_size, embedding_dim)
+
+    def build(self, input_shape):
+        self.token_embedding.build(input_shape)
+        self.position_embeddings = self.add_weight(
+            name="embeddings", shape=(self.sequence_length, self.embedding_dim))
+
+    def call(self, inputs):
+        tokens = self.token_embedding(inputs)
+        shape = ops.shape(tokens)
+        rows = ops.slice(self.position_embeddings, (0, 0), (shape[-2], shape[-1]))
+        return tokens + ops.broadcast_to(rows, shape)
+
+
+def transformer(vocab, seq_len, width, heads, layers):
+    """examples/transformer's newModel, as its README writes it in Keras."""
+    ids = keras.Input((seq_len,), dtype="int32")
+    x = TokenAndPositionEmbedding(vocab, seq_len, width)(ids)
+    for _ in range(layers):
+        h = keras.layers.LayerNormalization()(x)
+        h = keras.layers.MultiHeadAttention(heads, width // heads)(h, h, use_causal_mask=True)
+        x = keras.layers.Add()([x, h])
+        h = keras.layers.LayerNormalization()(x)
+        h = keras.layers.Dense(4 * width, activation="gelu")(h)
+        h = keras.layers.Dense(width)(h)
+        x = keras.layers.Add()([x, h])
+    logits = keras.layers.Dense(vocab)(keras.layers.LayerNormalization()(x))
+    return keras.Model(ids, logits)
+
+
+strategy = tf.distribute.MirroredStrategy(
+    [f"/cpu:{i}" for i in range(cfg["replicas"])])
+with strategy.scope():
+    model = transformer(cfg["vocab"], cfg["seq_len"], cfg["width"], cfg["heads"], cfg["layers"])
+    # The example's schedule: a linear warmup from 0 to lr, then a cosine
+    # decay to a tenth of lr.
+    lr = keras.optimizers.schedules.CosineDecay(
+        0.0, cfg["decay_steps"], alpha=0.1,
+        warmup_target=cfg["lr"], warmup_steps=cfg["warmup_steps"])
+    model.compile(
+        optimizer=keras.optimizers.Adam(lr),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+n, seq_len = cfg["n"], cfg["seq_len"]
+x = np.fromfile(cfg["x"], dtype=np.int32).reshape(n, seq_len)
+y = np.fromfile(cfg["y"], dtype=np.int32).reshape(n, seq_len)
+data = (tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(n, seed=cfg["seed"]).repeat()
+        .batch(cfg["global_batch"], drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE))
+
+
+def onednn():
+    """Whether TensorFlow's kernels use oneDNN (TF_ENABLE_ONEDNN_OPTS and
+    the CPU decide)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None
+
+
+def reply(obj):
+    print(json.dumps(obj), flush=True)
+
+
+class Server(keras.callbacks.Callback):
+    """Answers the requests on stdin from inside one model.fit, between
+    steps: after the first step (which traces the training function) it
+    prints the ready line; then, for each request, it lets warmup steps
+    pass untimed, times the steps until seconds have passed, prints them
+    and blocks, training paused, until the next request. At the end of the
+    input it stops training. One fit, one iterator over the data: with a
+    fit per request, TensorFlow builds a multi-device iterator for each,
+    and on this machine the 16th fit of a process spent 38 to 260 s
+    building it."""
+
+    def __init__(self):
+        super().__init__()
+        self.req, self.start, self.steps = None, None, 0
+
+    def next_request(self):
+        line = sys.stdin.readline()
+        if not line:
+            self.model.stop_training = True
+            return
+        self.req, self.start, self.steps = json.loads(line), None, 0
+        self.warm = self.req["warmup"]
+        if self.warm == 0:
+            self.start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        if self.req is None:  # the first step, traced
+            reply({"ready": True, "params": int(self.model.count_params()),
+                   "jit_compile": bool(self.model.jit_compile),
+                   "replicas": strategy.num_replicas_in_sync,
+                   "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+                   "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+                   "onednn": onednn(),
+                   "tensorflow": tf.__version__, "keras": keras.__version__})
+            self.next_request()
+        elif self.warm > 0:
+            self.warm -= 1
+            if self.warm == 0:
+                self.start = now
+        else:
+            self.steps += 1
+            if now - self.start >= self.req["seconds"]:
+                reply({"steps": self.steps, "seconds": now - self.start})
+                self.next_request()
+
+
+model.fit(data, epochs=1, steps_per_epoch=1 << 30, verbose=0, shuffle=False,
+          callbacks=[Server()])
+# Skip the interpreter's teardown, which can wait on TensorFlow's threads.
+os._exit(0)
