@@ -21,7 +21,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,6 +144,7 @@ func start(b *testing.B, script string, setup any) *python {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	cmd := pyenv.TensorFlow(b)(ctx, script)
+	cmd.Env = withPythonPath(cmd.Env, serveDir())
 	p := &python{cancel: cancel, done: make(chan error, 1), stderr: new(syncbuf.Buffer)}
 	var err error
 	p.in, err = cmd.StdinPipe()
@@ -155,6 +160,27 @@ func start(b *testing.B, script string, setup any) *python {
 	p.call(b, setup, &ready)
 	b.Logf("%s: ready after %.1f s: %v", script, time.Since(t0).Seconds(), ready)
 	return p
+}
+
+// serveDir returns the directory of serve.py, beside this file.
+func serveDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(file)
+}
+
+// withPythonPath returns env (the process's own when nil) with dir first
+// on PYTHONPATH.
+func withPythonPath(env []string, dir string) []string {
+	if env == nil {
+		env = os.Environ()
+	}
+	for i, kv := range env {
+		if rest, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
+			env[i] = "PYTHONPATH=" + dir + string(os.PathListSeparator) + rest
+			return env
+		}
+	}
+	return append(env, "PYTHONPATH="+dir)
 }
 
 // call writes in as one line and reads one line into out.

@@ -19,7 +19,6 @@ exits at the end of its input.
 import json
 import os
 import sys
-import time
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -77,68 +76,6 @@ data = (tf.data.Dataset.from_tensor_slices((x, y))
         .prefetch(tf.data.AUTOTUNE))
 
 
-def onednn():
-    """Whether TensorFlow's kernels use oneDNN (TF_ENABLE_ONEDNN_OPTS and
-    the CPU decide)."""
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-        return bool(_pywrap_util_port.IsMklEnabled())
-    except (ImportError, AttributeError):
-        return None
+from serve import serve  # noqa: E402  (internal/kerasbench, on PYTHONPATH)
 
-
-def reply(obj):
-    print(json.dumps(obj), flush=True)
-
-
-class Server(keras.callbacks.Callback):
-    """Answers the requests on stdin from inside one model.fit, between
-    steps: after the first step (which traces the training function) it
-    prints the ready line; then, for each request, it lets warmup steps
-    pass untimed, times the steps until seconds have passed, prints them
-    and blocks, training paused, until the next request. At the end of the
-    input it stops training. One fit, one iterator over the data: with a
-    fit per request, TensorFlow builds a multi-device iterator for each,
-    and on this machine the 16th fit of a process spent 38 to 260 s
-    building it."""
-
-    def __init__(self):
-        super().__init__()
-        self.req, self.start, self.steps = None, None, 0
-
-    def next_request(self):
-        line = sys.stdin.readline()
-        if not line:
-            self.model.stop_training = True
-            return
-        self.req, self.start, self.steps = json.loads(line), None, 0
-        self.warm = self.req["warmup"]
-        if self.warm == 0:
-            self.start = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        now = time.perf_counter()
-        if self.req is None:  # the first step, traced
-            reply({"ready": True, "params": int(self.model.count_params()),
-                   "jit_compile": bool(self.model.jit_compile),
-                   "replicas": strategy.num_replicas_in_sync,
-                   "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
-                   "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
-                   "onednn": onednn(),
-                   "tensorflow": tf.__version__, "keras": keras.__version__})
-            self.next_request()
-        elif self.warm > 0:
-            self.warm -= 1
-            if self.warm == 0:
-                self.start = now
-        else:
-            self.steps += 1
-            if now - self.start >= self.req["seconds"]:
-                reply({"steps": self.steps, "seconds": now - self.start})
-                self.next_request()
-
-
-model.fit(data, epochs=1, steps_per_epoch=1 << 30, verbose=0, shuffle=False,
-          callbacks=[Server()])
-# Skip the interpreter's teardown, which can wait on TensorFlow's threads.
-os._exit(0)
+serve(model, data, strategy)
