@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/binary"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,12 +17,6 @@ import (
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/strategy"
-)
-
-var (
-	benchPairs   = flag.Int("pairs", 3, "BenchmarkAgainstKeras: measurements of each side")
-	benchSeconds = flag.Float64("seconds", 10, "BenchmarkAgainstKeras: seconds of each measurement")
-	benchTurns   = flag.Int("turns", 5, "BenchmarkAgainstKeras: turns each measurement is split into, alternating between the sides")
 )
 
 // BenchmarkAgainstKeras measures the example's training step (its model,
@@ -64,7 +57,7 @@ func BenchmarkAgainstKeras(b *testing.B) {
 	for range b.N {
 		kerasbench.Run(b, kerasbench.Config{
 			Script: filepath.Join("testdata", "keras_resnet.py"), Setup: setup,
-			Pairs: *benchPairs, Seconds: *benchSeconds, Turns: *benchTurns, Warmup: 10,
+			Warmup:  10,
 			PerStep: float64(o.globalBatch), Unit: "examples/s",
 		}, t.measure(trainSet, o))
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/binary"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -17,12 +16,6 @@ import (
 	"github.com/tfdist/tfdist/internal/kerasbench"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/mirrored"
-)
-
-var (
-	benchPairs   = flag.Int("pairs", 3, "BenchmarkAgainstKeras: measurements of each side")
-	benchSeconds = flag.Float64("seconds", 10, "BenchmarkAgainstKeras: seconds of each measurement")
-	benchTurns   = flag.Int("turns", 5, "BenchmarkAgainstKeras: turns each measurement is split into, alternating between the sides")
 )
 
 // BenchmarkAgainstKeras measures the example's training step at its
@@ -66,7 +59,7 @@ func BenchmarkAgainstKeras(b *testing.B) {
 	for range b.N {
 		kerasbench.Run(b, kerasbench.Config{
 			Script: filepath.Join("testdata", "keras_transformer.py"), Setup: setup,
-			Pairs: *benchPairs, Seconds: *benchSeconds, Turns: *benchTurns, Warmup: 5,
+			Warmup:  5,
 			PerStep: float64(o.globalBatch * o.seqLen), Unit: "tokens/s",
 		}, t.measure(text.train))
 	}

@@ -17,8 +17,10 @@ package kerasbench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -39,16 +41,23 @@ import (
 // seconds have passed, and returns the timed steps and their time.
 type Measure func(seconds float64, warmup int) (steps int, elapsed time.Duration, err error)
 
+// The flags of every benchmark that runs a comparison.
+var (
+	pairs   = flag.Int("pairs", 3, "BenchmarkAgainstKeras: measurements of each side")
+	seconds = flag.Float64("seconds", 10, "BenchmarkAgainstKeras: seconds of each measurement")
+	turns   = flag.Int("turns", 5, "BenchmarkAgainstKeras: turns each measurement is split into, alternating between the sides")
+)
+
 // Config is one comparison.
 type Config struct {
 	Script  string  // the Python side, speaking the protocol above
 	Setup   any     // its setup line
-	Pairs   int     // measurements of each side, each with its ratio (at least 1)
-	Seconds float64 // each measurement's timed length, on each side
+	Pairs   int     // measurements of each side, each with its ratio (0: -pairs)
+	Seconds float64 // each measurement's timed length, on each side (0: -seconds)
 	// Turns splits each pair's measurements into turns of Seconds/Turns
 	// that alternate between the two sides (at least 1): the shorter the
 	// turns, the less a change of the machine's load between them moves
-	// the pair's ratio.
+	// the pair's ratio. 0 takes -turns.
 	Turns  int
 	Warmup int // untimed steps before each turn (at least 1)
 	// PerStep is the examples (or tokens) of one global batch, and Unit
@@ -74,6 +83,7 @@ func (p Pair) Ratio() float64 { return p.Go / p.Keras }
 // the pairs.
 func Run(b *testing.B, c Config, goSide Measure) []Pair {
 	b.Helper()
+	c.Pairs, c.Seconds, c.Turns = cmp.Or(c.Pairs, *pairs), cmp.Or(c.Seconds, *seconds), cmp.Or(c.Turns, *turns)
 	c.Pairs, c.Warmup, c.Turns = max(c.Pairs, 1), max(c.Warmup, 1), max(c.Turns, 1)
 	py := start(b, c.Script, c.Setup)
 	defer py.close(b)
