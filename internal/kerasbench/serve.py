@@ -1,15 +1,36 @@
-"""The Python side of internal/kerasbench: serve(model, data, strategy)
-runs model.fit on data and answers the harness's requests on stdin from
-inside it, between steps. The benchmarks' scripts build their models and
-data, then call it; the harness puts this directory on PYTHONPATH."""
+"""The Python side of internal/kerasbench. A benchmark's script calls
+setup(), which reads the setup line and configures TensorFlow as the Go
+side runs (thread pools, logical CPUs, seeds), builds its model and data
+in the strategy it returns, and calls serve(model, data, strategy), which
+runs model.fit and answers the harness's requests on stdin from inside
+it, between steps. The harness puts this directory on PYTHONPATH."""
 
 import json
 import os
 import sys
 import time
 
-import tensorflow as tf
-import keras
+os.environ["KERAS_BACKEND"] = "tensorflow"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
+
+
+def setup():
+    """Reads the setup line (a JSON object with at least replicas,
+    intra_op, inter_op and seed), configures TensorFlow's thread pools, one
+    logical CPU per replica and the seeds, and returns the setup and a
+    MirroredStrategy over those CPUs."""
+    cfg = json.loads(sys.stdin.readline())
+    tf.config.threading.set_intra_op_parallelism_threads(cfg["intra_op"])
+    tf.config.threading.set_inter_op_parallelism_threads(cfg["inter_op"])
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * cfg["replicas"])
+    keras.utils.set_random_seed(cfg["seed"])
+    return cfg, tf.distribute.MirroredStrategy(
+        [f"/cpu:{i}" for i in range(cfg["replicas"])])
 
 
 def onednn():

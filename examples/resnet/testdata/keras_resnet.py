@@ -16,26 +16,15 @@ warm-up took t seconds. Training pauses between requests (see Server); it
 exits at the end of its input.
 """
 
-import json
-import os
-import sys
+import numpy as np
 
-os.environ["KERAS_BACKEND"] = "tensorflow"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# internal/kerasbench, on PYTHONPATH: it configures TensorFlow first.
+from serve import serve, setup
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-cfg = json.loads(sys.stdin.readline())
-tf.config.threading.set_intra_op_parallelism_threads(cfg["intra_op"])
-tf.config.threading.set_inter_op_parallelism_threads(cfg["inter_op"])
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    cpu, [tf.config.LogicalDeviceConfiguration()] * cfg["replicas"])
+cfg, strategy = setup()
 
 import keras  # noqa: E402
-
-keras.utils.set_random_seed(cfg["seed"])
+import tensorflow as tf  # noqa: E402
 
 
 def conv_bn(x, filters, activation):
@@ -59,8 +48,6 @@ def resnet(filters):
     return keras.Model(inputs, keras.layers.Dense(10)(x))
 
 
-strategy = tf.distribute.MirroredStrategy(
-    [f"/cpu:{i}" for i in range(cfg["replicas"])])
 with strategy.scope():
     model = resnet(cfg["filters"])
     model.compile(
@@ -75,7 +62,5 @@ data = (tf.data.Dataset.from_tensor_slices((x, y))
         .batch(cfg["global_batch"], drop_remainder=True)
         .prefetch(tf.data.AUTOTUNE))
 
-
-from serve import serve  # noqa: E402  (internal/kerasbench, on PYTHONPATH)
 
 serve(model, data, strategy)

@@ -22,27 +22,16 @@ not installed: the layer is written here as keras_hub defines it, a token
 Embedding plus a learned [seq_len, width] position table.
 """
 
-import json
-import os
-import sys
+import numpy as np
 
-os.environ["KERAS_BACKEND"] = "tensorflow"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# internal/kerasbench, on PYTHONPATH: it configures TensorFlow first.
+from serve import serve, setup
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-cfg = json.loads(sys.stdin.readline())
-tf.config.threading.set_intra_op_parallelism_threads(cfg["intra_op"])
-tf.config.threading.set_inter_op_parallelism_threads(cfg["inter_op"])
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    cpu, [tf.config.LogicalDeviceConfiguration()] * cfg["replicas"])
+cfg, strategy = setup()
 
 import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
 from keras import ops  # noqa: E402
-
-keras.utils.set_random_seed(cfg["seed"])
 
 
 class TokenAndPositionEmbedding(keras.layers.Layer):
@@ -82,8 +71,6 @@ def transformer(vocab, seq_len, width, heads, layers):
     return keras.Model(ids, logits)
 
 
-strategy = tf.distribute.MirroredStrategy(
-    [f"/cpu:{i}" for i in range(cfg["replicas"])])
 with strategy.scope():
     model = transformer(cfg["vocab"], cfg["seq_len"], cfg["width"], cfg["heads"], cfg["layers"])
     # The example's schedule: a linear warmup from 0 to lr, then a cosine
@@ -103,7 +90,5 @@ data = (tf.data.Dataset.from_tensor_slices((x, y))
         .batch(cfg["global_batch"], drop_remainder=True)
         .prefetch(tf.data.AUTOTUNE))
 
-
-from serve import serve  # noqa: E402  (internal/kerasbench, on PYTHONPATH)
 
 serve(model, data, strategy)
