@@ -104,7 +104,7 @@ func (m *Model) link() error {
 }
 
 // visit collects the calls t depends on and reports whether it depends
-// on one of the given inputs.
+// on one of the given inputs; seen holds that of every call visited.
 func (m *Model) visit(t *Tensor, given map[*Tensor]int, seen map[*Tensor]bool) (bool, error) {
 	if t.call == nil {
 		if _, ok := given[t]; !ok {
@@ -112,10 +112,9 @@ func (m *Model) visit(t *Tensor, given map[*Tensor]int, seen map[*Tensor]bool) (
 		}
 		return true, nil
 	}
-	if seen[t] {
-		return true, nil
+	if reached, ok := seen[t]; ok {
+		return reached, nil
 	}
-	seen[t] = true
 	m.calls = append(m.calls, t)
 	reached := false
 	for i, x := range t.call.inputs {
@@ -128,6 +127,7 @@ func (m *Model) visit(t *Tensor, given map[*Tensor]int, seen map[*Tensor]bool) (
 		}
 		reached = reached || r
 	}
+	seen[t] = reached
 	return reached, nil
 }
 
@@ -141,7 +141,6 @@ func (m *Model) build(sc strategy.Scope, seed int64) error {
 		m.shapes[in] = in.shape
 	}
 	layers := map[*Shared]*builtLayer{}
-	names := map[string]bool{}
 	byName := map[string]*builtLayer{}
 	kinds := map[string]int{}
 	for _, t := range m.calls {
@@ -160,14 +159,14 @@ func (m *Model) build(sc strategy.Scope, seed int64) error {
 			}
 		} else {
 			name := m.layerName(t.call.layer, kinds)
-			if names[name] {
+			if byName[name] != nil {
 				return fmt.Errorf("layer %s: two layers of the model have that name", name)
 			}
 			var err error
 			if bl, err = buildLayer(sc, t.call.layer.spec, name, in, seed+int64(len(m.layers))); err != nil {
 				return fmt.Errorf("layer %s: %w", name, err)
 			}
-			names[name], layers[t.call.layer], byName[name] = true, bl, bl
+			layers[t.call.layer], byName[name] = bl, bl
 			m.layers = append(m.layers, bl)
 		}
 		m.shapes[t], m.built[t] = bl.out, bl
@@ -333,7 +332,7 @@ func (m *Model) Outputs(r strategy.Replica, xs []tf.Output, training bool) ([]tf
 	for _, t := range m.calls {
 		ins := make([]tf.Output, len(t.call.inputs))
 		for j, x := range t.call.inputs {
-			if ins[j] = vals[x]; b != nil && isFloating(ins[j].DataType()) {
+			if ins[j] = vals[x]; b != nil && graphutil.IsFloat(ins[j].DataType()) {
 				ins[j] = b.Cast(ins[j], m.policy.ComputeDType())
 			}
 		}
@@ -375,7 +374,7 @@ func (m *Model) checkInputs(xs []tf.Output) error {
 			}
 			return fmt.Errorf("input %s: %w", m.names[in], err)
 		}
-		if dt := xs[i].DataType(); dt != in.dtype && !(isFloating(dt) && isFloating(in.dtype)) {
+		if dt := xs[i].DataType(); dt != in.dtype && !(graphutil.IsFloat(dt) && graphutil.IsFloat(in.dtype)) {
 			return fmt.Errorf("input %s is %s, expected %s", m.names[in], graphutil.DTypeName(dt), graphutil.DTypeName(in.dtype))
 		}
 	}

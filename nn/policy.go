@@ -6,6 +6,7 @@ import (
 
 	tf "github.com/wamuir/graft/tensorflow"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -121,9 +122,6 @@ func (p Policy) CheckOptimizer(opt strategy.Optimizer) error {
 // isHalf reports whether dt is a 16-bit floating-point type.
 func isHalf(dt tf.DataType) bool { return dt == tf.Half || dt == tf.Bfloat16 }
 
-// isFloating reports whether dt is a floating-point type.
-func isFloating(dt tf.DataType) bool { return isHalf(dt) || dt == tf.Float || dt == tf.Double }
-
 // readAs returns r's reads of vs cast to dtype, the type of the input of
 // the layer that reads them (Keras' autocast variables).
 func readAs(r strategy.Replica, dtype tf.DataType, b *Builder, vs ...strategy.Variable) ([]tf.Output, error) {
@@ -132,7 +130,7 @@ func readAs(r strategy.Replica, dtype tf.DataType, b *Builder, vs ...strategy.Va
 		return nil, err
 	}
 	for i := range out {
-		if isFloating(out[i].DataType()) && isFloating(dtype) {
+		if graphutil.IsFloat(out[i].DataType()) && graphutil.IsFloat(dtype) {
 			out[i] = b.Cast(out[i], dtype)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/internal/graphutil"
 )
 
 // A tap is an all-reduce whose gradient Gradients takes itself:
@@ -21,7 +23,7 @@ type tap struct {
 // tap returns the result out of the all-reduce of in, recorded as a tap
 // when it has a gradient.
 func (rc *ReplicaContext) tap(red ReduceOp, in, out tf.Output) (tf.Output, error) {
-	if red != Sum && red != Mean || !isFloat(in.DataType()) {
+	if red != Sum && red != Mean || !graphutil.IsFloat(in.DataType()) {
 		return out, nil
 	}
 	s := rc.scope.SubScope("all_reduce_tap")
@@ -104,8 +106,4 @@ func reaches(out tf.Output, to string, memo map[string]bool) bool {
 		}
 	}
 	return false
-}
-
-func isFloat(dt tf.DataType) bool {
-	return dt == tf.Float || dt == tf.Double || dt == tf.Half || dt == tf.Bfloat16
 }

@@ -66,6 +66,11 @@ var dtypeNames = map[tf.DataType]string{
 	tf.Bool: "bool", tf.String: "string",
 }
 
+// IsFloat reports whether dt is a floating-point type.
+func IsFloat(dt tf.DataType) bool {
+	return dt == tf.Float || dt == tf.Double || dt == tf.Half || dt == tf.Bfloat16
+}
+
 // DTypeName returns the name Python TensorFlow gives a dtype ("float32",
 // "int64", …), as error messages show it.
 func DTypeName(dt tf.DataType) string {
