@@ -13,16 +13,19 @@ import (
 // input is deterministic skips that many batches and the resumed run equals
 // an uninterrupted one.
 //
-// Every worker of a multi-worker job calls it in the same places: all
-// restore from the chief's directory, all take part in each save, and only
-// the chief's save is kept (WithChief).
+// Every worker of a multi-worker job calls it in the same places, with the
+// same directory and options: all restore from the chief's directory, all
+// take part in each save, and only the chief's save is kept — the chief as
+// NewManager finds it from the strategy (WithChief overrides); the other
+// workers never write the directory.
 type BackupAndRestore struct {
 	m     *Manager
 	every int64
 }
 
 // NewBackupAndRestore checkpoints src's variables into dir every `every` steps.
-// It takes the Manager's options (WithChief, WithMaxToKeep, …).
+// It takes the Manager's options (WithMaxToKeep, WithChief, …) and writes
+// dir only on the chief, as NewManager does.
 func NewBackupAndRestore(src Source, dir string, every int64, opts ...Option) (*BackupAndRestore, error) {
 	if every < 1 {
 		return nil, fmt.Errorf("checkpoint: BackupAndRestore: every %d steps, expected at least 1", every)

@@ -74,11 +74,26 @@
 // previous checkpoint as Latest, complete and restorable. Nothing a
 // completed Save wrote is lost by a later failure.
 //
+// # Which task writes
+//
 // Under a multi-worker strategy every worker runs Save (its OnRead
 // variables may be aggregated by collectives), but only the chief writes the
-// shared directory: WithChief(false) makes a worker write into a temporary
-// directory removed right after, as TensorFlow's MultiWorkerMirroredStrategy
-// does.
+// shared directory, as in TensorFlow's MultiWorkerMirroredStrategy. The
+// chief follows the source's role, with no option: a strategy with an
+// IsChief() bool method (multiworker.Strategy) is the chief only on the task
+// its cluster makes the chief; the parameter-server strategy, which exists
+// only on the cluster's chief (its coordinator), is the chief; a strategy of
+// one process (default, mirrored) is its own chief. savedmodel.Export
+// decides by the same rule. WithChief overrides it.
+//
+// A Manager (or BackupAndRestore) on any other task never creates, writes
+// or removes anything in the shared directory — not the directory itself,
+// not the state file, not what an interrupted save left behind: its saves
+// go to a temporary directory outside it (WithWorkerTempDir, os.TempDir()
+// by default), removed right after, and it only reads the shared directory
+// to find and restore the chief's checkpoints. A Saver, WarmStart and
+// CompareNames have no chief: a Saver writes the prefix it is given on every
+// task that calls Save, and WarmStart and CompareNames only read.
 //
 // Logging goes through zap (WithLogger; none by default); the package never
 // prints.

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/internal/fsutil"
+	"github.com/tfdist/tfdist/internal/role"
 )
 
 // Manager keeps the checkpoints of a training run in one directory, as
@@ -30,12 +31,18 @@ import (
 // previous checkpoint as Latest, complete and readable; a half-written
 // temporary directory is ignored and removed by the next NewManager.
 //
+// Only the chief writes the directory (see WithChief for how a Manager
+// knows it is the chief): every worker of a multi-worker job can make a
+// Manager of the same directory and call Save, and the other workers' saves
+// go to temporary directories elsewhere.
+//
 // A Manager is safe for concurrent use; saves are serialised. One Manager
 // (one chief) writes a directory at a time.
 type Manager struct {
 	saver *Saver
 	dir   string
 	cfg   config
+	chief bool // writes dir
 
 	mu   sync.Mutex
 	kept []keptCheckpoint // oldest first
@@ -46,12 +53,24 @@ type keptCheckpoint struct {
 	time float64 // seconds since the epoch
 }
 
-// NewManager returns a Manager of src's variables writing to dir. On the
-// chief (the default, see WithChief) it creates dir if need be, takes over
-// the checkpoints its state file lists and removes temporary files an
-// interrupted save left behind. Options: WithMaxToKeep, WithChief,
-// WithCheckpointName, WithWorkerTempDir, WithLogger and the Saver's
-// options.
+// NewManager returns a Manager of src's variables writing to dir.
+//
+// Whether this task writes dir follows src's role unless WithChief says
+// otherwise: a source with an IsChief() bool method (multiworker.Strategy)
+// writes only when it reports true, the parameter-server strategy (which
+// exists only on the chief) and every single-process strategy write. So
+// every worker of a multi-worker job can call NewManager with the same
+// directory and the same options.
+//
+// On the chief it creates dir if need be, takes over the checkpoints its
+// state file lists and removes temporary files an interrupted save left
+// behind. On any other task it creates, writes and removes nothing in dir,
+// now or later: its saves go to a temporary directory outside dir
+// (WithWorkerTempDir, which must not lie inside dir) that is removed right
+// after, and it only reads dir, in Latest and RestoreLatest.
+//
+// Options: WithMaxToKeep, WithChief, WithCheckpointName, WithWorkerTempDir,
+// WithLogger and the Saver's options.
 func NewManager(src Source, dir string, opts ...Option) (*Manager, error) {
 	if dir == "" {
 		return nil, errors.New("checkpoint: NewManager: empty directory")
@@ -61,10 +80,15 @@ func NewManager(src Source, dir string, opts ...Option) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{saver: saver, dir: filepath.Clean(dir), cfg: newConfig(opts)}
+	m.chief = role.Writes(src, m.cfg.chief)
 	if m.cfg.name == "" || strings.ContainsAny(m.cfg.name, `/\`) {
 		return nil, fmt.Errorf("checkpoint: WithCheckpointName(%q): expected a file name", m.cfg.name)
 	}
-	if !m.cfg.chief {
+	if !m.chief {
+		if err := m.checkWorkerTemp(); err != nil {
+			return nil, err
+		}
+		m.cfg.log.Debug("not the chief: saves go to a temporary directory", zap.String("dir", m.dir))
 		return m, nil
 	}
 	if err := os.MkdirAll(m.dir, 0o755); err != nil {
@@ -87,6 +111,30 @@ func NewManager(src Source, dir string, opts ...Option) (*Manager, error) {
 	return m, nil
 }
 
+// checkWorkerTemp refuses a non-chief's temporary directory that is dir or
+// lies inside it, where the worker's save would write into the shared
+// directory.
+func (m *Manager) checkWorkerTemp() error {
+	tmp := m.cfg.workerTmp
+	if tmp == "" {
+		tmp = os.TempDir()
+	}
+	absTmp, err1 := filepath.Abs(tmp)
+	absDir, err2 := filepath.Abs(m.dir)
+	if err := errors.Join(err1, err2); err != nil {
+		return fmt.Errorf("checkpoint: NewManager: %w", err)
+	}
+	if rel, err := filepath.Rel(absDir, absTmp); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return fmt.Errorf("checkpoint: NewManager on a non-chief task: its temporary directory %s lies in the shared directory %s; "+
+			"set WithWorkerTempDir to a directory outside it", tmp, m.dir)
+	}
+	return nil
+}
+
+// IsChief reports whether this Manager writes its directory (see
+// NewManager and WithChief).
+func (m *Manager) IsChief() bool { return m.chief }
+
 // Directory returns the directory of the checkpoints.
 func (m *Manager) Directory() string { return m.dir }
 
@@ -94,7 +142,8 @@ func (m *Manager) Directory() string { return m.dir }
 // with the same ops.
 func (m *Manager) Saver() *Saver { return m.saver }
 
-// Checkpoints returns the prefixes of the kept checkpoints, oldest first.
+// Checkpoints returns the prefixes of the checkpoints this Manager keeps,
+// oldest first: none on a task that is not the chief.
 func (m *Manager) Checkpoints() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -130,9 +179,9 @@ func (m *Manager) Latest() (string, error) {
 
 // Save writes the variables and md as checkpoint <name>-<step> (ckpt-200),
 // with step recorded as metadata under GlobalStepKey, and returns its
-// prefix. On a non-chief worker it writes into a temporary directory,
-// removes it, and returns "". Saving a step that is already kept replaces
-// that checkpoint, still atomically.
+// prefix. On a task that is not the chief it writes into a temporary
+// directory outside the Manager's, removes it, and returns "". Saving a
+// step that is already kept replaces that checkpoint, still atomically.
 func (m *Manager) Save(ctx context.Context, step int64, md Metadata) (string, error) {
 	if step < 0 {
 		return "", fmt.Errorf("checkpoint: Save: step %d, expected a non-negative step", step)
@@ -146,7 +195,7 @@ func (m *Manager) Save(ctx context.Context, step int64, md Metadata) (string, er
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	start := time.Now()
-	if !m.cfg.chief {
+	if !m.chief {
 		return "", m.saveAsWorker(ctx, base, all)
 	}
 
@@ -243,8 +292,8 @@ func (m *Manager) Save(ctx context.Context, step int64, md Metadata) (string, er
 	return final, nil
 }
 
-// saveAsWorker runs a non-chief worker's save into a temporary directory and
-// removes it.
+// saveAsWorker runs a non-chief worker's save into a temporary directory
+// outside the shared one (checkWorkerTemp) and removes it.
 func (m *Manager) saveAsWorker(ctx context.Context, base string, md Metadata) error {
 	dir, err := os.MkdirTemp(m.cfg.workerTmp, "tfdist-worker-ckpt-")
 	if err != nil {

@@ -258,6 +258,21 @@ func TestNonChiefWritesNothingToTheSharedDirectory(t *testing.T) {
 	assert.Equal(t, int64(1), step)
 }
 
+// A non-chief's temporary directory may not be the shared directory or
+// lie in it, where its saves would write the shared directory.
+func TestNonChiefRefusesATempDirInTheSharedDirectory(t *testing.T) {
+	shared := filepath.Join(t.TempDir(), "shared")
+	e := newEngine(t, 0)
+	for _, tmp := range []string{shared, filepath.Join(shared, "tmp")} {
+		_, err := NewManager(e, shared, WithChief(false), WithWorkerTempDir(tmp))
+		require.Error(t, err, tmp)
+		assert.Contains(t, err.Error(), "WithWorkerTempDir")
+	}
+	assert.NoDirExists(t, shared)
+	_, err := NewManager(e, shared, WithChief(false), WithWorkerTempDir(filepath.Dir(shared)))
+	require.NoError(t, err, "a parent of the shared directory is outside it")
+}
+
 const crashEnv = "TFDIST_CHECKPOINT_CRASH_DIR"
 
 // A process killed (SIGKILL) between renaming a checkpoint's data file and

@@ -16,14 +16,14 @@ type config struct {
 	shard        ShardFunc
 	allowPartial bool
 	maxToKeep    int
-	chief        bool
+	chief        *bool // nil: the source's role decides (internal/role)
 	name         string
 	workerTmp    string
 	hook         func(stage string) error // tests: called between the steps of Manager.Save
 }
 
 func newConfig(opts []Option) config {
-	c := config{log: zap.NewNop(), maxToKeep: 5, chief: true, name: "ckpt"}
+	c := config{log: zap.NewNop(), maxToKeep: 5, name: "ckpt"}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -57,16 +57,26 @@ func WithSharding(fn ShardFunc) Option { return func(c *config) { c.shard = fn }
 // checkpoint.
 func WithMaxToKeep(n int) Option { return func(c *config) { c.maxToKeep = n } }
 
-// WithChief says whether this task writes the Manager's directory (default
-// true). As in TensorFlow's MultiWorkerMirroredStrategy every worker runs
-// the save — its variables may take part in collective reductions — but a
-// non-chief worker writes into a temporary directory removed right after,
-// so that only the chief's checkpoint lands in the shared directory.
-// Latest and RestoreLatest read the shared directory on every worker.
-func WithChief(chief bool) Option { return func(c *config) { c.chief = chief } }
+// WithChief says whether this task writes the Manager's directory,
+// overriding the default, which follows the source's role: a strategy with
+// an IsChief method (multiworker.Strategy) writes only on the task its
+// cluster makes the chief; a parameter-server strategy, which exists only on
+// the chief (its coordinator), writes; a strategy of one process (default,
+// mirrored) writes. savedmodel.Export follows the same rule, so a
+// multi-worker program needs no option for only the chief to write.
+//
+// As in TensorFlow's MultiWorkerMirroredStrategy every worker runs the save
+// — its variables may take part in collective reductions — but a non-chief
+// worker writes into a temporary directory outside the Manager's (see
+// WithWorkerTempDir) and removes it right after; it never creates, writes or
+// removes anything in the Manager's directory, not even the state file or
+// what an interrupted save left there. Latest and RestoreLatest read the
+// shared directory on every worker.
+func WithChief(chief bool) Option { return func(c *config) { c.chief = &chief } }
 
 // WithWorkerTempDir sets where a non-chief worker's temporary checkpoints
-// are written (default os.TempDir()).
+// are written (default os.TempDir()). It must not be the Manager's
+// directory or lie inside it: NewManager refuses that on a non-chief.
 func WithWorkerTempDir(dir string) Option { return func(c *config) { c.workerTmp = dir } }
 
 // WithCheckpointName sets the base name of a Manager's checkpoints (default

@@ -19,6 +19,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tfdist/tfdist/internal/role"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/strategy"
@@ -58,13 +59,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 
 // IsChief reports whether this process is the chief of s's job, the one
 // that writes what only one worker should: a multiworker task as its
-// cluster says, any strategy of one process always.
-func IsChief(s strategy.Strategy) bool {
-	if c, ok := s.(interface{ IsChief() bool }); ok {
-		return c.IsChief()
-	}
-	return true
-}
+// cluster says, any strategy of one process always. It is the rule by
+// which checkpoint.NewManager and savedmodel.Export decide who writes.
+func IsChief(s strategy.Strategy) bool { return role.IsChief(s) }
 
 // New makes the strategy c names.
 func New(ctx context.Context, c Config) (strategy.Strategy, error) {

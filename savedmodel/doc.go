@@ -47,7 +47,8 @@
 //
 // Export reads the variables through the strategy's Value. Under
 // MultiWorkerMirrored every worker calls it (an OnRead variable's value is
-// an all-reduce), and WithChief(false) makes a worker other than the chief
-// read without writing. The parameter-server strategy exports from the
-// chief, which reads the shards from the ps tasks.
+// an all-reduce) and only the chief writes: a worker other than the chief
+// reads without writing, with no option, by the rule checkpoint.NewManager
+// follows (WithChief overrides it). The parameter-server strategy exports
+// from the chief, which reads the shards from the ps tasks.
 package savedmodel

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/internal/fsutil"
+	"github.com/tfdist/tfdist/internal/role"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -57,10 +58,12 @@ func WithVersion(v int64) Option { return func(c *config) { c.version = v } }
 // the largest version in dir (1 in a new directory).
 func WithNextVersion() Option { return func(c *config) { c.version = -1 } }
 
-// WithChief says whether this task writes the export. By default a
-// strategy with an IsChief method (MultiWorkerMirrored) writes only on its
-// chief, and any other strategy writes. A task that does not write still
-// reads the variables, as its peers' reads may need it.
+// WithChief says whether this task writes the export, overriding the
+// default, which is checkpoint.NewManager's: a strategy with an IsChief
+// method (multiworker.Strategy) writes only on its chief; the
+// parameter-server strategy, which exists only on the chief, and a strategy
+// of one process write. A task that does not write still reads the
+// variables, as its peers' reads may need it, and creates nothing in dir.
 func WithChief(chief bool) Option { return func(c *config) { c.chief = &chief } }
 
 // WithLogger sets the logger (default zap.NewNop()).
@@ -148,16 +151,9 @@ func checkSpec(spec strategy.TensorSpec) error {
 	return nil
 }
 
-// writes reports whether this task writes the export.
-func (c config) writes(src strategy.ValueReader) bool {
-	if c.chief != nil {
-		return *c.chief
-	}
-	if ch, ok := src.(interface{ IsChief() bool }); ok {
-		return ch.IsChief()
-	}
-	return true
-}
+// writes reports whether this task writes the export: the rule of
+// checkpoint.NewManager (internal/role).
+func (c config) writes(src strategy.ValueReader) bool { return role.Writes(src, c.chief) }
 
 // target returns the directory the export goes to: dir, or a version in
 // it.
