@@ -278,6 +278,27 @@ func (m *Model) Variables() []strategy.Variable {
 	return out
 }
 
+// InputInfo describes one input of a model.
+type InputInfo struct {
+	// Name is the input's name: the one Named gave it, or the one
+	// NewModel gave it ("input_0", "input_1", …).
+	Name string
+	// DType is the type of its examples.
+	DType tf.DataType
+	// Shape is the shape of one example, without the batch dimension; -1
+	// is a dimension of any size.
+	Shape []int64
+}
+
+// Inputs describes the model's inputs, in order.
+func (m *Model) Inputs() []InputInfo {
+	out := make([]InputInfo, len(m.inputs))
+	for i, in := range m.inputs {
+		out[i] = InputInfo{Name: m.names[in], DType: in.dtype, Shape: slices.Clone(in.shape)}
+	}
+	return out
+}
+
 // OutputCount returns the number of the model's outputs.
 func (m *Model) OutputCount() int { return len(m.outputs) }
 
