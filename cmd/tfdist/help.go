@@ -50,6 +50,7 @@ Examples
 	tfdist config validate --file tf_config.json
 
 Run 'tfdist help <command>' (or 'tfdist <command> -h') for a command's flags
-and details. TensorFlow's own logging is quieter with TF_CPP_MIN_LOG_LEVEL=1.
+and details. TensorFlow's own log keeps to warnings and errors unless
+TF_CPP_MIN_LOG_LEVEL says otherwise (0 shows its INFO lines).
 `
 }
