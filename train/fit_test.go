@@ -46,13 +46,19 @@ func mlp(t testing.TB, sc strategy.Scope) *nn.Model {
 	return m
 }
 
+// compiled compiles mlp on s with SGD with momentum 0.9 at 0.05.
 func compiled(t testing.TB, s train.Strategy, opts ...train.Option) *train.Trainer {
+	t.Helper()
+	return compiledLR(t, s, 0.05, opts...)
+}
+
+func compiledLR(t testing.TB, s train.Strategy, lr float32, opts ...train.Option) *train.Trainer {
 	t.Helper()
 	var m *nn.Model
 	require.NoError(t, s.Scope(func(sc strategy.Scope) error { m = mlp(t, sc); return nil }))
 	opts = append([]train.Option{train.WithMetrics(train.SparseCategoricalAccuracy{})}, opts...)
 	tr, err := train.Compile(s, m, train.SparseCategoricalCrossentropy{FromLogits: true},
-		optimizer.NewKerasMomentum(optimizer.Constant(0.05), 0.9, false), opts...)
+		optimizer.NewKerasMomentum(optimizer.Constant(lr), 0.9, false), opts...)
 	require.NoError(t, err)
 	return tr
 }
