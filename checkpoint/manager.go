@@ -356,6 +356,27 @@ func (m *Manager) remove(path string) {
 	}
 }
 
+// Clear deletes the Manager's checkpoints and its state file, and then
+// the directory if nothing else is left in it: what a backup that training
+// no longer needs leaves behind. Files the Manager did not write stay. On
+// a worker that is not the chief it does nothing.
+func (m *Manager) Clear() error {
+	if !m.chief {
+		return nil
+	}
+	for _, k := range m.kept {
+		m.remove(k.path)
+	}
+	m.kept = nil
+	if err := os.Remove(filepath.Join(m.dir, StateFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("checkpoint: clear %s: %w", m.dir, err)
+	}
+	if entries, err := os.ReadDir(m.dir); err == nil && len(entries) == 0 {
+		os.Remove(m.dir)
+	}
+	return nil
+}
+
 // without returns a copy of the kept list without base.
 func (m *Manager) without(base string) []keptCheckpoint {
 	out := make([]keptCheckpoint, 0, len(m.kept)+1)

@@ -57,8 +57,10 @@ type Run struct {
 	epoch                   int
 	steps                   int64
 	stop                    bool
+	acc                     *totals // the current epoch's
 	resumed                 bool
 	resumeEpoch, resumeStep int
+	resumeTotals            []float64 // the resumed epoch's totals so far
 }
 
 // Trainer returns the model being trained.
@@ -82,11 +84,12 @@ func (r *Run) StopTraining() { r.stop = true }
 // Stopping reports whether a callback has stopped training.
 func (r *Run) Stopping() bool { return r.stop }
 
-// ResumeAt makes Fit start at step of epoch instead of at the initial
-// epoch, skipping the batches before it: what BackupAndRestore calls from
-// OnTrainBegin after restoring a backup. It has effect only there.
-func (r *Run) ResumeAt(epoch, step int) {
-	r.resumed, r.resumeEpoch, r.resumeStep = true, epoch, step
+// resumeAt makes Fit start at step of epoch instead of at the initial
+// epoch, skipping the batches before it, with totals (nil: none) as the
+// epoch's totals so far: what BackupAndRestore sets in OnTrainBegin after
+// restoring a backup.
+func (r *Run) resumeAt(epoch, step int, totals []float64) {
+	r.resumed, r.resumeEpoch, r.resumeStep, r.resumeTotals = true, epoch, step, totals
 }
 
 // callbacks calls a list of callbacks, naming the one that fails.

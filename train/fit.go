@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 
 	tf "github.com/wamuir/graft/tensorflow"
 
@@ -164,6 +163,12 @@ func (t *Trainer) epoch(ctx context.Context, r *Run, f feed, st any, epoch int, 
 		return nil, err
 	}
 	acc := t.newTotals()
+	if r.resumed && epoch == r.resumeEpoch && r.resumeTotals != nil {
+		if err := acc.set(r.resumeTotals); err != nil {
+			return nil, err
+		}
+	}
+	r.acc = acc
 	trained := 0
 	for (c.stepsPerEpoch == 0 || step < c.stepsPerEpoch) && !r.stop {
 		n := f.chunk()
@@ -190,7 +195,7 @@ func (t *Trainer) epoch(ctx context.Context, r *Run, f feed, st any, epoch int, 
 			break
 		}
 	}
-	if trained == 0 && !r.stop {
+	if trained == 0 && step == 0 && !r.stop {
 		return nil, errors.New("the training data has no batch")
 	}
 	logs := acc.logs("")
@@ -203,7 +208,7 @@ func (t *Trainer) epoch(ctx context.Context, r *Run, f feed, st any, epoch int, 
 			logs["val_"+k] = v
 		}
 	}
-	return logs, r.cbs.epochEnd(ctx, r, epoch, maps.Clone(logs))
+	return logs, r.cbs.epochEnd(ctx, r, epoch, logs)
 }
 
 // stepFor builds (or finds) the step of kind for the elements of ds,
@@ -311,6 +316,20 @@ func (a *totals) add(logs []float64) {
 	for i := range a.sums {
 		a.sums[i] += logs[2+i]
 	}
+}
+
+// values returns the totals as one vector: the loss, the examples, the
+// metrics' sums.
+func (a *totals) values() []float64 { return append([]float64{a.loss, a.count}, a.sums...) }
+
+// set sets the totals from values.
+func (a *totals) set(v []float64) error {
+	if len(v) != 2+len(a.sums) {
+		return fmt.Errorf("resuming: %d totals of the epoch's logs, expected %d (loss, examples, %d metric sums)", len(v), 2+len(a.sums), len(a.sums))
+	}
+	a.loss, a.count = v[0], v[1]
+	copy(a.sums, v[2:])
+	return nil
 }
 
 func (a *totals) logs(prefix string) Logs {
