@@ -41,8 +41,8 @@ func (l SparseCategoricalCrossentropy) Call(s *op.Scope, yTrue, yPred tf.Output)
 	if err != nil {
 		return tf.Output{}, err
 	}
-	if err := sameLeading(yTrue, yPred, 1, l.Name()); err != nil {
-		return tf.Output{}, err
+	if err := sameLeading(yTrue, yPred, 1); err != nil {
+		return tf.Output{}, fmt.Errorf("%s: %w", l.Name(), err)
 	}
 	b := nn.NewBuilder(s, "sparse_xent")
 	logits := l.logits(b, yPred)
@@ -69,8 +69,8 @@ func (CategoricalCrossentropy) Name() string { return "categorical_crossentropy"
 
 // Call implements Loss.
 func (l CategoricalCrossentropy) Call(s *op.Scope, yTrue, yPred tf.Output) (tf.Output, error) {
-	if err := sameShape(yTrue, yPred, l.Name()); err != nil {
-		return tf.Output{}, err
+	if err := sameShape(yTrue, yPred); err != nil {
+		return tf.Output{}, fmt.Errorf("%s: %w", l.Name(), err)
 	}
 	classes, err := lastDim(yPred, l.Name())
 	if err != nil {
@@ -91,8 +91,8 @@ func (BinaryCrossentropy) Name() string { return "binary_crossentropy" }
 
 // Call implements Loss.
 func (l BinaryCrossentropy) Call(s *op.Scope, yTrue, yPred tf.Output) (tf.Output, error) {
-	if err := sameShape(yTrue, yPred, l.Name()); err != nil {
-		return tf.Output{}, err
+	if err := sameShape(yTrue, yPred); err != nil {
+		return tf.Output{}, fmt.Errorf("%s: %w", l.Name(), err)
 	}
 	b := nn.NewBuilder(s, "binary_xent")
 	logits := yPred
@@ -112,8 +112,8 @@ func (MeanSquaredError) Name() string { return "mean_squared_error" }
 
 // Call implements Loss.
 func (l MeanSquaredError) Call(s *op.Scope, yTrue, yPred tf.Output) (tf.Output, error) {
-	if err := sameShape(yTrue, yPred, l.Name()); err != nil {
-		return tf.Output{}, err
+	if err := sameShape(yTrue, yPred); err != nil {
+		return tf.Output{}, fmt.Errorf("%s: %w", l.Name(), err)
 	}
 	b := nn.NewBuilder(s, "mse")
 	return op.SquaredDifference(b.Op(), yPred, b.Cast(yTrue, yPred.DataType())), b.Err()
@@ -128,8 +128,8 @@ func (MeanAbsoluteError) Name() string { return "mean_absolute_error" }
 
 // Call implements Loss.
 func (l MeanAbsoluteError) Call(s *op.Scope, yTrue, yPred tf.Output) (tf.Output, error) {
-	if err := sameShape(yTrue, yPred, l.Name()); err != nil {
-		return tf.Output{}, err
+	if err := sameShape(yTrue, yPred); err != nil {
+		return tf.Output{}, fmt.Errorf("%s: %w", l.Name(), err)
 	}
 	b := nn.NewBuilder(s, "mae")
 	return op.Abs(b.Op(), b.Sub(yPred, b.Cast(yTrue, yPred.DataType()))), b.Err()
@@ -161,13 +161,13 @@ func lastDim(y tf.Output, loss string) (int64, error) {
 
 // sameShape checks that labels and predictions have the same static shape
 // (unknown dimensions agree with any).
-func sameShape(yTrue, yPred tf.Output, loss string) error {
-	return sameLeading(yTrue, yPred, 0, loss)
+func sameShape(yTrue, yPred tf.Output) error {
+	return sameLeading(yTrue, yPred, 0)
 }
 
 // sameLeading checks that labels have the shape of the predictions
 // without their last drop axes.
-func sameLeading(yTrue, yPred tf.Output, drop int, loss string) error {
+func sameLeading(yTrue, yPred tf.Output, drop int) error {
 	t, errT := yTrue.Shape().ToSlice()
 	p, errP := yPred.Shape().ToSlice()
 	if errT != nil || errP != nil {
@@ -179,7 +179,7 @@ func sameLeading(yTrue, yPred tf.Output, drop int, loss string) error {
 		ok = t[i] < 0 || want[i] < 0 || t[i] == want[i]
 	}
 	if !ok {
-		return fmt.Errorf("%s: labels of shape %v and predictions of shape %v, expected labels of shape %v", loss, t, p, shapeString(want))
+		return fmt.Errorf("labels of shape %s and predictions of shape %s, expected labels of shape %s", shapeString(t), shapeString(p), shapeString(want))
 	}
 	return nil
 }

@@ -1,11 +1,13 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/nn"
 )
 
@@ -40,9 +42,9 @@ func (SparseCategoricalAccuracy) Name() string { return "accuracy" }
 // Sums implements Metric: the weighted right answers and the weights.
 func (m SparseCategoricalAccuracy) Sums(s *op.Scope, yTrue, yPred, weight tf.Output) ([]tf.Output, error) {
 	if dt := yTrue.DataType(); dt != tf.Int32 && dt != tf.Int64 {
-		return nil, fmt.Errorf("metric %s: labels of type %v, expected integer class ids", m.Name(), yTrue.DataType())
+		return nil, fmt.Errorf("labels of type %s, expected integer class ids", graphutil.DTypeName(yTrue.DataType()))
 	}
-	if err := sameLeading(yTrue, yPred, 1, "metric "+m.Name()); err != nil {
+	if err := sameLeading(yTrue, yPred, 1); err != nil {
 		return nil, err
 	}
 	b := nn.NewBuilder(s, "accuracy")
@@ -61,7 +63,7 @@ func (CategoricalAccuracy) Name() string { return "accuracy" }
 
 // Sums implements Metric.
 func (m CategoricalAccuracy) Sums(s *op.Scope, yTrue, yPred, weight tf.Output) ([]tf.Output, error) {
-	if err := sameShape(yTrue, yPred, "metric "+m.Name()); err != nil {
+	if err := sameShape(yTrue, yPred); err != nil {
 		return nil, err
 	}
 	b := nn.NewBuilder(s, "accuracy")
@@ -79,7 +81,7 @@ func (BinaryAccuracy) Name() string { return "accuracy" }
 
 // Sums implements Metric.
 func (m BinaryAccuracy) Sums(s *op.Scope, yTrue, yPred, weight tf.Output) ([]tf.Output, error) {
-	if err := sameShape(yTrue, yPred, "metric "+m.Name()); err != nil {
+	if err := sameShape(yTrue, yPred); err != nil {
 		return nil, err
 	}
 	th := m.Threshold
@@ -129,11 +131,11 @@ func (n named) Name() string { return n.name }
 // Sums implements Metric.
 func (m MeanMetric) Sums(s *op.Scope, yTrue, yPred, weight tf.Output) ([]tf.Output, error) {
 	if m.Fn == nil {
-		return nil, fmt.Errorf("metric %s: no function (MeanMetric.Fn)", m.Name())
+		return nil, errors.New("no function (MeanMetric.Fn)")
 	}
 	v, err := m.Fn.Call(s.SubScope("fn"), yTrue, yPred)
 	if err != nil {
-		return nil, fmt.Errorf("metric %s: %w", m.Name(), err)
+		return nil, err
 	}
 	b := nn.NewBuilder(s, "mean_metric")
 	return weightedMean(b, perExample(b, v), weight), b.Err()
