@@ -1,14 +1,17 @@
-// Package distribute makes the synchronous strategy a program's flags
-// name, so that one training program runs on one device, on every device
-// of a machine, or as one worker of many under `tfdist launch`:
+// Package distribute makes the strategy a program's flags name, so that
+// one training program runs on one device, on every device of a machine,
+// as one worker of many under `tfdist launch`, or as a task of a
+// parameter-server cluster:
 //
 //	var cfg distribute.Config
 //	cfg.RegisterFlags(flag.CommandLine)
 //	flag.Parse()
-//	s, err := distribute.New(ctx, cfg)
+//	s, err := distribute.Open(ctx, cfg) // for train.Compile; New for a loop of one's own
 //
-// The parameter-server strategy, whose coordinator schedules steps
-// instead of running them, is made with paramserver.New.
+// Open makes every strategy, the parameter-server strategy ("ps")
+// included, for a program that trains with package train, whose Fit lets
+// the coordinator schedule the steps. New makes the synchronous ones as
+// strategy.Strategy, for a program that runs its steps itself.
 package distribute
 
 import (
@@ -22,14 +25,16 @@ import (
 	"github.com/tfdist/tfdist/internal/role"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
 )
 
 // Config names a strategy and its devices.
 type Config struct {
 	// Strategy is "default" (one device), "mirrored" (the devices of this
-	// machine) or "multiworker" (this machine's devices, one worker of the
-	// cluster TF_CONFIG describes).
+	// machine), "multiworker" (this machine's devices, one worker of the
+	// cluster TF_CONFIG describes) or, with Open only, "ps" (a task of the
+	// parameter-server cluster TF_CONFIG describes).
 	Strategy string
 	// Devices is the number of logical CPU devices of each process under
 	// mirrored and multiworker; 0 takes every GPU under mirrored (one CPU
@@ -42,8 +47,8 @@ type Config struct {
 	Logger *zap.Logger
 }
 
-// Names lists the strategies New makes.
-var Names = []string{"default", "mirrored", "multiworker"}
+// Names lists the strategies Open makes; New makes all but "ps".
+var Names = []string{"default", "mirrored", "multiworker", "ps"}
 
 // RegisterFlags registers -strategy, -devices and -collective-timeout on
 // fs, with c's values as their defaults ("default" when c.Strategy is
@@ -52,7 +57,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	if c.Strategy == "" {
 		c.Strategy = "default"
 	}
-	fs.StringVar(&c.Strategy, "strategy", c.Strategy, "distribution strategy: default, mirrored or multiworker (TF_CONFIG names the cluster)")
+	fs.StringVar(&c.Strategy, "strategy", c.Strategy, "distribution strategy: default, mirrored, multiworker or ps (TF_CONFIG names the cluster)")
 	fs.IntVar(&c.Devices, "devices", c.Devices, "logical CPU devices per process under mirrored and multiworker (0: every GPU under mirrored)")
 	fs.DurationVar(&c.CollectiveTimeout, "collective-timeout", c.CollectiveTimeout, "bound on each collective under multiworker (0: the default)")
 }
@@ -63,15 +68,48 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // which checkpoint.NewManager and savedmodel.Export decide who writes.
 func IsChief(s strategy.Strategy) bool { return role.IsChief(s) }
 
-// New makes the strategy c names.
+// Strategy is a strategy Open makes: a strategy.Strategy, or the
+// parameter-server strategy of the chief (*paramserver.Strategy). Both
+// are what train.Compile takes.
+type Strategy interface {
+	Scope(fn func(strategy.Scope) error) error
+	Variables() []strategy.Variable
+	Close() error
+}
+
+// Open makes the strategy c names, "ps" included. Under "ps" it joins the
+// cluster TF_CONFIG describes: on the chief it returns the
+// parameter-server strategy, whose coordinator schedules the steps; on a
+// ps or worker task it serves the cluster until the job ends and returns
+// an error wrapping paramserver.ErrNotChief, on which the program should
+// exit successfully.
+func Open(ctx context.Context, c Config) (Strategy, error) {
+	if c.Strategy != "ps" {
+		return New(ctx, c)
+	}
+	if c.Devices > 1 {
+		return nil, fmt.Errorf("distribute: strategy ps runs each step on one device of a worker; Devices %d asks for more", c.Devices)
+	}
+	s, err := paramserver.New(ctx, nil, paramserver.WithLogger(logger(c)))
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func logger(c Config) *zap.Logger {
+	if c.Logger == nil {
+		return zap.NewNop()
+	}
+	return c.Logger
+}
+
+// New makes the synchronous strategy c names.
 func New(ctx context.Context, c Config) (strategy.Strategy, error) {
 	if c.Devices < 0 {
 		return nil, fmt.Errorf("distribute: Devices %d, expected 0 or more", c.Devices)
 	}
-	log := c.Logger
-	if log == nil {
-		log = zap.NewNop()
-	}
+	log := logger(c)
 	switch c.Strategy {
 	case "default", "":
 		if c.Devices > 1 {
@@ -90,6 +128,8 @@ func New(ctx context.Context, c Config) (strategy.Strategy, error) {
 			opts = append(opts, multiworker.WithCollectiveTimeout(c.CollectiveTimeout))
 		}
 		return made(multiworker.New(ctx, opts...))
+	case "ps":
+		return nil, fmt.Errorf("distribute: strategy ps: its coordinator schedules the steps instead of running them; make it with Open and train with package train, or use paramserver directly")
 	}
 	return nil, fmt.Errorf("distribute: strategy %q, expected one of %v", c.Strategy, Names)
 }

@@ -5,11 +5,14 @@ import (
 	"flag"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/distribute"
+	"github.com/tfdist/tfdist/paramserver"
 )
 
 // The flags name the strategy and its devices; New makes it, with as many
@@ -39,7 +42,8 @@ func TestBadConfig(t *testing.T) {
 		cfg  distribute.Config
 		want string
 	}{
-		{distribute.Config{Strategy: "tpu"}, `strategy "tpu", expected one of [default mirrored multiworker]`},
+		{distribute.Config{Strategy: "tpu"}, `strategy "tpu", expected one of [default mirrored multiworker ps]`},
+		{distribute.Config{Strategy: "ps"}, "make it with Open and train with package train"},
 		{distribute.Config{Strategy: "mirrored", Devices: -1}, "Devices -1, expected 0 or more"},
 		{distribute.Config{Strategy: "default", Devices: 2}, "Devices 2 asks for more (use mirrored)"},
 	} {
@@ -51,4 +55,25 @@ func TestBadConfig(t *testing.T) {
 	fs.SetOutput(io.Discard)
 	new(distribute.Config).RegisterFlags(fs)
 	assert.Error(t, fs.Parse([]string{"-devices", "two"}))
+}
+
+// Under "ps" Open joins the cluster TF_CONFIG names and returns its
+// chief's parameter-server strategy, which train.Compile takes.
+func TestOpenMakesTheParameterServerChief(t *testing.T) {
+	cl, err := paramserver.StartInProcessCluster(1, 1)
+	require.NoError(t, err)
+	tfConfig, err := cluster.Marshal(cl.Spec(), cluster.Task{Type: cluster.Chief})
+	require.NoError(t, err)
+	t.Setenv("TF_CONFIG", tfConfig)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := distribute.Open(ctx, distribute.Config{Strategy: "ps"})
+	require.NoError(t, err)
+	defer s.Close()
+	ps, ok := s.(*paramserver.Strategy)
+	require.True(t, ok, "%T", s)
+	assert.Equal(t, 1, ps.NumWorkers())
+
+	_, err = distribute.Open(ctx, distribute.Config{Strategy: "ps", Devices: 2})
+	assert.ErrorContains(t, err, "Devices 2 asks for more")
 }
