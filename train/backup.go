@@ -52,7 +52,7 @@ const (
 // where it was taken.
 func (b *BackupAndRestore) OnTrainBegin(ctx context.Context, r *Run) error {
 	if b.Dir == "" {
-		return errors.New("Dir is empty, expected the backup's directory")
+		return errors.New("an empty Dir, expected the backup's directory")
 	}
 	if b.SaveFreq < 0 {
 		return fmt.Errorf("SaveFreq %d, expected 0 (every epoch) or more", b.SaveFreq)
