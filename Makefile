@@ -41,7 +41,7 @@ fmt-check:
 
 ## bench: the benchmarks, as ratios measured in one run (the all-reduce on both backends: tfdist's engine and TensorFlow's ring; TLS against plaintext; DP-SGD against SGD; the ResNet and Transformer examples against Keras model.fit).
 bench:
-	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 1x ./multiworker ./examples/classifier
+	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 1x ./multiworker ./internal/cmd/digits
 	@$(TFENV) $(GO) test -run '^$$' -bench AgainstKeras -benchtime 1x ./examples/resnet
 	@$(TFENV) $(GO) test -run '^$$' -bench AgainstKeras -benchtime 1x ./examples/transformer
 	@$(TFENV) dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && $(GO) build -o "$$dir/" ./cmd/tfdist && \
@@ -55,7 +55,7 @@ bench:
 SOAK_FLAGS ?=
 soak:
 	@$(TFENV) dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && \
-	$(GO) build -o "$$dir/" ./cmd/tfdist ./examples/classifier && "$$dir/tfdist" soak $(SOAK_FLAGS)
+	$(GO) build -o "$$dir/" ./cmd/tfdist ./internal/cmd/digits && "$$dir/tfdist" soak $(SOAK_FLAGS)
 
 ## notebooks: run the gophernotes notebooks headlessly (installs Jupyter's runner, builds the kernel once).
 notebooks:

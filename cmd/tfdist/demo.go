@@ -20,8 +20,9 @@ var demoCommand = &command{
 	summary: "train the digits classifier (Mirrored, 2 logical CPUs by default)",
 	help: `Demo trains a multi-layer perceptron on the UCI handwritten digits that
 ship with tfdist, prints falling loss, and reports the held-out accuracy
-(about 94% with the defaults). It is what 'make demo' runs, and the same
-program as examples/classifier: every flag of that program works here.
+(about 94% with the defaults). It is the program of internal/cmd/digits,
+tfdist's test bed, in the tfdist command: every flag of that program works
+here.
 
 By default it uses the Mirrored strategy on 2 logical CPU devices. Give
 -strategy default to compare with one device: with the same seed, global

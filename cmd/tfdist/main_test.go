@@ -135,7 +135,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"help", "nope"}, "unknown command"},
 		{[]string{"soak", "-strategies", "default,nope"}, `strategy "nope": expected one of [default mirrored multiworker multiworker-tensorflow ps robust topk wide pushed]`},
 		{[]string{"soak", "-max-rss-growth", "-0.5"}, "-max-rss-growth -0.5: expected 0 or more"},
-		{[]string{"soak", "-classifier", "/nonexistent/classifier"}, "-classifier /nonexistent/classifier"},
+		{[]string{"soak", "-digits", "/nonexistent/digits"}, "-digits /nonexistent/digits"},
 	}
 	for _, c := range cases {
 		code, _, stderr := runHere(nil, "", c.args...)

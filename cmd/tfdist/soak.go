@@ -21,21 +21,22 @@ var soakCommand = &command{
 	name:    "soak",
 	args:    "[flags]",
 	summary: "train for a long time under each strategy and check that no process grows",
-	help: `Soak trains the digits classifier (the examples/classifier program) for
-many steps under each strategy, one after the other, as a job that runs for
-hours does: the default strategy, Mirrored on 2 logical CPUs,
-MultiWorkerMirrored on 2 workers of 2 logical CPUs each (on tfdist's
-collective engine, and on TensorFlow's collectives for at most 10,000
-steps), and parameter-server training with a chief, 2 workers and 1 ps
-task; "-strategies robust,topk,wide,pushed" soaks the engine's gradient
-paths too (3 workers under -aggregation trimmed_mean(1); 2 workers of 2
-logical CPUs under -compression topk(0.01); 2 workers of 2 logical CPUs
-with -hidden 1024, whose all-reduce reads its chunks from the other
-worker's memory, and with -hidden 16384, whose first layer's gradient the
-workers write into each other's results). Every -interval it samples each process's OS threads, resident
-memory and open file descriptors (from /proc, so Linux only), and the
-goroutines the program reports. It prints a table per strategy and fails
-when a process exits with an error or breaks a bound:
+	help: `Soak trains the digits classifier (the internal/cmd/digits program,
+tfdist's test bed) for many steps under each strategy, one after the
+other, as a job that runs for hours does: the default strategy, Mirrored
+on 2 logical CPUs, MultiWorkerMirrored on 2 workers of 2 logical CPUs
+each (on tfdist's collective engine, and on TensorFlow's collectives for
+at most 10,000 steps), and parameter-server training with a chief, 2
+workers and 1 ps task; "-strategies robust,topk,wide,pushed" soaks the
+engine's gradient paths too (3 workers under -aggregation
+trimmed_mean(1); 2 workers of 2 logical CPUs under -compression
+topk(0.01); 2 workers of 2 logical CPUs with -hidden 1024, whose
+all-reduce reads its chunks from the other worker's memory, and with
+-hidden 16384, whose first layer's gradient the workers write into each
+other's results). Every -interval it samples each process's OS threads,
+resident memory and open file descriptors (from /proc, so Linux only),
+and the goroutines the program reports. It prints a table per strategy
+and fails when a process exits with an error or breaks a bound:
 
 	OS threads         at most -max-threads at any time
 	resident memory    at the end, at most -max-rss-growth above its value
@@ -44,17 +45,18 @@ when a process exits with an error or breaks a bound:
 	                   tenth of the run
 	goroutines         likewise, at most -max-goroutine-growth more
 
-'make soak' builds the classifier and runs this with the defaults.
+'make soak' builds that program and runs this with the defaults.
 
 Exit status: 0 when every run passed, 1 when one failed, 2 for bad flags.
 
 Examples
 
-	tfdist soak -classifier ./classifier
-	tfdist soak -classifier ./classifier -strategies multiworker -steps 200000 -v
+	go build -o digits ./internal/cmd/digits
+	tfdist soak -digits ./digits
+	tfdist soak -digits ./digits -strategies multiworker -steps 200000 -v
 `,
 	flags: func(fs *flag.FlagSet) func(*env, []string) int {
-		bin := fs.String("classifier", "", "the examples/classifier binary `PATH` (default: classifier next to tfdist, else on PATH)")
+		bin := fs.String("digits", "", "the internal/cmd/digits binary `PATH` (default: digits next to tfdist, else on PATH)")
 		steps := fs.Int("steps", 50000, "training steps of each run")
 		strategies := fs.String("strategies", "default,mirrored,multiworker,multiworker-tensorflow,ps", "the `LIST` of setups to run, comma-separated")
 		interval := fs.Duration("interval", time.Second, "time between samples")
@@ -96,7 +98,7 @@ Examples
 					return exitUsage
 				}
 			}
-			path, err := classifierBinary(*bin)
+			path, err := digitsBinary(*bin)
 			if err != nil {
 				fmt.Fprintf(e.stderr, "tfdist soak: %v\n", err)
 				return exitUsage
@@ -130,24 +132,24 @@ Examples
 	},
 }
 
-// classifierBinary finds the classifier program: the path given, else a
-// "classifier" beside this executable, else one on PATH.
-func classifierBinary(given string) (string, error) {
+// digitsBinary finds the internal/cmd/digits program: the path given,
+// else a "digits" beside this executable, else one on PATH.
+func digitsBinary(given string) (string, error) {
 	if given != "" {
 		if _, err := os.Stat(given); err != nil {
-			return "", fmt.Errorf("-classifier %s: %w", given, err)
+			return "", fmt.Errorf("-digits %s: %w", given, err)
 		}
 		return given, nil
 	}
 	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), "classifier")
+		p := filepath.Join(filepath.Dir(self), "digits")
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
 		}
 	}
-	p, err := exec.LookPath("classifier")
+	p, err := exec.LookPath("digits")
 	if err != nil {
-		return "", fmt.Errorf("-classifier not given and no classifier program beside tfdist or on PATH; build one with: go build -o classifier ./examples/classifier")
+		return "", fmt.Errorf("-digits not given and no digits program beside tfdist or on PATH; build one with: go build -o digits ./internal/cmd/digits")
 	}
 	return p, nil
 }

@@ -1,11 +1,11 @@
-// Package classifier is the digits classifier behind examples/classifier,
-// examples/lenet, `make demo` and `tfdist demo`: a model of package models
-// (the MLP, or the LeNet CNN) trained on the UCI handwritten digits under
-// any strategy — default, mirrored, multiworker or ps — with the same flags
-// everywhere, by the one training loop of package trainloop. With the same
-// seed, data order and global batch, every synchronous strategy ends with
-// the default strategy's model, up to float summation order: compare
-// FinalLoss and ParamL2.
+// Package classifier is the digits classifier behind internal/cmd/digits
+// (the test bed `tfdist soak` runs), `tfdist demo` and `tfdist bench`: a
+// model of package models (the MLP, or the LeNet CNN) trained on the UCI
+// handwritten digits under any strategy — default, mirrored, multiworker
+// or ps — with the same flags everywhere, by the one training loop of
+// package trainloop. With the same seed, data order and global batch,
+// every synchronous strategy ends with the default strategy's model, up to
+// float summation order: compare FinalLoss and ParamL2.
 package classifier
 
 import (

@@ -29,18 +29,18 @@ import (
 
 // binaries built once for the tests that run real processes.
 var bins struct {
-	classifier, tfdist string
-	err                error
+	digits, tfdist string
+	err            error
 }
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "classifier-test")
+	dir, err := os.MkdirTemp("", "digits-test")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bins.classifier, bins.tfdist = filepath.Join(dir, "classifier"), filepath.Join(dir, "tfdist")
-	for _, b := range [][2]string{{bins.classifier, "."}, {bins.tfdist, "../../cmd/tfdist"}} {
+	bins.digits, bins.tfdist = filepath.Join(dir, "digits"), filepath.Join(dir, "tfdist")
+	for _, b := range [][2]string{{bins.digits, "."}, {bins.tfdist, "../../../cmd/tfdist"}} {
 		out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput()
 		if err != nil {
 			bins.err = fmt.Errorf("go build %s: %v\n%s", b[1], err, out)
@@ -85,7 +85,7 @@ func launch(t testing.TB, timeout time.Duration, launchArgs []string, classifier
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	args := append(append([]string{"launch", "--timeout", timeout.String()}, launchArgs...), "--", bins.classifier)
+	args := append(append([]string{"launch", "--timeout", timeout.String()}, launchArgs...), "--", bins.digits)
 	cmd := exec.CommandContext(ctx, bins.tfdist, append(args, classifierArgs...)...)
 	cmd.Env = append(os.Environ(), "TF_CPP_MIN_LOG_LEVEL=2")
 	var out bytes.Buffer
@@ -137,7 +137,7 @@ func TestDeadPeerFailsTheSurvivorWithinTimeout(t *testing.T) {
 	for w := range 2 {
 		tfc, err := cluster.Marshal(spec, cluster.Task{Type: cluster.Worker, Index: w})
 		require.NoError(t, err)
-		cmd := exec.Command(bins.classifier, "-strategy", "multiworker", "-devices", "2", "-steps", "200",
+		cmd := exec.Command(bins.digits, "-strategy", "multiworker", "-devices", "2", "-steps", "200",
 			"-global-batch", "32", "-checkpoint-dir", dir, "-checkpoint-every", "20", "-collective-timeout", "10s", "-log-every", "0")
 		cmd.Env = append(os.Environ(), "TF_CONFIG="+tfc, "TFDIST_TASK_TYPE=worker", fmt.Sprintf("TFDIST_TASK_INDEX=%d", w), "TF_CPP_MIN_LOG_LEVEL=2",
 			fmt.Sprintf("%s=%d", classifier.EnvCrashAtStep, crashAt), classifier.EnvCrashTask+"=worker:1")
@@ -239,7 +239,7 @@ func stoppedPeer(t *testing.T, comm, want string, flags ...string) time.Duration
 		require.NoError(t, err)
 		args := append([]string{"-strategy", "multiworker", "-steps", "100000", "-communication", comm,
 			"-global-batch", "32", "-collective-timeout", "5s", "-log-every", "100"}, flags...)
-		cmd := exec.Command(bins.classifier, args...)
+		cmd := exec.Command(bins.digits, args...)
 		cmd.Env = append(os.Environ(), "TF_CONFIG="+tfc, "TF_CPP_MIN_LOG_LEVEL=2")
 		out := &syncbuf.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
@@ -263,7 +263,7 @@ func stoppedPeer(t *testing.T, comm, want string, flags ...string) time.Duration
 		require.Error(t, err, outs[0].String())
 		assert.Less(t, took, 60*time.Second)
 		out := outs[0].String()
-		if !strings.Contains(out, "classifier: step") {
+		if !strings.Contains(out, "digits: step") {
 			// Seen once under full-suite load: the survivor exited at the
 			// collective timeout without reporting its error; not yet
 			// understood (see the issue notes). It did not hang.

@@ -37,7 +37,7 @@ func TestParameterServerSurvivesKilledWorkers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bins.tfdist, "launch", "--timeout", "5m", "--chief", "--workers", "3", "--ps", "2",
-		"--task-restarts", "3", "--", bins.classifier, "-strategy", "ps", "-steps", strconv.Itoa(steps),
+		"--task-restarts", "3", "--", bins.digits, "-strategy", "ps", "-steps", strconv.Itoa(steps),
 		"-json", "-log-every", "100")
 	cmd.Env = append(os.Environ(), "TF_CPP_MIN_LOG_LEVEL=2")
 	out := &syncbuf.Buffer{}

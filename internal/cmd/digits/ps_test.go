@@ -38,7 +38,7 @@ func TestLaunchParameterServerReachesNinetyPercent(t *testing.T) {
 	assert.Equal(t, r.Accuracy, exportAccuracy(t, export, 297, 1), "the chief exports the model it evaluated")
 }
 
-// The LeNet CNN (-model lenet, what examples/lenet trains) under tfdist
+// The LeNet CNN (-model lenet) under tfdist
 // launch --chief --workers 2 --ps 2 reaches 95% held-out accuracy: Adam at
 // 0.001 for 3,000 asynchronous steps of 64. Measured over twelve runs, half
 // of them two at a time: 96.6% to 98.0%, 24 s each alone, 39 s two at a

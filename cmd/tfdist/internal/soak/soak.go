@@ -101,7 +101,7 @@ var DefaultBounds = Bounds{MaxThreads: 300, MaxRSSGrowth: 0.10, MaxFDGrowth: 2, 
 
 // Options configure Run.
 type Options struct {
-	// Classifier is the path of the examples/classifier binary.
+	// Classifier is the path of the internal/cmd/digits binary.
 	Classifier string
 	// Steps is the number of training steps.
 	Steps int

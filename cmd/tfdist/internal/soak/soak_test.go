@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// classifierBin is the examples/classifier program, built once.
+// classifierBin is the internal/cmd/digits program, built once.
 var classifierBin struct {
 	path string
 	err  error
@@ -26,9 +26,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	classifierBin.path = filepath.Join(dir, "classifier")
-	if out, err := exec.Command("go", "build", "-o", classifierBin.path, "../../../../examples/classifier").CombinedOutput(); err != nil {
-		classifierBin.err = fmt.Errorf("go build examples/classifier: %v\n%s", err, out)
+	classifierBin.path = filepath.Join(dir, "digits")
+	if out, err := exec.Command("go", "build", "-o", classifierBin.path, "../../../../internal/cmd/digits").CombinedOutput(); err != nil {
+		classifierBin.err = fmt.Errorf("go build internal/cmd/digits: %v\n%s", err, out)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
