@@ -3,12 +3,14 @@ package train
 import (
 	"context"
 	"fmt"
+	"io"
 )
 
 // Callback is called by Fit as it trains, as a Keras callback: at the
 // start and end of training, of every epoch and of every batch (batch
 // counts from 0 in each epoch). An error stops Fit and is returned by it,
-// named after the callback; so is a panic.
+// named after the callback; so is a panic. When Fit fails, the callbacks
+// that are io.Closers are closed.
 //
 // Under a synchronous strategy every worker calls every callback with the
 // same logs; a callback that writes files writes them on the chief only
@@ -52,6 +54,9 @@ type Run struct {
 	// Epochs is the epoch training ends after; StepsPerEpoch the steps of
 	// an epoch (0: a pass over the data).
 	Epochs, StepsPerEpoch int
+	// ValidationFreq is how often, in epochs, Fit validates; 0 when it
+	// has no validation data.
+	ValidationFreq int
 
 	cbs                     callbacks
 	epoch                   int
@@ -94,6 +99,17 @@ func (r *Run) resumeAt(epoch, step int, totals []float64) {
 
 // callbacks calls a list of callbacks, naming the one that fails.
 type callbacks []Callback
+
+// close closes the callbacks that are io.Closers, when Fit fails: what
+// they hold open (event files) is released without waiting for
+// OnTrainEnd, which a failed Fit does not call.
+func (cs callbacks) close() {
+	for _, c := range cs {
+		if cl, ok := c.(io.Closer); ok {
+			safely(cl.Close)
+		}
+	}
+}
 
 func (cs callbacks) each(hook string, fn func(Callback) error) error {
 	for _, c := range cs {

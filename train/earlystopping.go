@@ -95,6 +95,9 @@ func (e *EarlyStopping) OnTrainBegin(_ context.Context, r *Run) error {
 	if err != nil {
 		return err
 	}
+	if err := mon.validated(r); err != nil {
+		return err
+	}
 	e.mon, e.best, e.wait, e.bestEpoch, e.stoppedEpoch = mon, mon.worst(), 0, 0, -1
 	e.vars, e.weights = nil, nil
 	if !e.RestoreBestWeights {

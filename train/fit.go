@@ -133,18 +133,31 @@ func (t *Trainer) fit(ctx context.Context, ds dataset.Dataset, opts []FitOption)
 	}
 	defer f.close()
 	r := &Run{t: t, Epochs: c.epochs, StepsPerEpoch: c.stepsPerEpoch, cbs: callbacks(c.callbacks)}
+	if c.val != nil {
+		r.ValidationFreq = c.valFreq
+	}
 	h := &History{Values: map[string][]float64{}}
-	if err := r.cbs.trainBegin(ctx, r); err != nil {
+	if err := t.epochs(ctx, r, f, st, c, h); err != nil {
+		r.cbs.close()
 		return h, err
+	}
+	return h, nil
+}
+
+// epochs runs the callbacks' train hooks around every epoch.
+func (t *Trainer) epochs(ctx context.Context, r *Run, f feed, st any, c fitConfig, h *History) error {
+	if err := r.cbs.trainBegin(ctx, r); err != nil {
+		return err
 	}
 	var logs Logs
 	for epoch := max(c.initialEpoch, r.resumeEpoch); epoch < c.epochs && !r.stop; epoch++ {
+		var err error
 		if logs, err = t.epoch(ctx, r, f, st, epoch, c); err != nil {
-			return h, fmt.Errorf("epoch %d: %w", epoch, err)
+			return fmt.Errorf("epoch %d: %w", epoch, err)
 		}
 		h.add(epoch, logs)
 	}
-	return h, r.cbs.trainEnd(ctx, r, logs)
+	return r.cbs.trainEnd(ctx, r, logs)
 }
 
 // epoch trains one epoch and validates if due.

@@ -104,6 +104,11 @@ func (c *ModelCheckpoint) OnTrainBegin(_ context.Context, r *Run) error {
 	if err != nil {
 		return err
 	}
+	if c.SaveBestOnly {
+		if err := mon.validated(r); err != nil {
+			return err
+		}
+	}
 	if mon.key != c.mon.key || mon.max != c.mon.max {
 		c.hasBest = false
 	}

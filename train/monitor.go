@@ -74,6 +74,15 @@ func (m *monitor) value(logs Logs, what string, epochEnd bool) (v float64, ok bo
 	return 0, false, fmt.Errorf("no Monitor %q in the logs of %s, which have %s", m.key, what, logKeys(logs))
 }
 
+// validated is the error of a monitor of a validation key in a Fit that
+// has no validation data.
+func (m *monitor) validated(r *Run) error {
+	if strings.HasPrefix(m.key, "val_") && r.ValidationFreq == 0 {
+		return fmt.Errorf("Monitor %q is a validation log, and Fit has no ValidationData", m.key)
+	}
+	return nil
+}
+
 // check is the error, at the end of training, of a monitor no logs had: a
 // validation key when no epoch validated.
 func (m *monitor) check() error {

@@ -110,6 +110,9 @@ func (t *TensorBoard) writer(w **summary.Writer, sub string) (*summary.Writer, e
 	return *w, nil
 }
 
+// Close closes the event files; Fit closes them when it fails.
+func (t *TensorBoard) Close() error { return t.close() }
+
 func (t *TensorBoard) close() error {
 	err := errors.Join(t.train.Close(), t.val.Close())
 	t.train, t.val = nil, nil
