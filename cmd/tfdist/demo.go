@@ -22,7 +22,8 @@ var demoCommand = &command{
 ship with tfdist, prints falling loss, and reports the held-out accuracy
 (about 94% with the defaults). It is the program of internal/cmd/digits,
 tfdist's test bed, in the tfdist command: every flag of that program works
-here.
+here. examples/classifier trains the same MLP with the public API alone
+(train.Fit), as a program to copy; 'make demo' runs it.
 
 By default it uses the Mirrored strategy on 2 logical CPU devices. Give
 -strategy default to compare with one device: with the same seed, global
