@@ -1,7 +1,9 @@
 // Package optimizer holds the optimizers of tfdist — SGD, Momentum, Adam,
 // AdamW, LARS and LAMB — and learning-rate schedules computed in the graph
 // from the optimizer's step count (decays, a linear Warmup in front of any
-// of them, and the linear scaling rule for large batches).
+// of them, and the linear scaling rule for large batches), or a rate kept
+// in a variable that the program sets between steps (NewAdjustable), as
+// Keras's callbacks set optimizer.learning_rate.
 //
 // Each optimizer keeps its slots (momentum accumulators, Adam's moments) and
 // its step count ("<name>/iterations") as variables of the strategy, mirrored
@@ -54,7 +56,11 @@ func (b *base) begin(ac strategy.ApplyContext, grads []tf.Output, vars []strateg
 		return update{}, err
 	}
 	s := ac.Scope().SubScope(b.name)
-	return update{it: it, step: step, lr: b.lr.Build(s.SubScope("lr"), step), s: s}, nil
+	lr, err := buildRate(ac, b.name, b.lr, s.SubScope("lr"), step)
+	if err != nil {
+		return update{}, err
+	}
+	return update{it: it, step: step, lr: lr, s: s}, nil
 }
 
 // varUpdate builds the update of vars[i], v, on its own scope s.

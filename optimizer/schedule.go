@@ -207,7 +207,9 @@ func (w Warmup) Validate() error {
 		errs = append(errs, fmt.Errorf("Warmup.Steps is %d, want >= 0", w.Steps))
 	}
 	errs = append(errs, nonNegative("Warmup.Initial", w.Initial))
-	if err := validateSchedule(w.Then); err != nil {
+	if _, ok := w.Then.(*Adjustable); ok {
+		errs = append(errs, errors.New("Warmup.Then is an Adjustable rate, a variable only an optimizer builds, expected a schedule of the step count"))
+	} else if err := validateSchedule(w.Then); err != nil {
 		errs = append(errs, fmt.Errorf("Warmup.Then: %w", err))
 	}
 	return errors.Join(errs...)
