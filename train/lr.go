@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
-	"strings"
 
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
@@ -93,7 +91,8 @@ type ReduceLROnPlateau struct {
 	// 0 and 1 do).
 	Patience int
 	// Mode says which way improves: "min", "max", or "auto" (the default),
-	// which is "max" for a Monitor containing "acc" and "min" otherwise.
+	// which is "max" for a Monitor containing "acc" or "auc" (Keras's
+	// ReduceLROnPlateau: "acc" only) and "min" otherwise, as EarlyStopping.
 	Mode string
 	// MinDelta is how much Monitor must improve on its best to count
 	// (default 1e-4; a negative MinDelta counts any improvement).
@@ -104,10 +103,10 @@ type ReduceLROnPlateau struct {
 	// MinLR is the lowest rate a reduction goes to.
 	MinLR float64
 
-	key                    string
+	mon                    monitor
 	factor, minDelta, best float64
 	patience               int
-	max, seen, ended       bool
+	ended                  bool
 	wait, cooldown         int
 }
 
@@ -116,7 +115,7 @@ func (p *ReduceLROnPlateau) Name() string { return "ReduceLROnPlateau" }
 
 // OnTrainBegin checks the fields and the optimizer and resets the state.
 func (p *ReduceLROnPlateau) OnTrainBegin(ctx context.Context, r *Run) error {
-	p.key, p.factor, p.patience, p.minDelta = cmp.Or(p.Monitor, "val_loss"), cmp.Or(p.Factor, 0.1), cmp.Or(p.Patience, 10), cmp.Or(p.MinDelta, 1e-4)
+	p.factor, p.patience, p.minDelta = cmp.Or(p.Factor, 0.1), cmp.Or(p.Patience, 10), cmp.Or(p.MinDelta, 1e-4)
 	switch {
 	case !(p.factor > 0 && p.factor < 1):
 		return fmt.Errorf("reduction Factor %v, expected 0 < Factor < 1 (or 0: Keras's default, 0.1)", p.Factor)
@@ -130,20 +129,16 @@ func (p *ReduceLROnPlateau) OnTrainBegin(ctx context.Context, r *Run) error {
 		return fmt.Errorf("MinLR %v, expected a finite rate >= 0", p.MinLR)
 	}
 	p.minDelta = max(p.minDelta, 0)
-	switch p.Mode {
-	case "", "auto":
-		p.max = strings.Contains(p.key, "acc")
-	case "min", "max":
-		p.max = p.Mode == "max"
-	default:
-		return fmt.Errorf("unknown Mode %q, expected \"auto\", \"min\" or \"max\"", p.Mode)
+	var err error
+	if p.mon, err = newMonitor(p.Monitor, p.Mode); err != nil {
+		return err
 	}
-	p.best = math.Inf(1)
-	if p.max {
-		p.best = math.Inf(-1)
+	if err := p.mon.validated(r); err != nil {
+		return err
 	}
-	p.wait, p.cooldown, p.seen, p.ended = 0, 0, false, false
-	_, err := r.Trainer().LearningRate(ctx)
+	p.best = p.mon.worst()
+	p.wait, p.cooldown, p.ended = 0, 0, false
+	_, err = r.Trainer().LearningRate(ctx)
 	return err
 }
 
@@ -158,19 +153,15 @@ func (p *ReduceLROnPlateau) OnEpochEnd(ctx context.Context, r *Run, epoch int, l
 		logs[LogLearningRate] = lr
 	}
 	p.ended = true
-	current, ok := logs[p.key]
+	current, ok, err := p.mon.value(logs, fmt.Sprintf("epoch %d", epoch), true)
 	if !ok {
-		if !strings.HasPrefix(p.key, "val_") || validatedLogs(logs) {
-			return fmt.Errorf("no Monitor %q in the logs of epoch %d, which have %s", p.key, epoch, strings.Join(sortedLogKeys(logs), ", "))
-		}
-		return nil
+		return err
 	}
-	p.seen = true
 	if p.cooldown > 0 {
 		p.cooldown--
 		p.wait = 0
 	}
-	if p.improves(current) {
+	if p.mon.improves(current, p.best, p.minDelta) {
 		p.best, p.wait = current, 0
 		return nil
 	}
@@ -188,22 +179,13 @@ func (p *ReduceLROnPlateau) OnEpochEnd(ctx context.Context, r *Run, epoch int, l
 	return nil
 }
 
-// improves reports whether current improves on the best by more than
-// MinDelta.
-func (p *ReduceLROnPlateau) improves(current float64) bool {
-	if p.max {
-		return current > p.best+p.minDelta
-	}
-	return current < p.best-p.minDelta
-}
-
 // OnTrainEnd fails when epochs ended and none had Monitor: a validation
 // key when no epoch validated.
 func (p *ReduceLROnPlateau) OnTrainEnd(context.Context, *Run, Logs) error {
-	if p.ended && !p.seen {
-		return fmt.Errorf("no epoch's logs had Monitor %q: no epoch validated (does Fit have ValidationData?)", p.key)
+	if !p.ended {
+		return nil
 	}
-	return nil
+	return p.mon.check()
 }
 
 // LearningRateScheduler is Keras's LearningRateScheduler callback: at the
@@ -253,23 +235,4 @@ func (s *LearningRateScheduler) OnEpochEnd(ctx context.Context, r *Run, _ int, l
 		logs[LogLearningRate] = lr
 	}
 	return nil
-}
-
-// validatedLogs reports whether logs hold validation results.
-func validatedLogs(logs Logs) bool {
-	for k := range logs {
-		if strings.HasPrefix(k, "val_") {
-			return true
-		}
-	}
-	return false
-}
-
-func sortedLogKeys(logs Logs) []string {
-	keys := make([]string, 0, len(logs))
-	for k := range logs {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

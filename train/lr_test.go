@@ -400,7 +400,7 @@ func TestLearningRateErrors(t *testing.T) {
 	_, err = fixed.LearningRate(ctx)
 	assert.ErrorContains(t, err, notSet)
 	assert.ErrorContains(t, fixed.SetLearningRate(ctx, 0.01), "train: SetLearningRate(0.01): "+notSet)
-	for _, cb := range []train.Callback{&train.LearningRateScheduler{Schedule: func(int, float64) float64 { return 0.1 }}, &train.ReduceLROnPlateau{}} {
+	for _, cb := range []train.Callback{&train.LearningRateScheduler{Schedule: func(int, float64) float64 { return 0.1 }}, &train.ReduceLROnPlateau{Monitor: "loss"}} {
 		h, err := fixed.Fit(ctx, one, train.Epochs(2), train.WithCallbacks(cb))
 		assert.ErrorContains(t, err, notSet)
 		assert.Empty(t, h.Epochs, "no epoch trained")
@@ -416,7 +416,8 @@ func TestLearningRateErrors(t *testing.T) {
 		{&train.ReduceLROnPlateau{Factor: 1.5}, nil, "callback ReduceLROnPlateau: OnTrainBegin: reduction Factor 1.5, expected 0 < Factor < 1"},
 		{&train.ReduceLROnPlateau{Mode: "up"}, nil, `unknown Mode "up", expected "auto", "min" or "max"`},
 		{&train.ReduceLROnPlateau{Monitor: "los"}, nil, `epoch 0: callback ReduceLROnPlateau: OnEpochEnd: no Monitor "los" in the logs of epoch 0, which have accuracy, learning_rate, loss`},
-		{&train.ReduceLROnPlateau{}, nil, `callback ReduceLROnPlateau: OnTrainEnd: no epoch's logs had Monitor "val_loss"`},
+		{&train.ReduceLROnPlateau{}, nil, `callback ReduceLROnPlateau: OnTrainBegin: Monitor "val_loss" is a validation log, and Fit has no ValidationData`},
+		{&train.ReduceLROnPlateau{}, []train.FitOption{train.ValidationData(one), train.ValidationFreq(3)}, `callback ReduceLROnPlateau: OnTrainEnd: no epoch's logs had Monitor "val_loss"`},
 		{&train.ReduceLROnPlateau{}, []train.FitOption{train.ValidationData(one), train.ValidationFreq(2)}, ""},
 		{&train.LearningRateScheduler{}, nil, "callback LearningRateScheduler: OnTrainBegin: nil Schedule"},
 		{&train.LearningRateScheduler{Schedule: func(int, float64) float64 { return -0.5 }}, nil, "callback LearningRateScheduler: OnEpochBegin: rate -0.5 from Schedule(0, 0.05000000074505806), expected a finite float32 >= 0"},
