@@ -1,10 +1,11 @@
 // Command customloop is a custom training loop on the Mirrored strategy,
-// written the way a tf.distribute user writes one: a model of nn layers
-// (nn.MLP) and a step built with an nn.Builder, per-replica input
+// written the way a tf.distribute user writes one: a functional model of nn
+// layers and a step built with an nn.Builder, per-replica input
 // pipelines from DistributeDatasetsFromFunction, a metric kept in an OnRead
 // variable that every replica updates and that is summed when read, a
 // learning-rate schedule, and a checkpoint manager that saves every epoch and
-// resumes from the latest checkpoint when the program starts again.
+// resumes from the latest checkpoint when the program starts again. It uses
+// the public API only: copy it into a module of your own.
 //
 //	customloop -dir /tmp/run -epochs 3     # trains epochs 1..3
 //	customloop -dir /tmp/run -epochs 5     # resumes after epoch 3
@@ -23,7 +24,6 @@ import (
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
-	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/nn"
@@ -31,6 +31,7 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
+// options are the command's flags.
 type options struct {
 	dir         string
 	epochs      int
@@ -40,25 +41,40 @@ type options struct {
 	decayEpochs int // the learning rate decays over this many epochs, whatever -epochs says
 }
 
+// epochResult is what an epoch of training reports.
 type epochResult struct {
 	Epoch    int
 	Loss     float64
 	Accuracy float64 // on the epoch's training examples, from the OnRead metric
 }
 
+// report is what a run reports.
 type report struct {
 	ResumedAfter int // epochs restored from the checkpoint
 	Epochs       []epochResult
 	HeldOut      float64
+	model        *nn.Model
 }
 
-func run(ctx context.Context, o options, log io.Writer) (report, error) {
+// newModel defines the classifier: a hidden layer of 64 ReLU units, then
+// the 10 logits, on the 64 pixels of a digit.
+func newModel(sc strategy.Scope, seed int64) (*nn.Model, error) {
+	in := nn.Input(digits.Features)
+	h := nn.Dense{Units: 64, Activation: nn.ReLU}.Call(in)
+	return nn.NewModel(sc, "mlp", []*nn.Tensor{in}, []*nn.Tensor{nn.Dense{Units: digits.Classes}.Call(h)}, nn.WithSeed(seed))
+}
+
+// inputs are what both steps read: x [batch, 64] float32 pixels and y
+// [batch] int32 labels.
+var inputs = strategy.InputSpec{
+	"x": {DType: tf.Float, Shape: []int64{-1, digits.Features}},
+	"y": {DType: tf.Int32, Shape: []int64{-1}},
+}
+
+// run trains on s, resuming from o.dir's latest checkpoint, and scores the
+// held-out digits.
+func run(ctx context.Context, s *mirrored.Strategy, o options, log io.Writer) (report, error) {
 	var rep report
-	s, err := mirrored.New(mirrored.WithLogicalCPUs(o.devices))
-	if err != nil {
-		return rep, err
-	}
-	defer s.Close()
 	data, err := digits.Load()
 	if err != nil {
 		return rep, err
@@ -91,6 +107,7 @@ func run(ctx context.Context, o options, log io.Writer) (report, error) {
 		}
 		fmt.Fprintf(log, "epoch %d: loss %.4f, training accuracy %.2f%%, saved\n", epoch, res.Loss, 100*res.Accuracy)
 	}
+	rep.model = t.model
 	rep.HeldOut, err = heldOut(ctx, s, t.model, test)
 	return rep, err
 }
@@ -102,7 +119,7 @@ type trainer struct {
 	train         digits.Data
 	stepsPerEpoch int
 	perReplica    int // examples per replica and step
-	model         *nn.MLP
+	model         *nn.Model
 	correct, seen strategy.Variable // the metric: summed over replicas when read
 	step          *strategy.Step
 }
@@ -116,7 +133,7 @@ func newTrainer(s *mirrored.Strategy, o options, train digits.Data) (*trainer, e
 		return nil, err
 	}
 	if err := s.Scope(func(sc strategy.Scope) error {
-		if t.model, err = nn.NewMLP(sc, "mlp", []int{digits.Features, 64, digits.Classes}, int64(o.seed)); err != nil {
+		if t.model, err = newModel(sc, int64(o.seed)); err != nil {
 			return err
 		}
 		metric := []strategy.VariableOption{strategy.WithSynchronization(strategy.OnRead), strategy.WithAggregation(strategy.AggregationSum)}
@@ -129,7 +146,7 @@ func newTrainer(s *mirrored.Strategy, o options, train digits.Data) (*trainer, e
 		return nil, err
 	}
 	decay := optimizer.CosineDecay{Initial: 0.1, DecaySteps: int64(t.stepsPerEpoch * max(o.decayEpochs, 1)), Alpha: 0.1}
-	t.step, err = s.Build(models.Spec, t.trainStep(optimizer.NewMomentum(decay, 0.9, false)))
+	t.step, err = s.Build(inputs, t.trainStep(optimizer.NewMomentum(decay, 0.9, false)))
 	return t, err
 }
 
@@ -137,7 +154,7 @@ func newTrainer(s *mirrored.Strategy, o options, train digits.Data) (*trainer, e
 // seen and classified right into the metric.
 func (t *trainer) trainStep(opt strategy.Optimizer) strategy.ReplicaFn {
 	return func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := t.model.Apply(rc, in["x"])
+		logits, err := t.model.Apply(rc, in["x"], true)
 		if err != nil {
 			return nil, err
 		}
@@ -209,9 +226,10 @@ func (t *trainer) metric(ctx context.Context) (float64, error) {
 	return float64(strategy.TensorValue(c).(float32)) / float64(strategy.TensorValue(n).(float32)), nil
 }
 
-// heldOut scores the test set with the digits models' eval step, built on
-// the same model.
-func heldOut(ctx context.Context, s *mirrored.Strategy, model *nn.MLP, test digits.Data) (float64, error) {
+// heldOut scores the test set with an evaluation step on the same model,
+// in batches of 64 (the last one smaller), with a metric that sums its
+// counts over the replicas.
+func heldOut(ctx context.Context, s *mirrored.Strategy, model *nn.Model, test digits.Data) (float64, error) {
 	var acc *metrics.Accuracy
 	if err := s.Scope(func(sc strategy.Scope) (err error) {
 		acc, err = metrics.NewAccuracy(sc, "metrics/held_out")
@@ -219,11 +237,36 @@ func heldOut(ctx context.Context, s *mirrored.Strategy, model *nn.MLP, test digi
 	}); err != nil {
 		return 0, err
 	}
-	eval, err := s.Build(models.Spec, models.EvalStep(model.Sequential, acc))
+	eval, err := s.Build(inputs, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		logits, err := model.Apply(rc, in["x"], false)
+		if err != nil {
+			return nil, err
+		}
+		return nil, acc.Update(rc, logits, in["y"])
+	})
 	if err != nil {
 		return 0, err
 	}
-	return models.Accuracy(ctx, s, eval, acc, test, 64)
+	ds, err := dataset.FromSlices(map[string]any{"x": test.X, "y": test.Y})
+	if err != nil {
+		return 0, err
+	}
+	dist, err := s.DistributeDataset(dataset.Batched(ds, 64, false))
+	if err != nil {
+		return 0, err
+	}
+	res, err := metrics.Evaluate(ctx, s, eval, dist, acc)
+	return res[acc.Name()], err
+}
+
+// onDevices runs the loop on o.devices logical CPUs.
+func onDevices(ctx context.Context, o options, log io.Writer) (report, error) {
+	s, err := mirrored.New(mirrored.WithLogicalCPUs(o.devices))
+	if err != nil {
+		return report{}, err
+	}
+	defer s.Close()
+	return run(ctx, s, o, log)
 }
 
 func main() {
@@ -239,7 +282,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "customloop: -dir is required")
 		os.Exit(2)
 	}
-	rep, err := run(context.Background(), o, os.Stdout)
+	rep, err := onDevices(context.Background(), o, os.Stdout)
 	if err != nil {
 		var me *checkpoint.MismatchError
 		if errors.As(err, &me) {
