@@ -79,7 +79,7 @@ func TestEarlyStoppingRefusesWhatWouldDisableIt(t *testing.T) {
 	assert.Empty(t, h.Epochs)
 
 	h, err = tr.Fit(ctx, ds, train.Epochs(2), train.WithCallbacks(&train.EarlyStopping{}))
-	require.ErrorContains(t, err, `callback EarlyStopping: OnTrainBegin: Monitor "val_loss" is a validation log, and Fit has no ValidationData`)
+	require.ErrorContains(t, err, `callback EarlyStopping: OnTrainBegin: the Monitor "val_loss" is a validation log, and Fit has no ValidationData`)
 	assert.Empty(t, h.Epochs, "refused before the first step")
 
 	_, err = tr.Fit(ctx, ds, train.Epochs(2), train.WithCallbacks(&train.EarlyStopping{Mode: "maximum"}))

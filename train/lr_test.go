@@ -416,7 +416,7 @@ func TestLearningRateErrors(t *testing.T) {
 		{&train.ReduceLROnPlateau{Factor: 1.5}, nil, "callback ReduceLROnPlateau: OnTrainBegin: reduction Factor 1.5, expected 0 < Factor < 1"},
 		{&train.ReduceLROnPlateau{Mode: "up"}, nil, `unknown Mode "up", expected "auto", "min" or "max"`},
 		{&train.ReduceLROnPlateau{Monitor: "los"}, nil, `epoch 0: callback ReduceLROnPlateau: OnEpochEnd: no Monitor "los" in the logs of epoch 0, which have accuracy, learning_rate, loss`},
-		{&train.ReduceLROnPlateau{}, nil, `callback ReduceLROnPlateau: OnTrainBegin: Monitor "val_loss" is a validation log, and Fit has no ValidationData`},
+		{&train.ReduceLROnPlateau{}, nil, `callback ReduceLROnPlateau: OnTrainBegin: the Monitor "val_loss" is a validation log, and Fit has no ValidationData`},
 		{&train.ReduceLROnPlateau{}, []train.FitOption{train.ValidationData(one), train.ValidationFreq(3)}, `callback ReduceLROnPlateau: OnTrainEnd: no epoch's logs had Monitor "val_loss"`},
 		{&train.ReduceLROnPlateau{}, []train.FitOption{train.ValidationData(one), train.ValidationFreq(2)}, ""},
 		{&train.LearningRateScheduler{}, nil, "callback LearningRateScheduler: OnTrainBegin: nil Schedule"},

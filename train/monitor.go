@@ -78,7 +78,7 @@ func (m *monitor) value(logs Logs, what string, epochEnd bool) (v float64, ok bo
 // has no validation data.
 func (m *monitor) validated(r *Run) error {
 	if strings.HasPrefix(m.key, "val_") && r.ValidationFreq == 0 {
-		return fmt.Errorf("Monitor %q is a validation log, and Fit has no ValidationData", m.key)
+		return fmt.Errorf("the Monitor %q is a validation log, and Fit has no ValidationData", m.key)
 	}
 	return nil
 }
