@@ -98,6 +98,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-optimizer %q: expected sgd or adam", o.optimizer)
 	case o.lr <= 0:
 		return o, fmt.Errorf("-lr %g: expected a positive rate", o.lr)
+	case o.exportVersion < -1 || o.exportVersion != 0 && o.exportDir == "":
+		return o, fmt.Errorf("-export-version %d: expected -export-dir and a positive version, 0 for none or -1 for the next", o.exportVersion)
 	case o.dist.Strategy == "ps" && o.dist.Devices > 1:
 		return o, fmt.Errorf("-strategy ps -devices %d: each worker runs its steps on one device", o.dist.Devices)
 	}
@@ -108,6 +110,7 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// run is the command: it returns the process's exit code.
 func run(args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {

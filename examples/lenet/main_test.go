@@ -92,11 +92,12 @@ func TestCommand(t *testing.T) {
 	assert.InDelta(t, res.Accuracy, exportAccuracy(t, res.ExportDir), 1e-9, "the SavedModel is the trained model")
 
 	for want, args := range map[string][]string{
-		"-epochs 0":      {"-epochs", "0"},
-		`"rmsprop"`:      {"-optimizer", "rmsprop"},
-		`"gpu"`:          {"-strategy", "gpu"},
-		"-devices 2: ":   {"-strategy", "ps", "-devices", "2"},
-		"Devices 2 asks": {"-strategy", "default", "-devices", "2"},
+		"-epochs 0":         {"-epochs", "0"},
+		`"rmsprop"`:         {"-optimizer", "rmsprop"},
+		`"gpu"`:             {"-strategy", "gpu"},
+		"-devices 2: ":      {"-strategy", "ps", "-devices", "2"},
+		"-export-version 3": {"-export-version", "3"},
+		"Devices 2 asks":    {"-strategy", "default", "-devices", "2"},
 	} {
 		errOut.Reset()
 		assert.NotEqual(t, 0, run(args, io.Discard, &errOut), args)
