@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -43,12 +41,8 @@ func BenchmarkAgainstKeras(b *testing.B) {
 	trainSet, _ := data.Split(heldOut, uint64(o.seed))
 
 	dir := b.TempDir()
-	var xs []float32
-	for _, row := range trainSet.X {
-		xs = append(xs, row...)
-	}
-	writeRaw(b, filepath.Join(dir, "x"), xs)
-	writeRaw(b, filepath.Join(dir, "y"), trainSet.Y)
+	kerasbench.WriteRaw(b, filepath.Join(dir, "x"), trainSet.X...)
+	kerasbench.WriteRaw(b, filepath.Join(dir, "y"), trainSet.Y)
 	setup := map[string]any{
 		"replicas": replicas, "intra_op": intra, "inter_op": inter,
 		"global_batch": o.globalBatch, "filters": o.filters, "lr": o.lr, "seed": o.seed,
@@ -98,13 +92,4 @@ func (t *trainer) measure(d digits.Data, o options) kerasbench.Measure {
 		}
 		return 0, 0, fmt.Errorf("the training data ended")
 	}
-}
-
-// writeRaw writes v's elements to path in the machine's byte order, as
-// numpy's fromfile reads them.
-func writeRaw(b *testing.B, path string, v any) {
-	f, err := os.Create(path)
-	require.NoError(b, err)
-	require.NoError(b, binary.Write(f, binary.NativeEndian, v))
-	require.NoError(b, f.Close())
 }

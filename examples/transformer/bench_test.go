@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -47,8 +45,8 @@ func BenchmarkAgainstKeras(b *testing.B) {
 
 	tmp := b.TempDir()
 	x, y := windows(text.train, o.seqLen)
-	writeRows(b, filepath.Join(tmp, "x"), x)
-	writeRows(b, filepath.Join(tmp, "y"), y)
+	kerasbench.WriteRaw(b, filepath.Join(tmp, "x"), x...)
+	kerasbench.WriteRaw(b, filepath.Join(tmp, "y"), y...)
 	setup := map[string]any{
 		"replicas": replicas, "intra_op": intra, "inter_op": inter,
 		"global_batch": o.globalBatch, "seq_len": o.seqLen, "width": o.width, "heads": o.heads,
@@ -98,15 +96,4 @@ func (t *trainer) measure(ids []int32) kerasbench.Measure {
 		}
 		return 0, 0, fmt.Errorf("the training text ended")
 	}
-}
-
-// writeRows writes rows, one after another, to path in the machine's
-// byte order, as numpy's fromfile reads them.
-func writeRows(b *testing.B, path string, rows [][]int32) {
-	f, err := os.Create(path)
-	require.NoError(b, err)
-	for _, r := range rows {
-		require.NoError(b, binary.Write(f, binary.NativeEndian, r))
-	}
-	require.NoError(b, f.Close())
 }

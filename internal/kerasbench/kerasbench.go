@@ -19,6 +19,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -228,4 +229,19 @@ func (p *python) close(b *testing.B) {
 	case <-time.After(time.Minute):
 		b.Errorf("python did not exit a minute after its input ended")
 	}
+}
+
+// WriteRaw writes rows one after another to path, each element in the
+// machine's byte order, as numpy's fromfile reads them: the examples the
+// Keras side trains on.
+func WriteRaw[T int32 | float32](tb testing.TB, path string, rows ...[]T) {
+	tb.Helper()
+	f, err := os.Create(path)
+	require.NoError(tb, err)
+	w := bufio.NewWriter(f)
+	for _, r := range rows {
+		require.NoError(tb, binary.Write(w, binary.NativeEndian, r))
+	}
+	require.NoError(tb, w.Flush())
+	require.NoError(tb, f.Close())
 }
