@@ -2,24 +2,23 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/kerasbench"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/mirrored"
-	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/train"
 )
 
-// BenchmarkAgainstKeras measures the example's training step (its model,
-// global batch 64, SGD with momentum 0.9) under Mirrored on 2 logical
-// CPUs against the same model trained with Keras 3's model.fit under
+// BenchmarkAgainstKeras measures the example's train.Fit (its model,
+// global batch 64, SGD with momentum 0.9, the loss and accuracy logged)
+// under Mirrored on 2 logical CPUs against the same model trained with
+// Keras 3's model.fit (the same loss and metric) under
 // tf.distribute.MirroredStrategy on 2 logical CPUs
 // (testdata/keras_resnet.py), on the same training examples, with the
 // same TensorFlow thread pools on both sides (mirrored's defaults): -pairs
@@ -29,16 +28,16 @@ import (
 // over Keras's in each pair. Run with -benchtime 1x.
 func BenchmarkAgainstKeras(b *testing.B) {
 	const replicas = 2
-	o := options{steps: 1000, globalBatch: 64, filters: 16, lr: 0.05, seed: 1}
+	o := options{globalBatch: 64, filters: 16, lr: 0.05, seed: 1}
 	intra, inter := tfrt.DefaultThreads()
 	s, err := mirrored.New(mirrored.WithLogicalCPUs(replicas), mirrored.WithThreads(intra, inter))
 	require.NoError(b, err)
 	defer s.Close()
-	t, err := newTrainer(s, o)
+	tr, err := compile(s, o)
 	require.NoError(b, err)
-	data, err := digits.Load()
+	d, err := digits.Load()
 	require.NoError(b, err)
-	trainSet, _ := data.Split(heldOut, uint64(o.seed))
+	trainSet, _ := d.Split(heldOut, uint64(o.seed))
 
 	dir := b.TempDir()
 	kerasbench.WriteRaw(b, filepath.Join(dir, "x"), trainSet.X...)
@@ -53,43 +52,36 @@ func BenchmarkAgainstKeras(b *testing.B) {
 			Script: filepath.Join("testdata", "keras_resnet.py"), Setup: setup,
 			Warmup:  10,
 			PerStep: float64(o.globalBatch), Unit: "examples/s",
-		}, t.measure(trainSet, o))
+		}, measure(tr, o))
 	}
 }
 
-// measure returns a kerasbench.Measure of t's training step on shuffled
-// global batches of d, as fit runs it: each step's loss read back.
-func (t *trainer) measure(d digits.Data, o options) kerasbench.Measure {
+// measure returns a kerasbench.Measure of tr.Fit on shuffled global
+// batches of the training set, as model.fit runs on the Keras side: a
+// callback starts the clock after the warm-up steps and stops training
+// once the seconds have passed.
+func measure(tr *train.Trainer, o options) kerasbench.Measure {
 	return func(seconds float64, warmup int) (int, time.Duration, error) {
-		ctx := context.Background()
-		ds, err := dataset.FromSlices(map[string]any{"x": d.X, "y": d.Y})
-		if err != nil {
-			return 0, 0, err
-		}
-		dist, err := t.s.DistributeDataset(dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, d.Len(), uint64(o.seed)), -1), o.globalBatch, true))
+		trainSet, _, _, err := data(o)
 		if err != nil {
 			return 0, 0, err
 		}
 		var start time.Time
-		step := 0
-		for batch, err := range dist.All(ctx) {
-			if err != nil {
-				return 0, 0, err
-			}
-			res, err := t.s.Run(ctx, t.train, batch)
-			if err != nil {
-				return 0, 0, fmt.Errorf("step %d: %w", step, err)
-			}
-			if _, ok := strategy.TensorValue(res.Reduced("loss")).(float32); !ok {
-				return 0, 0, fmt.Errorf("step %d: the loss is not a float32", step)
-			}
-			step++
-			if step == warmup {
+		var steps int
+		var elapsed time.Duration
+		clock := &train.LambdaCallback{BatchEnd: func(_ context.Context, r *train.Run, _ int, _ train.Logs) error {
+			switch n := int(r.Steps()); {
+			case n == warmup:
 				start = time.Now()
-			} else if elapsed := time.Since(start); step > warmup && elapsed.Seconds() >= seconds {
-				return step - warmup, elapsed, nil
+			case n > warmup && time.Since(start).Seconds() >= seconds:
+				steps, elapsed = n-warmup, time.Since(start)
+				r.StopTraining()
 			}
+			return nil
+		}}
+		if _, err := tr.Fit(context.Background(), trainSet, train.StepsPerEpoch(1<<30), train.WithCallbacks(clock)); err != nil {
+			return 0, 0, err
 		}
-		return 0, 0, fmt.Errorf("the training data ended")
+		return steps, elapsed, nil
 	}
 }

@@ -6,9 +6,11 @@
 //	resnet -strategy mirrored -devices 2
 //	tfdist launch --workers 2 -- resnet -strategy multiworker -devices 1
 //
-// BatchNorm is synchronized (Keras' synchronized=True): its statistics
-// cover the global batch, so N replicas train the model one device trains
-// on the same global batches.
+// It trains with train.Fit, as Keras's model.fit: -epochs epochs of
+// -steps-per-epoch steps over the shuffled training set, repeated, with
+// the held-out set as validation data. BatchNorm is synchronized (Keras'
+// synchronized=True): its statistics cover the global batch, so N
+// replicas train the model one device trains on the same global batches.
 package main
 
 import (
@@ -23,15 +25,13 @@ import (
 	"syscall"
 	"time"
 
-	tf "github.com/wamuir/graft/tensorflow"
-
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/distribute"
-	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/train"
 )
 
 // resnet defines the model: 16 filters throughout, so that every block
@@ -59,14 +59,15 @@ func convBN(x *nn.Tensor, filters int, act nn.Activation) *nn.Tensor {
 
 // options are the command's flags.
 type options struct {
-	dist        distribute.Config
-	steps       int
-	globalBatch int
-	filters     int
-	lr          float64
-	seed        int64
-	policy      nn.Policy
-	json        bool
+	dist          distribute.Config
+	epochs        int
+	stepsPerEpoch int
+	globalBatch   int
+	filters       int
+	lr            float64
+	seed          int64
+	policy        nn.Policy
+	json          bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -74,7 +75,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("resnet", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o.dist.RegisterFlags(fs)
-	fs.IntVar(&o.steps, "steps", 1000, "training steps")
+	fs.IntVar(&o.epochs, "epochs", 10, "training epochs")
+	fs.IntVar(&o.stepsPerEpoch, "steps-per-epoch", 100, "training steps of each epoch")
 	fs.IntVar(&o.globalBatch, "global-batch", 64, "examples per step, across every replica")
 	fs.IntVar(&o.filters, "filters", 16, "convolution filters of every layer")
 	fs.Float64Var(&o.lr, "lr", 0.05, "learning rate of SGD with momentum 0.9")
@@ -85,8 +87,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	switch {
-	case o.steps < 1:
-		return o, fmt.Errorf("-steps %d: expected at least 1", o.steps)
+	case o.epochs < 1:
+		return o, fmt.Errorf("-epochs %d: expected at least 1", o.epochs)
+	case o.stepsPerEpoch < 1:
+		return o, fmt.Errorf("-steps-per-epoch %d: expected at least 1", o.stepsPerEpoch)
 	case o.globalBatch < 1:
 		return o, fmt.Errorf("-global-batch %d: expected at least 1", o.globalBatch)
 	case o.filters < 1:
@@ -120,7 +124,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if distribute.IsChief(s) {
 		out = stdout
 	}
-	res, err := train(ctx, s, o, true, out)
+	res, err := fit(ctx, s, o, out)
 	if err != nil {
 		fmt.Fprintf(stderr, "resnet: %v\n", err)
 		return 1
@@ -143,34 +147,17 @@ type result struct {
 	model          *nn.Model
 }
 
-// trainer is a model with its training and evaluation steps on one
-// strategy.
-type trainer struct {
-	s     strategy.Strategy
-	model *nn.Model
-	acc   *metrics.Accuracy
-	train *strategy.Step
-	eval  *strategy.Step
-}
-
 // heldOut is the number of held-out examples, as the digits classifier
 // holds out.
 const heldOut = 297
 
-var inputs = strategy.InputSpec{
-	"x": {DType: tf.Float, Shape: []int64{-1, 64}},
-	"y": {DType: tf.Int32, Shape: []int64{-1}},
-}
-
-func newTrainer(s strategy.Strategy, o options) (*trainer, error) {
-	t := &trainer{s: s}
+// compile builds the model in s's scope and compiles it with SGD with
+// momentum (and loss scaling under mixed_float16).
+func compile(s strategy.Strategy, o options) (*train.Trainer, error) {
+	var model *nn.Model
 	err := s.Scope(func(sc strategy.Scope) (err error) {
 		in, out := resnet(o.filters)
-		if t.model, err = nn.NewModel(sc, "resnet", []*nn.Tensor{in}, []*nn.Tensor{out}, nn.WithSeed(o.seed)); err != nil {
-			return err
-		}
-		t.model = t.model.WithPolicy(o.policy)
-		t.acc, err = metrics.NewAccuracy(sc, "accuracy")
+		model, err = nn.NewModel(sc, "resnet", []*nn.Tensor{in}, []*nn.Tensor{out}, nn.WithSeed(o.seed))
 		return err
 	})
 	if err != nil {
@@ -182,101 +169,53 @@ func newTrainer(s strategy.Strategy, o options) (*trainer, error) {
 			return nil, err
 		}
 	}
-	if t.train, err = s.Build(inputs, t.trainStep(opt)); err != nil {
-		return nil, err
-	}
-	t.eval, err = s.Build(inputs, t.evalStep)
-	return t, err
+	return train.Compile(s, model.WithPolicy(o.policy), train.SparseCategoricalCrossentropy{FromLogits: true}, opt,
+		train.WithMetrics(train.SparseCategoricalAccuracy{}))
 }
 
-func (t *trainer) trainStep(opt strategy.Optimizer) strategy.ReplicaFn {
-	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := t.model.Apply(r, in["x"], true)
-		if err != nil {
-			return nil, err
-		}
-		loss := r.AverageLoss(nn.SparseSoftmaxCrossEntropy(r.Scope().SubScope("loss"), logits, in["y"], 10))
-		if err := r.ReduceOutput("loss", strategy.Sum, loss); err != nil {
-			return nil, err
-		}
-		return nil, r.Minimize(opt, loss, t.model.Vars())
-	}
-}
-
-func (t *trainer) evalStep(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-	logits, err := t.model.Apply(r, in["x"], false)
+// data returns the shuffled training set in global batches, repeated, and
+// the held-out set.
+func data(o options) (trainSet, test dataset.Dataset, n int, err error) {
+	d, err := digits.Load()
 	if err != nil {
-		return nil, err
+		return nil, nil, 0, err
 	}
-	return nil, t.acc.Update(r, logits, in["y"])
+	tr, te := d.Split(heldOut, uint64(o.seed))
+	if trainSet, err = dataset.FromSlices(map[string]any{"x": tr.X, "y": tr.Y}); err != nil {
+		return nil, nil, 0, err
+	}
+	if test, err = dataset.FromSlices(map[string]any{"x": te.X, "y": te.Y}); err != nil {
+		return nil, nil, 0, err
+	}
+	trainSet = dataset.Batched(dataset.Repeat(dataset.Shuffle(trainSet, tr.Len(), uint64(o.seed)), -1), o.globalBatch, true)
+	return trainSet, dataset.Batched(test, o.globalBatch, false), tr.Len(), nil
 }
 
-// train trains a new model on s as o says, printing progress to out, and
-// reports the final loss; with evaluate, the held-out accuracy too.
-func train(ctx context.Context, s strategy.Strategy, o options, evaluate bool, out io.Writer) (result, error) {
-	t, err := newTrainer(s, o)
+// fit trains a new model on s as o says, printing its summary and
+// progress to out, and reports the last epoch's loss and the held-out
+// accuracy.
+func fit(ctx context.Context, s strategy.Strategy, o options, out io.Writer) (result, error) {
+	tr, err := compile(s, o)
 	if err != nil {
 		return result{}, err
 	}
-	data, err := digits.Load()
+	trainSet, test, _, err := data(o)
 	if err != nil {
 		return result{}, err
 	}
-	trainSet, test := data.Split(heldOut, uint64(o.seed))
-	fmt.Fprint(out, t.model.Summary())
-	res := result{Replicas: s.NumReplicasInSync(), model: t.model}
+	fmt.Fprint(out, tr.Model().Summary())
 	start := time.Now()
-	if res.FinalLoss, err = t.fit(ctx, trainSet, o, out); err != nil || !evaluate {
-		return res, err
-	}
-	res.ExamplesPerSec = float64(o.steps*o.globalBatch) / time.Since(start).Seconds()
-	res.Accuracy, err = t.accuracy(ctx, test, o.globalBatch)
-	return res, err
-}
-
-// fit runs o.steps steps on shuffled global batches of d and returns the
-// last step's loss.
-func (t *trainer) fit(ctx context.Context, d digits.Data, o options, out io.Writer) (float64, error) {
-	ds, err := dataset.FromSlices(map[string]any{"x": d.X, "y": d.Y})
+	h, err := tr.Fit(ctx, trainSet, train.Epochs(o.epochs), train.StepsPerEpoch(o.stepsPerEpoch),
+		train.ValidationData(test), train.WithCallbacks(train.NewProgressBar(out)))
 	if err != nil {
-		return 0, err
+		return result{}, err
 	}
-	ds = dataset.Take(dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, d.Len(), uint64(o.seed)), -1), o.globalBatch, true), o.steps)
-	dist, err := t.s.DistributeDataset(ds)
-	if err != nil {
-		return 0, err
-	}
-	loss, step := 0.0, 0
-	for batch, err := range dist.All(ctx) {
-		if err != nil {
-			return 0, err
-		}
-		res, err := t.s.Run(ctx, t.train, batch)
-		if err != nil {
-			return 0, fmt.Errorf("step %d: %w", step, err)
-		}
-		step++
-		loss = float64(strategy.TensorValue(res.Reduced("loss")).(float32))
-		if step%100 == 0 || step == o.steps {
-			fmt.Fprintf(out, "step %4d/%d  loss %.4f\n", step, o.steps, loss)
-		}
-	}
-	return loss, nil
-}
-
-// accuracy scores the held-out set, every example once across workers.
-func (t *trainer) accuracy(ctx context.Context, test digits.Data, batch int) (float64, error) {
-	ds, err := dataset.FromSlices(map[string]any{"x": test.X, "y": test.Y})
-	if err != nil {
-		return 0, err
-	}
-	dist, err := t.s.DistributeDataset(dataset.Batched(ds, batch, false))
-	if err != nil {
-		return 0, err
-	}
-	got, err := metrics.Evaluate(ctx, t.s, t.eval, dist, t.acc)
-	if err != nil {
-		return 0, err
-	}
-	return got["accuracy"], nil
+	last := len(h.Epochs) - 1
+	return result{
+		FinalLoss:      h.Values["loss"][last],
+		Accuracy:       h.Values["val_accuracy"][last],
+		Replicas:       s.NumReplicasInSync(),
+		ExamplesPerSec: float64(o.epochs*o.stepsPerEpoch*o.globalBatch) / time.Since(start).Seconds(),
+		model:          tr.Model(),
+	}, nil
 }

@@ -17,13 +17,13 @@ import (
 )
 
 // small is a run short enough for a test.
-var small = options{steps: 15, globalBatch: 32, filters: 4, lr: 0.01, seed: 3}
+var small = options{epochs: 3, stepsPerEpoch: 5, globalBatch: 32, filters: 4, lr: 0.01, seed: 3}
 
 // trainOn trains small on s and reads every variable of the model.
 func trainOn(t *testing.T, s strategy.Strategy) []strategy.VariableValue {
 	t.Helper()
 	ctx := context.Background()
-	res, err := train(ctx, s, small, false, io.Discard)
+	res, err := fit(ctx, s, small, io.Discard)
 	require.NoError(t, err)
 	vals, err := strategy.ReadVariables(ctx, s, res.model.Variables())
 	require.NoError(t, err)
@@ -67,13 +67,13 @@ func TestReplicasMatchOneDevice(t *testing.T) {
 // accuracy, and refuses bad flags naming them.
 func TestCommand(t *testing.T) {
 	var out, errOut bytes.Buffer
-	code := run([]string{"-strategy", "mirrored", "-devices", "2", "-steps", "100", "-filters", "4", "-json"}, &out, &errOut)
+	code := run([]string{"-strategy", "mirrored", "-devices", "2", "-epochs", "2", "-steps-per-epoch", "50", "-filters", "4", "-json"}, &out, &errOut)
 	require.Equal(t, 0, code, errOut.String())
-	for _, want := range []string{`Model: "resnet"`, "batch_norm_4 (batch_norm)", "add_1 (add)", "step  100/100", "held-out accuracy", `"accuracy":`} {
+	for _, want := range []string{`Model: "resnet"`, "batch_norm_4 (batch_norm)", "add_1 (add)", "Epoch 2/2", "50/50 - ", "val_accuracy: ", "held-out accuracy", `"accuracy":`} {
 		assert.Contains(t, out.String(), want)
 	}
 	for args, want := range map[string][]string{
-		"-steps 0":   {"-steps", "0"},
+		"-epochs 0":  {"-epochs", "0"},
 		`"gpu"`:      {"-strategy", "gpu"},
 		"Devices 2 ": {"-strategy", "default", "-devices", "2"},
 	} {

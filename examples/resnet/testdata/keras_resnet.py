@@ -52,7 +52,8 @@ with strategy.scope():
     model = resnet(cfg["filters"])
     model.compile(
         optimizer=keras.optimizers.SGD(cfg["lr"], momentum=0.9),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
 
 n = cfg["n"]
 x = np.fromfile(cfg["x"], dtype=np.float32).reshape(n, 64)
