@@ -39,6 +39,7 @@ type FitOption func(*fitConfig)
 type fitConfig struct {
 	epochs, stepsPerEpoch, initialEpoch int
 	val                                 dataset.Dataset
+	valStep                             any // the test step, built for val
 	valSteps, valFreq                   int
 	callbacks                           []Callback
 }
@@ -123,7 +124,7 @@ func (t *Trainer) fit(ctx context.Context, ds dataset.Dataset, opts []FitOption)
 		return nil, err
 	}
 	if c.val != nil {
-		if _, err := t.stepFor(ctx, testStep, c.val, "validation data"); err != nil {
+		if c.valStep, err = t.stepFor(ctx, testStep, c.val, "validation data"); err != nil {
 			return nil, err
 		}
 	}
@@ -213,7 +214,7 @@ func (t *Trainer) epoch(ctx context.Context, r *Run, f feed, st any, epoch int, 
 	}
 	logs := acc.logs("")
 	if c.val != nil && (epoch+1)%c.valFreq == 0 {
-		val, err := t.evaluate(ctx, c.val, c.valSteps)
+		val, err := t.evaluate(ctx, c.valStep, c.val, c.valSteps)
 		if err != nil {
 			return nil, fmt.Errorf("validation: %w", err)
 		}
@@ -264,18 +265,18 @@ func (t *Trainer) Evaluate(ctx context.Context, ds dataset.Dataset, steps int) (
 	if steps < 0 {
 		return nil, fmt.Errorf("train: Evaluate: steps %d, expected 0 (every batch) or more", steps)
 	}
-	logs, err := t.evaluate(ctx, ds, steps)
-	if err != nil {
-		return nil, fmt.Errorf("train: Evaluate: %w", err)
+	st, err := t.stepFor(ctx, testStep, ds, "evaluation data")
+	if err == nil {
+		var logs Logs
+		if logs, err = t.evaluate(ctx, st, ds, steps); err == nil {
+			return logs, nil
+		}
 	}
-	return logs, nil
+	return nil, fmt.Errorf("train: Evaluate: %w", err)
 }
 
-func (t *Trainer) evaluate(ctx context.Context, ds dataset.Dataset, steps int) (Logs, error) {
-	st, err := t.stepFor(ctx, testStep, ds, "evaluation data")
-	if err != nil {
-		return nil, err
-	}
+// evaluate runs the test step st on ds and adds up its logs.
+func (t *Trainer) evaluate(ctx context.Context, st any, ds dataset.Dataset, steps int) (Logs, error) {
 	acc := t.newTotals()
 	if err := t.eng.evaluate(ctx, st, ds, steps, func(logs []float64) error { acc.add(logs); return nil }); err != nil {
 		return nil, err

@@ -45,18 +45,12 @@ func (l SparseCategoricalCrossentropy) Call(s *op.Scope, yTrue, yPred tf.Output)
 		return tf.Output{}, fmt.Errorf("%s: %w", l.Name(), err)
 	}
 	b := nn.NewBuilder(s, "sparse_xent")
-	logits := l.logits(b, yPred)
+	logits := toLogits(b, yPred, l.FromLogits)
 	flat := b.Reshape(logits, -1, classes)
 	onehot := op.OneHot(b.Op(), b.Reshape(b.Cast(yTrue, tf.Int32), -1), op.Const(b.Op(), int32(classes)),
 		op.Const(b.Op(), float32(1)), op.Const(b.Op(), float32(0)))
 	loss, _ := op.SoftmaxCrossEntropyWithLogits(b.Op(), flat, b.Cast(onehot, flat.DataType()))
 	return op.Reshape(b.Op(), loss, op.Shape(b.Op(), yTrue)), b.Err()
-}
-
-// logits turns probabilities into logits (their log, clipped as Keras
-// clips them) unless the predictions are logits already.
-func (l SparseCategoricalCrossentropy) logits(b *nn.Builder, y tf.Output) tf.Output {
-	return toLogits(b, y, l.FromLogits)
 }
 
 // CategoricalCrossentropy is the cross-entropy of predictions
@@ -143,6 +137,8 @@ func clipProb(b *nn.Builder, p tf.Output) tf.Output {
 	return op.ClipByValue(b.Op(), p, lo, hi)
 }
 
+// toLogits turns probabilities into logits (their log, clipped as Keras
+// clips them) unless the predictions are logits already.
 func toLogits(b *nn.Builder, y tf.Output, fromLogits bool) tf.Output {
 	if fromLogits {
 		return y

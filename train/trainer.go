@@ -288,11 +288,12 @@ func (t *Trainer) reduceLogs(r strategy.Replica, in strategy.Inputs, k keys, los
 	if n := loss.Shape().NumDimensions(); n != 0 {
 		return fmt.Errorf("the step's loss has shape %v, expected a scalar", loss.Shape())
 	}
-	first := in[k.inputs[0]]
-	count := op.Cast(s.SubScope("count"), op.Slice(s.SubScope("n"), op.Shape(s.SubScope("shape"), first, op.ShapeOutType(tf.Int32)),
-		op.Const(s.SubScope("begin"), []int32{0}), op.Const(s.SubScope("size"), []int32{1})), tf.Float)
-	vals := []tf.Output{op.Cast(s.SubScope("loss"), loss, tf.Float), op.Reshape(s.SubScope("count_scalar"), count, op.Const(s.SubScope("scalar"), []int32{}))}
-	weight := sampleWeight(s.SubScope("weight"), in, k, first)
+	// n is the replica's examples, [1]: the leading dimension of its first input.
+	n := op.Slice(s.SubScope("n"), op.Shape(s.SubScope("shape"), in[k.inputs[0]], op.ShapeOutType(tf.Int32)),
+		op.Const(s.SubScope("begin"), []int32{0}), op.Const(s.SubScope("size"), []int32{1}))
+	count := op.Reshape(s.SubScope("count"), op.Cast(s.SubScope("count_float"), n, tf.Float), op.Const(s.SubScope("scalar"), []int32{}))
+	vals := []tf.Output{op.Cast(s.SubScope("loss"), loss, tf.Float), count}
+	weight := sampleWeight(s.SubScope("weight"), in, k, n)
 	t.sizes = make([]int, len(t.cfg.metrics))
 	for i, m := range t.cfg.metrics {
 		sums, err := m.Sums(s.SubScope(fmt.Sprintf("metric_%d", i)), in[KeyY], yPred, weight)
@@ -311,12 +312,10 @@ func (t *Trainer) reduceLogs(r strategy.Replica, in strategy.Inputs, k keys, los
 }
 
 // sampleWeight returns the batch's weights as a [batch] vector: its
-// sample_weight, or ones.
-func sampleWeight(s *op.Scope, in strategy.Inputs, k keys, first tf.Output) tf.Output {
+// sample_weight, or n ([1], the batch's examples) ones.
+func sampleWeight(s *op.Scope, in strategy.Inputs, k keys, n tf.Output) tf.Output {
 	if k.weight {
 		return op.Reshape(s.SubScope("flat"), op.Cast(s.SubScope("cast"), in[KeySampleWeight], tf.Float), op.Const(s.SubScope("shape"), []int32{-1}))
 	}
-	n := op.Slice(s.SubScope("n"), op.Shape(s.SubScope("shape"), first, op.ShapeOutType(tf.Int32)),
-		op.Const(s.SubScope("begin"), []int32{0}), op.Const(s.SubScope("size"), []int32{1}))
 	return op.Fill(s.SubScope("ones"), n, op.Const(s.SubScope("one"), float32(1)))
 }
