@@ -16,12 +16,12 @@ package tfrt
 // the user's, so tfdist launch passes on what the user set, not this
 // default.
 //
-// One INFO line escapes it: at a process's first session run, TensorFlow
-// 2.18 logs "MLIR V1 optimization pass is not enabled" (after Abseil's
+// Two lines escape it: at a process's first session run, TensorFlow 2.18
+// logs "MLIR V1 optimization pass is not enabled" (after Abseil's
 // "WARNING: All log messages before absl::InitializeLog() is called are
 // written to STDERR") through a copy of Abseil's logging private to
-// libtensorflow_cc.so.2, which TF_CPP_MIN_LOG_LEVEL does not govern and
-// which exports no function to set its level.
+// libtensorflow_cc.so.2, which TF_CPP_MIN_LOG_LEVEL does not govern. So
+// init then gives that logger the same level (quietAbseil).
 
 // #include <stdlib.h>
 //
@@ -30,4 +30,7 @@ package tfrt
 // }
 import "C"
 
-func init() { C.tfrt_default_log_level() }
+func init() {
+	C.tfrt_default_log_level()
+	_ = quietAbseil() // where it fails, Abseil's INFO lines print, as before
+}

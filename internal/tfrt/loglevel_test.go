@@ -82,6 +82,10 @@ func runLogHelper(t *testing.T, level *string) (string, string) {
 // TensorFlow binary is optimized...").
 var tslInfo = regexp.MustCompile(`(?m)^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: I `)
 
+// mlirInfo is the INFO line TensorFlow logs through its private copy of
+// Abseil's logger at a process's first session run.
+const mlirInfo = "MLIR V1 optimization pass is not enabled"
+
 // TensorFlow logs only warnings and errors unless TF_CPP_MIN_LOG_LEVEL
 // asks for more; this TensorFlow build logs cpu_feature_guard's INFO line
 // at every process's first device, so the test sees the difference.
@@ -92,6 +96,8 @@ func TestTensorFlowLogIsQuietUnlessTheUserAsks(t *testing.T) {
 		stdout, stderr := runLogHelper(t, nil)
 		assert.NotContains(t, stderr, "cpu_feature_guard")
 		assert.NotRegexp(t, tslInfo, stderr)
+		assert.NotContains(t, stderr, mlirInfo)
+		assert.NotContains(t, stderr, "absl::InitializeLog")
 		// Go's environment, which started processes inherit, is the user's.
 		assert.Equal(t, "\"\" false\n", stdout)
 	})
@@ -101,6 +107,7 @@ func TestTensorFlowLogIsQuietUnlessTheUserAsks(t *testing.T) {
 			stdout, stderr := runLogHelper(t, &level)
 			assert.Contains(t, stderr, "cpu_feature_guard")
 			assert.Regexp(t, tslInfo, stderr)
+			assert.Contains(t, stderr, mlirInfo)
 			assert.Equal(t, fmt.Sprintf("%q true\n", level), stdout)
 		})
 	}
@@ -109,6 +116,7 @@ func TestTensorFlowLogIsQuietUnlessTheUserAsks(t *testing.T) {
 		level := "2"
 		_, stderr := runLogHelper(t, &level)
 		assert.NotContains(t, stderr, "cpu_feature_guard")
+		assert.NotContains(t, stderr, mlirInfo)
 	})
 }
 

@@ -1,0 +1,158 @@
+package tfrt
+
+// #cgo LDFLAGS: -ldl
+// #define _GNU_SOURCE
+// #include <dlfcn.h>
+// #include <stdint.h>
+// #include <stdlib.h>
+// #include "tensorflow/c/c_api.h"
+//
+// // tfrt_library locates the library that defines TF_Version: its path
+// // and the address it is loaded at.
+// static const char *tfrt_library(uintptr_t *base) {
+// 	Dl_info info;
+// 	if (!dladdr((void *)TF_Version, &info) || info.dli_fname == NULL) return NULL;
+// 	*base = (uintptr_t)info.dli_fbase;
+// 	return info.dli_fname;
+// }
+//
+// static void tfrt_store_int(uintptr_t addr, int v) {
+// 	__atomic_store_n((int *)addr, v, __ATOMIC_RELAXED);
+// }
+import "C"
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"syscall"
+	"unsafe"
+)
+
+// abseilMinLogLevel is the name, in the library's symbol table, of the
+// level below which Abseil's LOG drops a message (absl::MinLogLevel). The
+// "lts_" part names the Abseil release, which the pattern leaves open.
+var abseilMinLogLevel = []byte("12_GLOBAL__N_113min_log_levelE")
+
+// quietAbseil gives the Abseil logger built into libtensorflow_cc the
+// level TF_CPP_MIN_LOG_LEVEL asks of TensorFlow's own. TensorFlow 2.18
+// logs a few lines through a copy of Abseil's logging that it keeps
+// private: "MLIR V1 optimization pass is not enabled" at a process's first
+// session run, preceded by Abseil's "WARNING: All log messages before
+// absl::InitializeLog() is called are written to STDERR". That copy reads
+// neither TF_CPP_MIN_LOG_LEVEL nor the environment, and exports no
+// function to set its level; its level is a 4-byte variable the library's
+// symbol table (.symtab, which the TensorFlow wheel keeps) names. So
+// quietAbseil finds that variable as a debugger would, checks it is a
+// writable 4-byte object, and stores the level there, before any session
+// exists. Where any of that fails (a stripped or different build), Abseil
+// keeps its default and logs those lines: the error says why.
+func quietAbseil() error {
+	level, ok := minLogLevel()
+	if !ok || level == 0 {
+		return nil
+	}
+	var base C.uintptr_t
+	cpath := C.tfrt_library(&base)
+	if cpath == nil {
+		return errors.New("dladdr cannot locate the library of TF_Version")
+	}
+	path := C.GoString(cpath)
+	off, err := symbolOffset(path, abseilMinLogLevel)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	C.tfrt_store_int(base+C.uintptr_t(off), C.int(level))
+	return nil
+}
+
+// minLogLevel reads TF_CPP_MIN_LOG_LEVEL from the C environment, where
+// this package's init has put its default, as TensorFlow parses it:
+// an integer, capped at 3 (drop ERROR too); anything else is 0.
+func minLogLevel() (int, bool) {
+	cname := C.CString("TF_CPP_MIN_LOG_LEVEL")
+	defer C.free(unsafe.Pointer(cname))
+	v := C.getenv(cname)
+	if v == nil {
+		return 0, false
+	}
+	n, err := strconv.Atoi(C.GoString(v))
+	if err != nil || n < 0 {
+		return 0, true
+	}
+	return min(n, 3), true
+}
+
+// symbolOffset returns the load offset of the writable 4-byte local object
+// whose name in path's .symtab contains name. The symbol and string tables
+// are read through a read-only mapping of the file, so only their pages
+// are read.
+func symbolOffset(path string, name []byte) (uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	ef, err := elf.NewFile(f)
+	if err != nil {
+		return 0, err
+	}
+	symtab, strtab := ef.Section(".symtab"), ef.Section(".strtab")
+	if symtab == nil || strtab == nil || ef.Class != elf.ELFCLASS64 || ef.ByteOrder != binary.LittleEndian {
+		return 0, errors.New("no 64-bit little-endian symbol table")
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if fi.Size() > math.MaxInt || symtab.Offset+symtab.Size > uint64(fi.Size()) || strtab.Offset+strtab.Size > uint64(fi.Size()) {
+		return 0, errors.New("symbol table past the end of the file")
+	}
+	data, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = syscall.Munmap(data) }()
+	syms := data[symtab.Offset : symtab.Offset+symtab.Size]
+	strs := data[strtab.Offset : strtab.Offset+strtab.Size]
+	for i := 0; i+elf.Sym64Size <= len(syms); i += elf.Sym64Size {
+		e := syms[i : i+elf.Sym64Size]
+		info, shndx := e[4], binary.LittleEndian.Uint16(e[6:])
+		if binary.LittleEndian.Uint64(e[16:]) != 4 || elf.ST_TYPE(info) != elf.STT_OBJECT ||
+			elf.ST_BIND(info) != elf.STB_LOCAL || int(shndx) >= len(ef.Sections) {
+			continue
+		}
+		at := int(binary.LittleEndian.Uint32(e))
+		if at >= len(strs) {
+			continue
+		}
+		sym := strs[at:]
+		if end := bytes.IndexByte(sym, 0); end >= 0 {
+			sym = sym[:end]
+		}
+		if !bytes.Contains(sym, name) {
+			continue
+		}
+		if ef.Sections[shndx].Flags&elf.SHF_WRITE == 0 {
+			return 0, fmt.Errorf("symbol %s is not writable", sym)
+		}
+		return binary.LittleEndian.Uint64(e[8:]) - loadBase(ef), nil
+	}
+	return 0, fmt.Errorf("no symbol named like %s", name)
+}
+
+// loadBase is the virtual address of the file's first loadable segment,
+// which dladdr's base address corresponds to (0 for a shared library).
+func loadBase(ef *elf.File) uint64 {
+	for _, p := range ef.Progs {
+		if p.Type == elf.PT_LOAD {
+			return p.Vaddr &^ (p.Align - 1)
+		}
+	}
+	return 0
+}
