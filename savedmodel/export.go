@@ -12,6 +12,7 @@ import (
 	"strconv"
 
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tfdist/tfdist/internal/fsutil"
 	"github.com/tfdist/tfdist/internal/role"
@@ -108,6 +109,27 @@ func Export(ctx context.Context, src strategy.ValueReader, dir string, sigs []Si
 	return target, nil
 }
 
+// GraphDef returns the serialized GraphDef of the inference graph Export
+// writes for sigs (without the variables' values): what TensorBoard's
+// graph view shows.
+func GraphDef(sigs []Signature) ([]byte, error) {
+	if len(sigs) == 0 {
+		return nil, errors.New("savedmodel: GraphDef: no signatures; expected at least one")
+	}
+	if err := checkSignatures(sigs); err != nil {
+		return nil, err
+	}
+	g, err := buildGraph(sigs)
+	if err != nil {
+		return nil, err
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(g.def)
+	if err != nil {
+		return nil, fmt.Errorf("savedmodel: GraphDef: %w", err)
+	}
+	return b, nil
+}
+
 func checkArgs(src strategy.ValueReader, dir string, sigs []Signature, c config) error {
 	switch {
 	case src == nil:
@@ -119,6 +141,10 @@ func checkArgs(src strategy.ValueReader, dir string, sigs []Signature, c config)
 	case c.version < -1:
 		return fmt.Errorf("savedmodel: WithVersion(%d): expected a positive version", c.version)
 	}
+	return checkSignatures(sigs)
+}
+
+func checkSignatures(sigs []Signature) error {
 	seen := map[string]bool{}
 	for i, s := range sigs {
 		switch {

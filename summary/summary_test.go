@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	tf "github.com/wamuir/graft/tensorflow"
 	summarypb "github.com/wamuir/graft/tensorflow/core/framework/summary_go_proto"
 	eventpb "github.com/wamuir/graft/tensorflow/core/util/event_go_proto"
 	"google.golang.org/protobuf/proto"
@@ -279,12 +280,43 @@ func TestWriteEvent(t *testing.T) {
 	assert.Empty(t, got, "a non-scalar value is not read as a scalar")
 }
 
+// Graph writes the GraphDef it is given as the event's graph_def, which
+// TensorFlow reads back as the graph.
+func TestGraph(t *testing.T) {
+	w, err := summary.NewWriter(t.TempDir())
+	require.NoError(t, err)
+	def := smallGraph(t)
+	require.NoError(t, w.Graph(def))
+	require.NoError(t, w.Close())
+	events := mustEvents(t, w.Path())
+	require.Len(t, events, 2)
+	assert.Equal(t, def, events[1].GetGraphDef())
+	g := tf.NewGraph()
+	require.NoError(t, g.Import(events[1].GetGraphDef(), ""))
+	assert.NotNil(t, g.Operation("y"))
+}
+
+// smallGraph is the GraphDef of y = x², nodes "x" and "y".
+func smallGraph(t *testing.T) []byte {
+	t.Helper()
+	g := tf.NewGraph()
+	x, err := g.AddOperation(tf.OpSpec{Type: "Placeholder", Name: "x", Attrs: map[string]any{"dtype": tf.Float}})
+	require.NoError(t, err)
+	_, err = g.AddOperation(tf.OpSpec{Type: "Square", Name: "y", Input: []tf.Input{x.Output(0)}})
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	_, err = g.WriteTo(&buf)
+	require.NoError(t, err)
+	return buf.Bytes()
+}
+
 // A nil writer is what non-chief workers hold: every call is a no-op.
 func TestNilWriterDiscards(t *testing.T) {
 	var w *summary.Writer
 	assert.NoError(t, w.Scalar(1, "loss", 1))
 	assert.NoError(t, w.Scalars(1, map[string]float64{"a": 1}))
 	assert.NoError(t, w.WriteEvent(&eventpb.Event{}))
+	assert.NoError(t, w.Graph(nil))
 	assert.NoError(t, w.Flush())
 	assert.NoError(t, w.Close())
 	assert.Empty(t, w.Path())
@@ -306,6 +338,8 @@ func TestErrors(t *testing.T) {
 	assert.ErrorContains(t, w.Scalar(1, "", 1), "tag is empty")
 	assert.ErrorContains(t, w.Scalars(1, map[string]float64{"": 1}), "tag is empty")
 	assert.ErrorContains(t, w.WriteEvent(nil), "nil event")
+	assert.ErrorContains(t, w.Graph(nil), "empty GraphDef")
+	assert.ErrorContains(t, w.Graph([]byte{0xff}), "1 bytes that are not a serialized GraphDef")
 	require.NoError(t, w.Close())
 	assert.NoError(t, w.Close(), "Close is idempotent")
 	assert.ErrorIs(t, w.Scalar(2, "loss", 1), summary.ErrClosed)

@@ -18,7 +18,8 @@ import (
 // TensorBoard itself reads the files we write: its event-file loader (which
 // verifies both checksums of every record) finds the file version, and the
 // accumulator behind its scalars plugin serves exactly the scalars we
-// logged, at their steps and wall times, in both scalar forms.
+// logged, at their steps and wall times, in both scalar forms, and the
+// graphs plugin the graph we wrote.
 //
 // TensorBoard is installed with pip from the pinned
 // testdata/tensorboard-requirements.txt into a virtual environment under the
@@ -38,6 +39,7 @@ func TestTensorBoardReadsEventFiles(t *testing.T) {
 			w, err := summary.NewWriter(dir, form.opts...)
 			require.NoError(t, err)
 			logRun(t, w, 30)
+			require.NoError(t, w.Graph(smallGraph(t)))
 			require.NoError(t, w.Close())
 			want, err := summary.ReadScalars(w.Path())
 			require.NoError(t, err)
@@ -52,10 +54,12 @@ func TestTensorBoardReadsEventFiles(t *testing.T) {
 			var tb struct {
 				FileVersions []string                `json:"file_versions"`
 				Scalars      map[string][][3]float64 `json:"scalars"`
+				GraphNodes   []string                `json:"graph_nodes"`
 			}
 			require.NoError(t, json.Unmarshal(out, &tb), "output: %s", out)
 
 			assert.Equal(t, []string{"brain.Event:2"}, tb.FileVersions)
+			assert.ElementsMatch(t, []string{"x", "y"}, tb.GraphNodes)
 			byTag := map[string][]summary.Scalar{}
 			for _, s := range want {
 				byTag[s.Tag] = append(byTag[s.Tag], s)

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	graphpb "github.com/wamuir/graft/tensorflow/core/framework/graph_go_proto"
 	summarypb "github.com/wamuir/graft/tensorflow/core/framework/summary_go_proto"
 	tensorpb "github.com/wamuir/graft/tensorflow/core/framework/tensor_go_proto"
 	shapepb "github.com/wamuir/graft/tensorflow/core/framework/tensor_shape_go_proto"
@@ -212,6 +213,21 @@ func (w *Writer) scalarValue(tag string, value float64) *summarypb.Summary_Value
 			TensorContent: binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(value))),
 		}},
 	}
+}
+
+// Graph writes def, a serialized GraphDef, as the graph TensorBoard's
+// Graphs tab shows for this run.
+func (w *Writer) Graph(def []byte) error {
+	if w == nil {
+		return nil
+	}
+	if len(def) == 0 {
+		return errors.New("summary: Graph: empty GraphDef, expected a serialized one")
+	}
+	if err := proto.Unmarshal(def, &graphpb.GraphDef{}); err != nil {
+		return fmt.Errorf("summary: Graph: %d bytes that are not a serialized GraphDef: %w", len(def), err)
+	}
+	return w.WriteEvent(&eventpb.Event{What: &eventpb.Event_GraphDef{GraphDef: def}})
 }
 
 // WriteEvent writes e as it is, except that a zero WallTime is replaced by

@@ -7,6 +7,11 @@ import (
 	"path/filepath"
 	"strings"
 
+	tf "github.com/wamuir/graft/tensorflow"
+
+	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/savedmodel"
+	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/summary"
 )
 
@@ -20,12 +25,16 @@ import (
 // written, so what a failed Fit logged is in the files; the files are
 // closed at the end of training.
 //
-// It does not write the model's graph: the strategies do not expose their
-// GraphDef.
+// At the start of training it also writes the model's graph in
+// logdir/train, for TensorBoard's Graphs tab (Keras's write_graph, which
+// TensorBoardWriteGraph(false) turns off): the model's inference graph,
+// as savedmodel.Export serves it, of one placeholder per model input
+// (named as the input), not the training step the strategy runs.
 type TensorBoard struct {
 	BaseCallback
 	logdir     string
 	updateFreq int
+	noGraph    bool
 	train, val *summary.Writer
 }
 
@@ -36,6 +45,12 @@ type TensorBoardOption func(*TensorBoard)
 // (Keras's update_freq=n); 0, the default, writes epochs only.
 func TensorBoardUpdateFreq(n int) TensorBoardOption {
 	return func(t *TensorBoard) { t.updateFreq = n }
+}
+
+// TensorBoardWriteGraph(false) does not write the model's graph
+// (Keras's write_graph=False).
+func TensorBoardWriteGraph(write bool) TensorBoardOption {
+	return func(t *TensorBoard) { t.noGraph = !write }
 }
 
 // NewTensorBoard returns a TensorBoard writing under logdir.
@@ -50,8 +65,9 @@ func NewTensorBoard(logdir string, opts ...TensorBoardOption) *TensorBoard {
 // Name names the callback in errors.
 func (t *TensorBoard) Name() string { return "TensorBoard" }
 
-// OnTrainBegin implements Callback: it checks the settings.
-func (t *TensorBoard) OnTrainBegin(context.Context, *Run) error {
+// OnTrainBegin implements Callback: it checks the settings and writes
+// the graph.
+func (t *TensorBoard) OnTrainBegin(_ context.Context, r *Run) error {
 	if err := t.close(); err != nil { // left open by a Fit that failed
 		return err
 	}
@@ -60,8 +76,18 @@ func (t *TensorBoard) OnTrainBegin(context.Context, *Run) error {
 		return errors.New("empty log directory, expected a directory")
 	case t.updateFreq < 0:
 		return fmt.Errorf("TensorBoardUpdateFreq(%d), expected 0 (epochs only) or more", t.updateFreq)
+	case t.noGraph || !r.IsChief():
+		return nil
 	}
-	return nil
+	def, err := savedmodel.GraphDef([]savedmodel.Signature{servingSignature(r.Trainer().Model())})
+	if err != nil {
+		return err
+	}
+	w, err := t.writer(&t.train, "train")
+	if err != nil {
+		return err
+	}
+	return w.Graph(def)
 }
 
 // OnBatchEnd implements Callback: it writes the batch logs every
@@ -130,4 +156,33 @@ func prefixed(logs Logs, prefix string, val bool) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// servingSignature is m's inference signature: a placeholder per input
+// (named as the input, of any batch size), the outputs named output_0,
+// output_1, … as Keras's export names them.
+func servingSignature(m *nn.Model) savedmodel.Signature {
+	in := strategy.InputSpec{}
+	for _, info := range m.Inputs() {
+		in[info.Name] = strategy.TensorSpec{DType: info.DType, Shape: append([]int64{-1}, info.Shape...)}
+	}
+	return savedmodel.Signature{
+		Name:   savedmodel.DefaultSignature,
+		Inputs: in,
+		Fn: func(r strategy.Replica, feeds strategy.Inputs) (strategy.Outputs, error) {
+			xs := make([]tf.Output, 0, len(m.Inputs()))
+			for _, info := range m.Inputs() {
+				xs = append(xs, feeds[info.Name])
+			}
+			ys, err := m.Outputs(r, xs, false)
+			if err != nil {
+				return nil, err
+			}
+			outs := strategy.Outputs{}
+			for i, y := range ys {
+				outs[fmt.Sprintf("output_%d", i)] = y
+			}
+			return outs, nil
+		},
+	}
 }

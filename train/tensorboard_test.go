@@ -7,7 +7,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	tf "github.com/wamuir/graft/tensorflow"
 
+	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/summary"
 	"github.com/tfdist/tfdist/train"
@@ -81,4 +83,68 @@ func TestTensorBoardWritesKerasLayout(t *testing.T) {
 		want["epoch_"+k] = map[int64]float64{0: eventValue(h.Values["val_"+k][0]), 1: eventValue(h.Values["val_"+k][1])}
 	}
 	assert.Equal(t, want, got)
+	assertModelGraph(t, filepath.Join(logdir, "train"), tr.Model())
+}
+
+// assertModelGraph checks that dir's event file holds the inference graph
+// of m as TensorBoard's Graphs tab reads it: a GraphDef TensorFlow
+// imports, with a placeholder per input, of any batch size, and a
+// variable per model variable.
+func assertModelGraph(t *testing.T, dir string, m *nn.Model) {
+	t.Helper()
+	files, err := summary.EventFiles(dir)
+	require.NoError(t, err)
+	require.Len(t, files, 1, dir)
+	events, err := summary.ReadEvents(files[0])
+	require.NoError(t, err)
+	var defs [][]byte
+	for _, e := range events {
+		if def := e.GetGraphDef(); def != nil {
+			defs = append(defs, def)
+		}
+	}
+	require.Len(t, defs, 1, "one graph")
+	g := tf.NewGraph()
+	require.NoError(t, g.Import(defs[0], ""))
+	vars := map[string]bool{}
+	var placeholders []string
+	for _, o := range g.Operations() {
+		switch o.Type() {
+		case "Placeholder":
+			placeholders = append(placeholders, o.Name())
+			shape, err := o.Attr("shape")
+			require.NoError(t, err)
+			dims, err := shape.(tf.Shape).ToSlice()
+			require.NoError(t, err)
+			assert.Equal(t, append([]int64{-1}, m.Inputs()[0].Shape...), dims)
+		case "VarHandleOp":
+			name, err := o.Attr("shared_name")
+			require.NoError(t, err)
+			vars[name.(string)] = true
+		}
+	}
+	assert.Equal(t, []string{"serving_default_" + m.Inputs()[0].Name}, placeholders)
+	for _, v := range m.Variables() {
+		assert.True(t, vars[v.Name()], "variable %s in %v", v.Name(), vars)
+	}
+}
+
+// TensorBoardWriteGraph(false) writes no graph.
+func TestTensorBoardWriteGraphFalse(t *testing.T) {
+	s, err := strategy.Default()
+	require.NoError(t, err)
+	defer s.Close()
+	ds, _ := overfitting(t)
+	logdir := t.TempDir()
+	_, err = compiled(t, s).Fit(context.Background(), ds, train.Epochs(1),
+		train.WithCallbacks(train.NewTensorBoard(logdir, train.TensorBoardWriteGraph(false))))
+	require.NoError(t, err)
+	files, err := summary.EventFiles(filepath.Join(logdir, "train"))
+	require.NoError(t, err)
+	events, err := summary.ReadEvents(files[0])
+	require.NoError(t, err)
+	for _, e := range events {
+		assert.Nil(t, e.GetGraphDef())
+	}
+	assert.NotEmpty(t, scalarsIn(t, filepath.Join(logdir, "train")))
 }

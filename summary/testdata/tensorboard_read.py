@@ -3,7 +3,8 @@ prints what TensorBoard would show, as JSON, for TestTensorBoardReadsEventFiles.
 
 Usage: python tensorboard_read.py LOGDIR
 
-Output: {"file_versions": [...], "scalars": {tag: [[step, value, wall_time], ...]}}
+Output: {"file_versions": [...], "scalars": {tag: [[step, value, wall_time], ...]},
+"graph_nodes": [name, ...] (the graph's node names; [] without a graph)}
 """
 import json
 import os
@@ -37,7 +38,9 @@ def main(logdir):
             [e.step, float(tensor_util.make_ndarray(e.tensor_proto)), e.wall_time]
             for e in acc.Tensors(tag)
         ]
-    json.dump({"file_versions": versions, "scalars": scalars}, sys.stdout)
+    # What the graphs plugin serves.
+    nodes = [n.name for n in acc.Graph().node] if acc.Tags()["graph"] else []
+    json.dump({"file_versions": versions, "scalars": scalars, "graph_nodes": nodes}, sys.stdout)
 
 
 if __name__ == "__main__":
