@@ -17,7 +17,19 @@ import (
 var ctx = context.Background()
 
 // The library's central promise: Mirrored on N devices trains the same
-// model as one device on the same global batches.
+// model as one device on the same global batches. Every element of every
+// variable (the model's, and Adam's slots) matches the default strategy's
+// within tol of its variable's largest magnitude (testmodel.MaxVarDiff),
+// and the final loss within tol of it.
+//
+// Measured (2 and 4 devices, 200 steps): at most 3.6e-7 under SGD and
+// 1.1e-6 under Adam, the same in every run. Adam's tolerance was 1e-3
+// when the test compared the loss and one norm of all the weights; element
+// by element it is 1e-4 like SGD's, still about 100 times the difference
+// measured, where 1e-3 would let an element of up to 5e-4 of its variable's
+// scale change sign. (Per element, relative to the element itself, the
+// largest difference is 6e-4, on elements near zero: rounding at the
+// variable's scale, which is why MaxVarDiff divides by that scale.)
 func TestMirroredMatchesDefault(t *testing.T) {
 	cases := []struct {
 		name string
@@ -25,7 +37,7 @@ func TestMirroredMatchesDefault(t *testing.T) {
 		tol  float64
 	}{
 		{"sgd", func() strategy.Optimizer { return optimizer.NewSGD(optimizer.Constant(0.1)) }, 1e-4},
-		{"adam", func() strategy.Optimizer { return optimizer.NewAdam(optimizer.Constant(0.01)) }, 1e-3},
+		{"adam", func() strategy.Optimizer { return optimizer.NewAdam(optimizer.Constant(0.01)) }, 1e-4},
 	}
 	const steps, gb = 200, 32
 	for _, c := range cases {
@@ -41,7 +53,8 @@ func TestMirroredMatchesDefault(t *testing.T) {
 				got, err := testmodel.Train(ctx, s, c.opt(), steps, gb, 0)
 				require.NoError(t, err)
 				assert.Less(t, testmodel.RelDiff(want.FinalLoss, got.FinalLoss), c.tol, "%d devices: loss %v vs %v", n, got.FinalLoss, want.FinalLoss)
-				assert.Less(t, testmodel.RelDiff(want.ParamL2, got.ParamL2), c.tol, "%d devices: param_l2 %v vs %v", n, got.ParamL2, want.ParamL2)
+				d, at := testmodel.MaxVarDiff(want, got)
+				assert.Less(t, d, c.tol, "%d devices: largest difference at %s", n, at)
 
 				differ, err := testmodel.DifferingCopies(ctx, s)
 				require.NoError(t, err)
@@ -95,7 +108,9 @@ func TestGlobalBatchMustDivide(t *testing.T) {
 }
 
 // The LeNet CNN of every strategy's tests, trained 200 SGD steps on 1, 2
-// and 4 devices, ends with the default strategy's model.
+// and 4 devices, ends with the default strategy's model: every element of
+// every variable within 1e-4 of its variable's largest magnitude (measured:
+// at most 1.4e-6), and the final loss within 1e-4 of it.
 func TestCNNMatchesDefault(t *testing.T) {
 	const steps, gb = 200, 32
 	sgd := func() strategy.Optimizer { return optimizer.NewSGD(optimizer.Constant(0.1)) }
@@ -110,7 +125,8 @@ func TestCNNMatchesDefault(t *testing.T) {
 		got, err := testmodel.TrainModel(ctx, s, "lenet", sgd(), steps, gb, 0)
 		require.NoError(t, err)
 		assert.Less(t, testmodel.RelDiff(want.FinalLoss, got.FinalLoss), 1e-4, "%d devices: loss %v vs %v", n, got.FinalLoss, want.FinalLoss)
-		assert.Less(t, testmodel.RelDiff(want.ParamL2, got.ParamL2), 1e-4, "%d devices: param_l2 %v vs %v", n, got.ParamL2, want.ParamL2)
+		d, at := testmodel.MaxVarDiff(want, got)
+		assert.Less(t, d, 1e-4, "%d devices: largest difference at %s", n, at)
 		require.NoError(t, s.Close())
 	}
 }

@@ -65,7 +65,11 @@ func matchDefault(t *testing.T, model string, steps int) {
 }
 
 // matchDefaultPlan trains p (on global batches of 32) with the default
-// strategy and on 2 workers of 2 devices, and checks that they agree.
+// strategy and on 2 workers of 2 devices, and checks that they agree: the
+// final loss within 1e-4 of the default's, every element of every variable
+// within 1e-4 of its variable's largest magnitude (testmodel.MaxVarDiff;
+// measured: at most 8.3e-7 on the three models), and both workers' variables
+// bit for bit.
 func matchDefaultPlan(t *testing.T, p testmodel.Plan) {
 	ctx := context.Background()
 	p.MicroBatches = []int{32}
@@ -91,9 +95,10 @@ func matchDefaultPlan(t *testing.T, p testmodel.Plan) {
 	require.NoError(t, errs[1])
 	for w := range 2 {
 		assert.Less(t, testmodel.RelDiff(want.FinalLoss, got[w].FinalLoss), 1e-4, "worker %d loss %v vs %v", w, got[w].FinalLoss, want.FinalLoss)
-		assert.Less(t, testmodel.RelDiff(want.ParamL2, got[w].ParamL2), 1e-4, "worker %d param_l2", w)
+		d, at := testmodel.MaxVarDiff(want, got[w])
+		assert.Less(t, d, 1e-4, "worker %d: largest difference at %s", w, at)
 	}
-	assert.Equal(t, got[0].Params, got[1].Params, "both workers hold identical variables")
+	assert.Equal(t, got[0].Vars, got[1].Vars, "both workers hold identical variables")
 }
 
 // A peer that never comes up is a clear error within the start-up timeout.

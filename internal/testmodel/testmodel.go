@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 
 	tf "github.com/wamuir/graft/tensorflow"
 
@@ -36,8 +37,11 @@ var Spec = models.Spec
 // Outcome is what a training run ends with.
 type Outcome struct {
 	FinalLoss float64
-	ParamL2   float64
-	Params    map[string][]float32
+	// Params holds the model's variables by name.
+	Params map[string][]float32
+	// Vars holds every float variable of the engine — the model's and the
+	// optimizer's slots — sorted by name, for MaxVarDiff.
+	Vars []strategy.VariableValue
 }
 
 // Train trains an MLP 64-32-10 with opt for steps global batches of gb
@@ -134,7 +138,7 @@ func TrainPlan(ctx context.Context, e Engine, opt strategy.Optimizer, p Plan) (O
 	if err != nil {
 		return out, err
 	}
-	err = out.readParams(ctx, e, m.Vars())
+	err = out.readVars(ctx, e, m.Vars())
 	return out, err
 }
 
@@ -158,9 +162,10 @@ func runMicroBatch(ctx context.Context, e Engine, step *strategy.Step, d digits.
 	return e.RunReplicas(ctx, step, feeds, mb)
 }
 
-// readParams records the values of vars and their L2 norm.
-func (out *Outcome) readParams(ctx context.Context, e Engine, vars []strategy.Variable) error {
-	vals, err := strategy.ReadVariables(ctx, e, vars)
+// readVars records the values of model, the model's variables, in Params,
+// and those of every float variable of e in Vars.
+func (out *Outcome) readVars(ctx context.Context, e Engine, model []strategy.Variable) error {
+	vals, err := strategy.ReadVariables(ctx, e, model)
 	if err != nil {
 		return err
 	}
@@ -168,8 +173,55 @@ func (out *Outcome) readParams(ctx context.Context, e Engine, vars []strategy.Va
 	for _, v := range vals {
 		out.Params[v.Name] = v.Float32
 	}
-	out.ParamL2 = strategy.GlobalNorm(vals)
-	return nil
+	var all []strategy.Variable
+	for _, v := range e.Variables() {
+		if dt := v.DType(); dt == tf.Float || dt == tf.Double {
+			all = append(all, v)
+		}
+	}
+	slices.SortFunc(all, func(a, b strategy.Variable) int { return cmp.Compare(a.Name(), b.Name()) })
+	out.Vars, err = strategy.ReadVariables(ctx, e, all)
+	return err
+}
+
+// MaxVarDiff compares the variables of two outcomes element by element, by
+// strategy.MaxDiff: the largest difference of an element, relative to
+// the largest magnitude of its variable in want (a per-element relative
+// difference would measure rounding noise on the elements near zero). It
+// returns that difference and where it is: the variable, the element's
+// index and both values, or what differs in the variables themselves. Outcomes without variables differ by +Inf.
+func MaxVarDiff(want, got Outcome) (float64, string) {
+	if len(want.Vars) == 0 {
+		return math.Inf(1), "no variables to compare"
+	}
+	diff, name, i := strategy.MaxDiff(want.Vars, got.Vars)
+	if name == "" && len(want.Vars) != len(got.Vars) {
+		return diff, fmt.Sprintf("got %d variables %v, want %d %v", len(got.Vars), varNames(got.Vars), len(want.Vars), varNames(want.Vars))
+	}
+	k := slices.IndexFunc(want.Vars, func(v strategy.VariableValue) bool { return v.Name == name })
+	if k < 0 {
+		return diff, "no variable differs"
+	}
+	w, g := want.Vars[k], got.Vars[k]
+	if i < 0 {
+		return diff, fmt.Sprintf("variable %d: got %q of shape %v, want %q of shape %v", k, g.Name, g.Shape, w.Name, w.Shape)
+	}
+	return diff, fmt.Sprintf("variable %q%v element %d: got %v, want %v", name, w.Shape, i, element(g, i), element(w, i))
+}
+
+func varNames(vs []strategy.VariableValue) []string {
+	var out []string
+	for _, v := range vs {
+		out = append(out, v.Name)
+	}
+	return out
+}
+
+func element(v strategy.VariableValue, i int) float64 {
+	if v.Float64 != nil {
+		return v.Float64[i]
+	}
+	return float64(v.Float32[i])
 }
 
 // MaxParamDiff returns the largest absolute difference between an element
