@@ -36,7 +36,8 @@
 // defaults, as tf.io.FixedLenFeature does, and of variable-length ones
 // ([Feature].VarLen, tf.io.VarLenFeature), padded, beside their lengths. [Concatenate] and [Zip] combine
 // datasets. [EncodeExample] writes tf.Examples. Each follows the tf.data
-// operation of the same (snake_case) name; the README maps them.
+// operation of the same (snake_case) name; docs/from-tensorflow.md in the
+// repository maps them.
 //
 // Many files are read at once with [Interleave], as tf.data's
 // list_files(...).interleave(lambda f: TFRecordDataset(f).map(parse),
@@ -128,49 +129,11 @@
 //
 // # Performance
 //
-// Measured with the package's benchmarks (go test -bench . ./dataset) on a
-// shared 2-core machine, as ratios within one run: splitting a 256×784
-// float32 batch for 4 replicas from Go memory is about 3 times faster than
-// splitting it from a tensor (one copy instead of three); reading, parsing
-// and batching tf.Examples of 64 floats runs at 780,000 to 1,140,000
-// records per second on one goroutine, depending on the machine's load; a
-// parallel parse reached 0.6 to 0.75 times that rate there, since reading
-// the one stream costs as much as parsing and handing records between
-// goroutines costs more, so WithParallelism pays where the function costs
-// more than the read; prefetching cuts the time
-// a training loop waits for its input 6 to 8 times, to about 0.05 ms a step.
-//
-// Reading, parsing and batching 64 TFRecord files of 784-float tf.Examples
-// through an Interleave of cycle 4 (BenchmarkInterleave) runs at 520,000 to
-// 630,000 records per second sequentially at Go's default GOGC, about as
-// fast as at GOGC=400: an ExampleParser lends the buffers it parses wide
-// float and integer features into, and the pipeline's output takes them
-// back once it has copied the values into tensors, so that a steady
-// pipeline allocates about a tenth of each record's values (1.4 to 1.6
-// times as fast as when each record's values were allocated afresh), and
-// a record read from a file is parsed where it lies in the reader's
-// buffer. Four parallel reads
-// make it 1.1 to 1.3 times as fast, at either GOGC; in no fixed order
-// (Deterministic(false)), 1.2 to 1.55 times. Memory is not what limits it
-// on the 2-vCPU machine that runs the tests: in the same runs two
-// goroutines copying between 16 MiB buffers get 2.2 to 2.3 times what one
-// does (the benchmark's memcpy-scaling), and a loop that touches no memory
-// 2.0 times (scalar-scaling). Handing records from one core to the other
-// is: a parallel pass takes about 44 ms of CPU time where a sequential one
-// takes 34, as the parse and the copy of each batch into its tensor read
-// memory the other core wrote last, and one reader on one core feeding the
-// consumer on the other is no faster than a sequential pass (30.9 to 31.8
-// ms against 30.2 to 30.8; see docs/architecture.md). Two processes gain
-// about 1.7 times, and two goroutines that each read, parse and batch
-// whole files, sharing nothing, 1.55 to 1.8 times at the default GOGC
-// (1.84 to 2.07 at GOGC=400), the most that parallel reads of these files
-// can expect on this machine. tf.data reads the same files
-// in the same runs (BenchmarkInterleaveAgainstTFData, Python TensorFlow
-// 2.18, 5 runs): with a parse per record its parallel reads gain 0.86 to
-// 1.87 times, its work per record being about 20 times tfdist's and bound
-// by the cores rather than by memory, yet its parallel pass takes 10 to 16
-// times as long as tfdist's (27 to 32 ms); its faster form, which parses
-// whole batches, gets slower with parallel reads (0.49 to 0.82 times), and
-// its fastest pass (batches, sequential) takes about 4 times as long as
-// tfdist's parallel one.
+// A parallel Map or ParseExamples ([WithParallelism]) pays where the
+// function costs more than reading the stream it maps; parallel reads
+// ([WithParallelReads]) pay where records cost more to parse than to hand
+// from one goroutine to another, and more in no fixed order
+// ([Deterministic](false)). The package's benchmarks (go test -bench .
+// ./dataset) measure both; docs/benchmarks.md in the repository gives
+// their figures.
 package dataset

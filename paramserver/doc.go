@@ -58,17 +58,11 @@
 // variable is one variable like any other, written by each step in turn;
 // AllReduce and AllGather are errors, since workers do not run in sync.
 //
-// # How it maps onto TensorFlow
-//
-// The chief has a graph of its own, run by a session on its own server that
-// sees only the chief and the ps tasks: variable initialisation, reads,
-// checkpoints. Each worker has its own graph too, holding its copy of every
-// Function, run by a session on the worker's own server that sees only that
-// worker and the ps tasks (device filters), so that a worker's death breaks
-// nothing but its own session. The graphs share the variables by name: a
-// VarHandleOp with the same shared_name on the same ps device is the same
-// resource. Gradients come from TensorFlow's gradient registry; updates are
-// ResourceApply* and ResourceScatterSub kernels placed with the variables.
+// The chief and each worker have a graph and a session of their own,
+// which share the variables on the ps tasks by name, so that a worker's
+// death breaks nothing but its own session; docs/guide-paramserver.md in
+// the repository describes how the strategy maps onto TensorFlow's
+// distributed runtime.
 //
 // # The coordinator
 //
@@ -132,15 +126,11 @@
 // tf.train.load_checkpoint reads it whole. The applied-steps counter is
 // saved too (AppliedStepsKey).
 //
-// # What is tested, and what is not
+// # Limits
 //
-// The tests run clusters inside the test process and, for failures, as
-// child processes killed with SIGKILL: a killed worker loses no step and
-// rejoins when restarted; a killed ps is reported and a relaunch resumes
-// from the last checkpoint; a checkpoint from two ps tasks restores into
-// one and three. Not tested: GPUs on workers or ps tasks, ps or worker
-// tasks on other machines (checkpoints then need a file system the ps tasks
-// share), evaluator tasks, a chief that fails (the job must be restarted,
-// as in TensorFlow), and a worker hung without dying (it is caught only by
-// WithStepTimeout). Each worker runs its steps on its CPU:0.
+// A chief that fails ends the job, as in TensorFlow: restart the job and
+// restore the last checkpoint. A worker that hangs without dying is caught
+// only by WithStepTimeout. Each worker runs its steps on its CPU:0. When
+// the ps tasks run on several machines, checkpoints need a file system
+// that they share.
 package paramserver
