@@ -24,6 +24,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -220,8 +221,11 @@ func RunRole() (int, bool) {
 // Worker joins the cluster TF_CONFIG describes as a MultiWorkerMirrored
 // worker with c's backend and, for every size of c in turn, all-reduces
 // (sums) a float32 variable of that size with the other workers: c.Warmup
-// times, then c.iters(size) times timed. Worker 0 writes the timings to out as
-// one JSON line, [{"bytes":…,"seconds":…},…]; the others write nothing.
+// times, then c.iters(size) times timed. The variable holds this worker's
+// Input, and every all-reduce's result is checked against ExpectedSum
+// outside the timed runs; a wrong sum is an error naming the worker, the
+// size and the element. Worker 0 writes the timings to out as one JSON line,
+// [{"bytes":…,"seconds":…},…]; the others write nothing.
 func Worker(ctx context.Context, c Config, out io.Writer) error {
 	if c.Warmup == 0 {
 		c.Warmup = DefaultWarmup
@@ -257,6 +261,12 @@ func Worker(ctx context.Context, c Config, out io.Writer) error {
 	return err
 }
 
+// allReduces times, for each size of c, the all-reduce of a float32
+// variable that holds Input's values of this worker in its copies, and
+// checks every all-reduce's result against ExpectedSum outside the timed
+// region: the one element each warm-up and timed run fetches, and then every
+// element of one more all-reduce of the same variable, which also shows that
+// the runs left the variable as it was.
 func allReduces(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timing, error) {
 	dummy, err := tf.NewTensor(float32(0))
 	if err != nil {
@@ -264,22 +274,30 @@ func allReduces(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timin
 	}
 	feeds := []map[string]*tf.Tensor{{"dummy": dummy}}
 	spec := strategy.InputSpec{"dummy": {DType: tf.Float, Shape: []int64{}}}
+	worker, workers := s.WorkerID(), s.NumWorkers()
+	local := s.NumReplicasInSync() / workers
 	var out []Timing
 	for i, size := range c.Sizes {
+		fail := func(err error) ([]Timing, error) {
+			return nil, fmt.Errorf("worker %d, %s: %w", worker, FormatSize(size), err)
+		}
 		var v strategy.Variable
 		if err := s.Scope(func(sc strategy.Scope) error {
 			var err error
 			v, err = sc.Variable(fmt.Sprintf("x%d_%d", i, size), tf.Float, []int64{size / 4}, strategy.Zeros())
 			return err
 		}); err != nil {
-			return nil, fmt.Errorf("%d bytes: %w", size, err)
+			return fail(err)
 		}
-		step, err := s.Build(spec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
+		sum := func(rc strategy.Replica) (tf.Output, error) {
 			x, err := rc.Read(v)
 			if err != nil {
-				return nil, err
+				return tf.Output{}, err
 			}
-			y, err := rc.AllReduce(strategy.Sum, x)
+			return rc.AllReduce(strategy.Sum, x)
+		}
+		step, err := s.Build(spec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
+			y, err := sum(rc)
 			if err != nil {
 				return nil, err
 			}
@@ -289,22 +307,112 @@ func allReduces(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timin
 			return strategy.Outputs{"first": first}, nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("%d bytes: %w", size, err)
+			return fail(err)
+		}
+		check, err := s.Build(spec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
+			y, err := sum(rc)
+			return strategy.Outputs{"sum": y}, err
+		})
+		if err != nil {
+			return fail(err)
+		}
+		// Each worker writes its own values to its copies (every worker
+		// at once, since the first write initialises the variable with a
+		// broadcast from worker 0).
+		x, err := tf.NewTensor(Input(worker, int(size/4)))
+		if err != nil {
+			return fail(err)
+		}
+		if err := s.Assign(ctx, v, x); err != nil {
+			return fail(fmt.Errorf("writing the input: %w", err))
 		}
 		for range c.Warmup {
-			if _, err := s.RunReplicas(ctx, step, feeds, 1); err != nil {
-				return nil, fmt.Errorf("%d bytes, warm-up: %w", size, err)
+			res, err := s.RunReplicas(ctx, step, feeds, 1)
+			if err != nil {
+				return fail(fmt.Errorf("warm-up: %w", err))
+			}
+			if err := checkSum(res["first"], workers, local); err != nil {
+				return fail(fmt.Errorf("warm-up: %w", err))
 			}
 		}
-		start, n := time.Now(), c.iters(size)
-		for range n {
-			if _, err := s.RunReplicas(ctx, step, feeds, 1); err != nil {
-				return nil, fmt.Errorf("%d bytes: %w", size, err)
+		n := c.iters(size)
+		results := make([]strategy.Result, n)
+		start := time.Now()
+		for k := range n {
+			if results[k], err = s.RunReplicas(ctx, step, feeds, 1); err != nil {
+				return fail(err)
 			}
 		}
-		out = append(out, Timing{Bytes: size, Seconds: time.Since(start).Seconds() / float64(n), Runs: n})
+		elapsed := time.Since(start)
+		for k, res := range results {
+			if err := checkSum(res["first"], workers, local); err != nil {
+				return fail(fmt.Errorf("timed run %d: %w", k, err))
+			}
+		}
+		res, err := s.RunReplicas(ctx, check, feeds, 1)
+		if err != nil {
+			return fail(fmt.Errorf("checking the sum: %w", err))
+		}
+		if err := checkSum(res["sum"], workers, local); err != nil {
+			return fail(fmt.Errorf("after the timed runs: %w", err))
+		}
+		out = append(out, Timing{Bytes: size, Seconds: elapsed.Seconds() / float64(n), Runs: n})
 	}
 	return out, nil
+}
+
+// Input is worker w's n values to all-reduce: whole numbers from -125 to
+// 125 that depend on w and the index, so that an element taken from the
+// wrong worker or the wrong position changes the sum, and the sum of any
+// number of workers' values up to 2^24/125 is exact in float32 whatever the
+// order of its additions.
+func Input(w, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = inputAt(w, i)
+	}
+	return x
+}
+
+func inputAt(w, i int) float32 { return float32((i*(2*w+1)+3*w)%251 - 125) }
+
+// ExpectedSum is element i of the sum of Input over workers workers, each
+// with local replicas whose copies all hold the worker's Input.
+func ExpectedSum(workers, local, i int) float32 {
+	var s float32
+	for w := range workers {
+		s += inputAt(w, i)
+	}
+	return s * float32(local)
+}
+
+// checkSum checks each local replica's tensor in got, the first elements
+// of an all-reduced sum, against ExpectedSum. The error names the
+// replica, the first element that differs, its value and the expected one,
+// and how many elements differ.
+func checkSum(got strategy.PerReplica, workers, local int) error {
+	if len(got) != local {
+		return fmt.Errorf("the all-reduce returned %d tensors for %d local replicas", len(got), local)
+	}
+	for r, t := range got {
+		vals := tensorutil.Float32s(t)
+		if vals == nil {
+			return fmt.Errorf("replica %d: the all-reduce returned %v, not float32 values", r, t.DataType())
+		}
+		bad, first := 0, -1
+		for i, v := range vals {
+			if v != ExpectedSum(workers, local, i) {
+				if bad++; first < 0 {
+					first = i
+				}
+			}
+		}
+		if bad > 0 {
+			return fmt.Errorf("replica %d: element %d of the all-reduced sum is %v, expected %v (%d of %d elements differ)",
+				r, first, vals[first], ExpectedSum(workers, local, first), bad, len(vals))
+		}
+	}
+	return nil
 }
 
 // ParseSizes parses a comma-separated list of sizes (see ParseSize).

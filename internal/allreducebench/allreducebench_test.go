@@ -2,6 +2,7 @@ package allreducebench
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -9,8 +10,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	tf "github.com/wamuir/graft/tensorflow"
 
 	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // The tests re-execute this test binary as the benchmark's processes.
@@ -86,19 +89,60 @@ func TestItersBySize(t *testing.T) {
 	assert.Equal(t, 3, Config{Iters: 3}.iters(1<<20), "a Config's Iters, when set")
 }
 
+// The inputs' sum is exact, and checkSum names the replica and the first
+// element that differs.
+func TestCheckSum(t *testing.T) {
+	const n = 1000
+	for _, c := range []struct{ workers, local int }{{2, 1}, {3, 1}, {2, 2}} {
+		sum := make([]float32, n)
+		for w := range c.workers {
+			for i, x := range Input(w, n) {
+				sum[i] += x * float32(c.local)
+			}
+		}
+		for i := range sum {
+			require.Equal(t, ExpectedSum(c.workers, c.local, i), sum[i], "%+v: element %d", c, i)
+		}
+		per := make(strategy.PerReplica, c.local)
+		for r := range per {
+			var err error
+			per[r], err = tf.NewTensor(sum)
+			require.NoError(t, err)
+		}
+		assert.NoError(t, checkSum(per, c.workers, c.local), "%+v", c)
+	}
+	assert.NotEqual(t, Input(0, 300), Input(1, 300), "the workers' inputs differ")
+
+	sum := make([]float32, n)
+	for i := range sum {
+		sum[i] = ExpectedSum(2, 1, i)
+	}
+	sum[700] = -sum[700] + 1
+	sum[900]++
+	bad, err := tf.NewTensor(sum)
+	require.NoError(t, err)
+	assert.EqualError(t, checkSum(strategy.PerReplica{bad}, 2, 1),
+		fmt.Sprintf("replica 0: element 700 of the all-reduced sum is %v, expected %v (2 of 1000 elements differ)", sum[700], ExpectedSum(2, 1, 700)))
+	assert.ErrorContains(t, checkSum(strategy.PerReplica{bad}, 2, 2), "the all-reduce returned 1 tensors for 2 local replicas")
+}
+
+// Both backends' workers time the sizes and check every sum (a wrong one
+// fails the worker, so AllReduce's error).
 func TestAllReduce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := AllReduce(ctx, self(), 2, Config{Backend: TensorFlow, Sizes: []int64{4096, 64 << 10}, Iters: 2})
-	require.NoError(t, err)
-	require.Len(t, res.Timings, 2)
-	assert.Equal(t, int64(4096), res.Timings[0].Bytes)
-	assert.Equal(t, int64(64<<10), res.Timings[1].Bytes)
-	for _, tm := range res.Timings {
-		assert.Positive(t, tm.Seconds)
-		assert.Equal(t, 2, tm.Runs)
+	for _, b := range Backends {
+		res, err := AllReduce(ctx, self(), 2, Config{Backend: b, Sizes: []int64{4096, 64 << 10}, Iters: 2})
+		require.NoError(t, err, b)
+		require.Len(t, res.Timings, 2, b)
+		assert.Equal(t, int64(4096), res.Timings[0].Bytes, b)
+		assert.Equal(t, int64(64<<10), res.Timings[1].Bytes, b)
+		for _, tm := range res.Timings {
+			assert.Positive(t, tm.Seconds, b)
+			assert.Equal(t, 2, tm.Runs, b)
+		}
+		assert.True(t, strings.HasPrefix(res.Line, `[{"bytes":4096,"seconds":`), res.Line)
 	}
-	assert.True(t, strings.HasPrefix(res.Line, `[{"bytes":4096,"seconds":`), res.Line)
 }
 
 func TestAllReduceNamesTheFailedWorker(t *testing.T) {
