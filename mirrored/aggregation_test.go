@@ -35,6 +35,14 @@ func trainVoting(t *testing.T, n int, rule aggregate.Rule, plan testmodel.Plan) 
 	return got, s.AggregationStats(), err
 }
 
+// attacked is rule under attack a.
+func attacked(t *testing.T, a *faults.VoteAttack, rule aggregate.Rule) aggregate.Rule {
+	t.Helper()
+	r, err := a.Rule(rule)
+	require.NoError(t, err)
+	return r
+}
+
 // With aggregate.Mean the replicas' votes give the sum's model: 4 replicas
 // end where the default strategy does.
 func TestAggregationMeanMatchesDefault(t *testing.T) {
@@ -55,10 +63,10 @@ func TestRobustRuleOutvotesAFaultyReplica(t *testing.T) {
 	plan := testmodel.Plan{Model: "mlp", Steps: 100, MicroBatches: []int{40}}
 	honest, _, err := trainVoting(t, 5, aggregate.Median(), plan)
 	require.NoError(t, err)
-	defer faults.SetVoteAttack(&faults.VoteAttack{Worker: 3, Kind: faults.SignFlip, Scale: 100})()
-	robust, _, err := trainVoting(t, 5, aggregate.Median(), plan)
+	attack := &faults.VoteAttack{Worker: 3, Kind: faults.SignFlip, Scale: 100}
+	robust, _, err := trainVoting(t, 5, attacked(t, attack, aggregate.Median()), plan)
 	require.NoError(t, err)
-	mean, _, err := trainVoting(t, 5, aggregate.Mean(), plan)
+	mean, _, err := trainVoting(t, 5, attacked(t, attack, aggregate.Mean()), plan)
 	if err != nil { // the model diverged until every gradient held NaN or Inf
 		require.ErrorContains(t, err, "aggregation mean: [replica 0")
 		require.ErrorContains(t, err, "sent a gradient holding NaN or Inf")
@@ -72,8 +80,7 @@ func TestRobustRuleOutvotesAFaultyReplica(t *testing.T) {
 // A vote holding NaN fails the step naming its replica under Mean, and is
 // discarded, every step, under a robust rule.
 func TestNonFiniteReplicaVotes(t *testing.T) {
-	defer faults.SetVoteAttack(&faults.VoteAttack{Worker: 2, Kind: faults.NaN})()
-	plan := testmodel.Plan{Model: "mlp", Steps: 5, MicroBatches: []int{40}}
+	plan := testmodel.Plan{Model: "mlp", Steps: 5, MicroBatches: []int{40}, Poisoned: []int{2}}
 	_, _, err := trainVoting(t, 5, aggregate.Mean(), plan)
 	require.ErrorContains(t, err, "aggregation mean: [replica 2 (/job:localhost/replica:0/task:0/device:CPU:2)] sent a gradient holding NaN or Inf")
 	_, stats, err := trainVoting(t, 5, aggregate.Median(), plan)

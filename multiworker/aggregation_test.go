@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/aggregate"
-	"github.com/tfdist/tfdist/internal/faults"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/optimizer"
@@ -83,8 +82,7 @@ func TestRobustRulesKeepWorkersIdentical(t *testing.T) {
 // A vote holding NaN fails the step naming its worker under Mean, and is
 // discarded, every step, under a robust rule.
 func TestNonFiniteVotes(t *testing.T) {
-	defer faults.SetVoteAttack(&faults.VoteAttack{Worker: 2, Kind: faults.NaN})()
-	plan := testmodel.Plan{Model: "mlp", Steps: 5, MicroBatches: []int{40}}
+	plan := testmodel.Plan{Model: "mlp", Steps: 5, MicroBatches: []int{40}, Poisoned: []int{2}}
 	_, _, errs := trainVoting(t, 5, aggregate.Mean(), plan)
 	for w, err := range errs {
 		require.ErrorContains(t, err, "aggregation mean: [worker:2] sent a gradient holding NaN or Inf", "worker %d", w)

@@ -68,6 +68,9 @@ type Options struct {
 	// Differential privacy: see dp.go.
 	DP DP
 	dp *privacy // set once the strategy is known
+
+	// Faults injected on purpose, by tests only: see fault.go.
+	Faults Faults
 }
 
 // Result is what a run reports (the -json line of the command).
@@ -160,6 +163,9 @@ func (o Options) Check() error {
 	if err := o.DP.check(o); err != nil {
 		return err
 	}
+	if err := o.Faults.check(); err != nil {
+		return err
+	}
 	if _, err := o.gradientOptions(); err != nil {
 		return err
 	}
@@ -193,15 +199,9 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		defer reportStats(log, o.StatsEvery)()
 	}
 	res := Result{Strategy: o.Strategy, GlobalBatch: o.GlobalBatch, Steps: o.Steps}
-	crash, err := crashPlanFromEnv()
-	if err != nil {
+	if err := o.Faults.check(); err != nil {
 		return res, err
 	}
-	disarm, err := armVoteAttack()
-	if err != nil {
-		return res, err
-	}
-	defer disarm()
 	data, err := digits.Load()
 	if err != nil {
 		return res, err
@@ -209,7 +209,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	train, test := data.Split(o.TestSize, o.Seed)
 	var sess session
 	if o.Strategy == "ps" {
-		sess, err = newPSSession(ctx, o, crash, train, &res)
+		sess, err = newPSSession(ctx, o, train, &res)
 	} else {
 		sess, err = newInGraphSession(ctx, o, train, &res)
 	}
@@ -224,7 +224,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		}
 		defer tb.Close()
 	}
-	if err := trainModel(ctx, o, sess, crash, tb, &res, log); err != nil {
+	if err := trainModel(ctx, o, sess, tb, &res, log); err != nil {
 		return res, err
 	}
 	if res.Accuracy, err = sess.evaluate(ctx, test); err != nil {
@@ -284,7 +284,7 @@ type session interface {
 
 // trainModel resumes from the latest checkpoint, when the run
 // checkpoints, and trains with the shared loop up to -steps.
-func trainModel(ctx context.Context, o Options, sess session, crash crashPlan, tb *summary.Writer, res *Result, log io.Writer) error {
+func trainModel(ctx context.Context, o Options, sess session, tb *summary.Writer, res *Result, log io.Writer) error {
 	start, err := sess.restore(ctx)
 	if err != nil {
 		return err
@@ -313,8 +313,8 @@ func trainModel(ctx context.Context, o Options, sess session, crash crashPlan, t
 	if o.CheckpointDir != "" {
 		c.Checkpoint = sess.checkpoint
 	}
-	if crash.armed() {
-		c.AfterChunk = func(step int) { crash.crashIfDue(log, step) }
+	if o.Faults.armed() {
+		c.AfterChunk = func(step int) { o.Faults.crashIfDue(log, step) }
 	}
 	out, err := trainloop.Run(ctx, trainer, c)
 	if err != nil {
@@ -354,7 +354,7 @@ func buildModel[F any](o Options, scope func(func(strategy.Scope) error) error,
 		return b, err
 	}
 	b.m = b.m.WithPolicy(o.MixedPrecision)
-	if b.train, err = build(models.Spec, models.TrainStep(b.m, opt, o.minimizeOptions()...)); err != nil {
+	if b.train, err = build(models.Spec, models.PoisonedTrainStep(b.m, opt, o.poisoned, o.minimizeOptions()...)); err != nil {
 		return b, err
 	}
 	b.eval, err = build(models.Spec, models.EvalStep(b.m, b.acc))

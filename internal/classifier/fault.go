@@ -4,54 +4,61 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"syscall"
+
+	"github.com/tfdist/tfdist/internal/faults"
 )
 
-// The fault-injection hooks of the fault-tolerance tests are environment
-// variables, not flags, so that users never meet them in -h.
-const (
-	// EnvCrashAtStep names the step after which the training loop kills
-	// its process (SIGKILL), on the job's first attempt only.
-	EnvCrashAtStep = "TFDIST_TEST_CRASH_AT_STEP"
-	// EnvCrashTask, with EnvCrashAtStep, names the only task (type:index,
-	// e.g. worker:1) that crashes.
-	EnvCrashTask = "TFDIST_TEST_CRASH_TASK"
-)
-
-// crashPlan is when a test wants the process to kill itself.
-type crashPlan struct {
-	step int    // 0: never
-	task string // "": any task
+// Faults are the faults a run injects on purpose, for tfdist's own tests
+// of fault tolerance and robust aggregation. No flag or environment
+// variable of a tfdist program sets them: the tests set them, in-process,
+// or through the test-only program internal/cmd/digits/testdata/faulty.
+type Faults struct {
+	// CrashAtStep is the step after which the training loop kills its
+	// process (SIGKILL), on the job's first attempt only; 0: never.
+	CrashAtStep int
+	// CrashTask, with CrashAtStep, names the only task (type:index, e.g.
+	// worker:1) that crashes; "": any.
+	CrashTask string
+	// VoteAttack, with -aggregation, makes a worker (a replica under
+	// mirrored) faulty: the rule sees its vote corrupted
+	// (faults.VoteAttack.Rule), or, of kind NaN, its gradients are NaN.
+	VoteAttack *faults.VoteAttack
 }
 
-// crashPlanFromEnv reads the crash plan from EnvCrashAtStep and
-// EnvCrashTask.
-func crashPlanFromEnv() (crashPlan, error) {
-	c := crashPlan{task: os.Getenv(EnvCrashTask)}
-	if v := os.Getenv(EnvCrashAtStep); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return c, fmt.Errorf("%s=%q: expected a step of at least 1", EnvCrashAtStep, v)
-		}
-		c.step = n
+func (f Faults) check() error {
+	if f.CrashAtStep < 0 {
+		return fmt.Errorf("Faults.CrashAtStep %d: expected a step of at least 1, or 0 for none", f.CrashAtStep)
 	}
-	return c, nil
+	return nil
 }
 
 // armed reports whether this process crashes: on the job's first attempt,
 // when it is the task the plan names.
-func (c crashPlan) armed() bool {
-	return c.step > 0 && firstAttempt() && (c.task == "" || c.task == taskName())
+func (f Faults) armed() bool {
+	return f.CrashAtStep > 0 && firstAttempt() && (f.CrashTask == "" || f.CrashTask == taskName())
 }
 
-// crashIfDue kills the process, saying so on log, once step reaches the
-// plan's step.
-func (c crashPlan) crashIfDue(log io.Writer, step int) {
-	if step >= c.step {
+// crashIfDue kills the process, saying so on log, once step reaches
+// CrashAtStep.
+func (f Faults) crashIfDue(log io.Writer, step int) {
+	if step >= f.CrashAtStep {
 		fmt.Fprintf(log, "crashing on purpose after step %d\n", step)
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	}
+}
+
+// poisoned reports whether the replica's gradients are NaN: those of the
+// faulty worker of a NaN VoteAttack (its replica, under mirrored).
+func (o Options) poisoned(replica int) bool {
+	a := o.Faults.VoteAttack
+	if a == nil || a.Kind != faults.NaN || o.Aggregation == "" {
+		return false
+	}
+	if o.Strategy == "mirrored" {
+		return replica == a.Worker
+	}
+	return replica/o.Devices == a.Worker
 }
 
 // firstAttempt reports whether this is the first run of the job, not a run

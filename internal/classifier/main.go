@@ -17,7 +17,17 @@ import (
 // model as -model's default), trains, prints the result to stdout (and
 // one JSON line with -json) and returns the process's exit code.
 func Main(prog, model string, args []string, stdout, stderr io.Writer) int {
+	return MainWithFaults(prog, model, args, stdout, stderr, Faults{})
+}
+
+// MainWithFaults is Main of a run that injects f: the body of the
+// test-only program internal/cmd/digits/testdata/faulty.
+func MainWithFaults(prog, model string, args []string, stdout, stderr io.Writer, f Faults) int {
 	o, err := parseFlags(prog, model, args, stderr)
+	if err == nil {
+		o.Faults = f
+		err = o.Check()
+	}
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

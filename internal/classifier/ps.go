@@ -39,12 +39,12 @@ type ps struct {
 
 // newPSSession joins the cluster of TF_CONFIG, builds the model and its
 // steps, and fills in res's replicas, workers and chief.
-func newPSSession(ctx context.Context, o Options, crash crashPlan, train digits.Data, res *Result) (*ps, error) {
+func newPSSession(ctx context.Context, o Options, train digits.Data, res *Result) (*ps, error) {
 	if o.Devices != 1 {
 		return nil, fmt.Errorf("-strategy ps: -devices %d: each worker runs its steps on one device", o.Devices)
 	}
-	if crash.step > 0 && crash.task != "" && crash.task != "chief:0" {
-		return nil, fmt.Errorf("-strategy ps: %s=%s: only the chief runs the training loop; use chief:0 (kill ps and worker tasks from outside)", EnvCrashTask, crash.task)
+	if f := o.Faults; f.CrashAtStep > 0 && f.CrashTask != "" && f.CrashTask != "chief:0" {
+		return nil, fmt.Errorf("-strategy ps: Faults.CrashTask %s: only the chief runs the training loop; use chief:0 (kill ps and worker tasks from outside)", f.CrashTask)
 	}
 	log, err := o.logger()
 	if err != nil {

@@ -3,17 +3,11 @@ package classifier
 import (
 	"flag"
 	"fmt"
-	"os"
 
 	"github.com/tfdist/tfdist/aggregate"
 	"github.com/tfdist/tfdist/internal/faults"
 	"github.com/tfdist/tfdist/multiworker"
 )
-
-// EnvVoteAttack gives the run a faulty worker for the robust-aggregation
-// tests (faults.ParseVoteAttack's form), like the crash hooks: an
-// environment variable, not a flag.
-const EnvVoteAttack = faults.EnvVoteAttack
 
 func registerRobustFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.Aggregation, "aggregation", "", "multiworker, mirrored: combine the workers' (replicas') gradients with `RULE` instead of summing them: mean, median, trimmed_mean(f), krum(f), multi_krum(f,m) or centered_clip(tau,iterations)")
@@ -44,6 +38,9 @@ func (o Options) aggregation() (aggregate.Rule, error) {
 	if o.Strategy != "multiworker" && o.Strategy != "mirrored" {
 		return nil, fmt.Errorf("-aggregation %s: only -strategy multiworker (a vote per worker) and mirrored (a vote per replica) combine votes (-strategy %s cannot honour it)", r, o.Strategy)
 	}
+	if a := o.Faults.VoteAttack; a != nil && a.Kind != faults.NaN {
+		return a.Rule(r)
+	}
 	return r, nil
 }
 
@@ -63,20 +60,6 @@ func (o Options) gradientOptions() ([]multiworker.Option, error) {
 		opts = append(opts, multiworker.WithAggregation(r))
 	}
 	return opts, nil
-}
-
-// armVoteAttack sets the vote attack of EnvVoteAttack, if any, for the
-// process's run and returns the function that removes it.
-func armVoteAttack() (func(), error) {
-	v := os.Getenv(EnvVoteAttack)
-	if v == "" {
-		return func() {}, nil
-	}
-	a, err := faults.ParseVoteAttack(v)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", EnvVoteAttack, err)
-	}
-	return faults.SetVoteAttack(a), nil
 }
 
 // aggregationResult adds what the aggregation rule did to res, and returns

@@ -1,22 +1,22 @@
 // Package faults injects faults into tfdist runs for tfdist's own tests:
 // a worker whose gradient votes are corrupted on purpose, so that tests
-// can show what each aggregation rule withstands. It is not part of the
-// public API, and nothing sets it but tests and the classifier's hidden
-// test hook (EnvVoteAttack).
+// can show what each aggregation rule withstands. The attack comes in as
+// the aggregation rule a strategy is given (VoteAttack.Rule), or, for a
+// NaN vote, as a replica whose gradients are poisoned: no strategy holds
+// a hook for it. It is not part of the public API.
 package faults
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"sync/atomic"
-)
+	"sync"
 
-// EnvVoteAttack is the environment variable through which a test gives
-// the processes of a run a VoteAttack, in ParseVoteAttack's form.
-const EnvVoteAttack = "TFDIST_TEST_VOTE_ATTACK"
+	"github.com/tfdist/tfdist/aggregate"
+)
 
 // Attack kinds.
 const (
@@ -44,17 +44,36 @@ type VoteAttack struct {
 	Seed   uint64  // of Noise
 }
 
-var current atomic.Pointer[VoteAttack]
-
-// SetVoteAttack makes a the attack of every aggregation in this process
-// (nil: none) and returns a function that restores the previous one.
-func SetVoteAttack(a *VoteAttack) (restore func()) {
-	prev := current.Swap(a)
-	return func() { current.Store(prev) }
+// Rule returns inner with a's attack applied to the votes before inner
+// aggregates them, counting the steps from 0 (Noise's seed): the rule to
+// give a strategy (WithAggregation) for an omniscient attacker. It names
+// itself as inner does. A NaN vote is set aside before any rule sees it,
+// so Kind NaN is refused: poison the faulty replica's gradients instead.
+func (a *VoteAttack) Rule(inner aggregate.Rule) (aggregate.Rule, error) {
+	switch {
+	case inner == nil:
+		return nil, errors.New("faults: nil rule")
+	case a.Kind == NaN:
+		return nil, fmt.Errorf("faults: kind %s: the strategy sets a NaN vote aside before the rule sees it; poison the replica's gradients instead", NaN)
+	}
+	return &attacked{Rule: inner, a: a}, nil
 }
 
-// CurrentVoteAttack returns the attack set, nil when there is none.
-func CurrentVoteAttack() *VoteAttack { return current.Load() }
+// attacked is a Rule whose votes an attack corrupts.
+type attacked struct {
+	aggregate.Rule
+	a    *VoteAttack
+	mu   sync.Mutex
+	step int64
+}
+
+func (r *attacked) Aggregate(votes [][]float32, out []float32) []int {
+	r.mu.Lock()
+	step := r.step
+	r.step++
+	r.mu.Unlock()
+	return r.Rule.Aggregate(r.a.Apply(step, votes), out)
+}
 
 // ParseVoteAttack reads "worker=W,kind=K[,scale=S][,seed=N]".
 func ParseVoteAttack(s string) (*VoteAttack, error) {

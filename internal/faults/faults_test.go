@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/aggregate"
 )
 
 func TestParseVoteAttack(t *testing.T) {
@@ -52,4 +54,31 @@ func TestApply(t *testing.T) {
 func TestALIEZ(t *testing.T) {
 	assert.InDelta(t, 0.253, alieZ(5, 1), 1e-3)
 	assert.InDelta(t, 0.0, alieZ(4, 1), 1e-9)
+}
+
+// Rule is the inner rule run on the attacked votes, one step per call
+// (Noise draws afresh each step), named as the inner rule; a NaN attack
+// is refused, since the strategies set NaN votes aside before any rule.
+func TestRule(t *testing.T) {
+	votes := [][]float32{{1, 2}, {3, 4}, {5, 6}}
+	r, err := (&VoteAttack{Worker: 2, Kind: SignFlip, Scale: 10}).Rule(aggregate.Mean())
+	require.NoError(t, err)
+	assert.Equal(t, "mean", r.String())
+	require.NoError(t, r.Check(3))
+	out := make([]float32, 2)
+	assert.Empty(t, r.Aggregate(votes, out))
+	assert.Equal(t, []float32{(1 + 3 - 50) / 3.0, (2 + 4 - 60) / 3.0}, out)
+	assert.Equal(t, []float32{5, 6}, votes[2], "the given votes are not changed")
+
+	noise, err := (&VoteAttack{Worker: 0, Kind: Noise, Scale: 1, Seed: 7}).Rule(aggregate.Mean())
+	require.NoError(t, err)
+	first, second := make([]float32, 2), make([]float32, 2)
+	noise.Aggregate(votes, first)
+	noise.Aggregate(votes, second)
+	assert.NotEqual(t, first, second, "each call is a new step")
+
+	_, err = (&VoteAttack{Worker: 0, Kind: NaN}).Rule(aggregate.Median())
+	assert.ErrorContains(t, err, "kind nan")
+	_, err = (&VoteAttack{Worker: 0, Kind: SignFlip}).Rule(nil)
+	assert.ErrorContains(t, err, "nil rule")
 }

@@ -6,8 +6,10 @@ package models
 import (
 	"context"
 	"fmt"
+	"math"
 
 	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
@@ -73,6 +75,13 @@ func OptimizerFor(p nn.Policy, opt strategy.Optimizer) (strategy.Optimizer, erro
 // policy (one without loss scaling under mixed_float16: see OptimizerFor)
 // fails the step's Build.
 func TrainStep(m *nn.Sequential, opt strategy.Optimizer, opts ...strategy.MinimizeOption) strategy.ReplicaFn {
+	return PoisonedTrainStep(m, opt, nil, opts...)
+}
+
+// PoisonedTrainStep is TrainStep whose replicas that poisoned reports
+// (nil: none) minimise their loss times NaN, as a faulty device would:
+// their gradients are NaN, the loss they output is the honest one.
+func PoisonedTrainStep(m *nn.Sequential, opt strategy.Optimizer, poisoned func(replica int) bool, opts ...strategy.MinimizeOption) strategy.ReplicaFn {
 	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		if err := m.Policy().CheckOptimizer(opt); err != nil {
 			return nil, err
@@ -86,6 +95,11 @@ func TrainStep(m *nn.Sequential, opt strategy.Optimizer, opts ...strategy.Minimi
 		minimized := loss
 		if _, ok := opt.(strategy.PrivateOptimizer); ok { // DP-SGD differentiates each example's loss
 			minimized = perExample
+		}
+		if poisoned != nil && poisoned(r.ReplicaID()) {
+			s := r.Scope().SubScope("poison")
+			nan := op.Cast(s, op.Const(s.SubScope("nan"), float32(math.NaN())), minimized.DataType())
+			minimized = op.Mul(s, minimized, nan)
 		}
 		return strategy.Outputs{"loss": loss}, r.Minimize(opt, minimized, m.Vars(), opts...)
 	}

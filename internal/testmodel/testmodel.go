@@ -78,6 +78,9 @@ type Plan struct {
 	// AfterRuns, when set, is called after Build and after every run with
 	// the number of runs done.
 	AfterRuns func(done int) error
+	// Poisoned are the global ids of replicas whose gradients are NaN,
+	// as a faulty device's would be (models.PoisonedTrainStep).
+	Poisoned []int
 }
 
 // TrainPlan trains a model of package models with opt on the digits data
@@ -98,7 +101,8 @@ func TrainPlan(ctx context.Context, e Engine, opt strategy.Optimizer, p Plan) (O
 	if len(p.MicroBatches) > 1 {
 		opts = append(opts, strategy.WithAccumulation(len(p.MicroBatches)))
 	}
-	step, err := e.Build(Spec, models.TrainStep(m, opt, opts...))
+	poisoned := func(replica int) bool { return slices.Contains(p.Poisoned, replica) }
+	step, err := e.Build(Spec, models.PoisonedTrainStep(m, opt, poisoned, opts...))
 	if err != nil {
 		return Outcome{}, err
 	}

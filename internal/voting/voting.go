@@ -1,6 +1,6 @@
 // Package voting runs an aggregation rule over gradient votes for the
 // strategies that offer one: the Aggregator their aggregate ops call, with
-// the fault hook of tfdist's tests and the statistics, and the graph pieces
+// the statistics, and the graph pieces
 // that turn a replica's gradients into one vote and the aggregate back
 // into gradients.
 package voting
@@ -16,7 +16,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/aggregate"
-	"github.com/tfdist/tfdist/internal/faults"
 	"github.com/tfdist/tfdist/internal/graphutil"
 )
 
@@ -44,7 +43,6 @@ func (v *Voter) Aggregate(votes [][]float32, out []float32) error {
 	v.mu.Lock()
 	step := v.stats.Steps
 	v.mu.Unlock()
-	votes = faults.CurrentVoteAttack().Apply(step, votes)
 	var honest [][]float32
 	var index, faulty []int
 	for w, vote := range votes {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"testing"
 
 	"github.com/tfdist/tfdist/internal/classifier"
@@ -135,9 +136,10 @@ func TestBadFlags(t *testing.T) {
 	assert.ErrorContains(t, err, "does not divide")
 	_, err = classifier.Run(ctx, options(t, "-strategy", "default", "-devices", "2"), io.Discard)
 	assert.ErrorContains(t, err, "use -strategy mirrored")
-	t.Setenv(classifier.EnvCrashAtStep, "soon")
-	_, err = classifier.Run(ctx, options(t, "-strategy", "default"), io.Discard)
-	assert.ErrorContains(t, err, classifier.EnvCrashAtStep+`="soon"`)
+	o := options(t, "-strategy", "default")
+	o.Faults.CrashAtStep = -1
+	_, err = classifier.Run(ctx, o, io.Discard)
+	assert.ErrorContains(t, err, "Faults.CrashAtStep -1: expected a step of at least 1, or 0 for none")
 }
 
 // Under -dp-clip the classifier trains with DP-SGD on Poisson samples:
@@ -169,9 +171,11 @@ func TestDifferentialPrivacy(t *testing.T) {
 	assert.ErrorContains(t, err, "more than -dp-epsilon 0.3 allows")
 }
 
-// The tests' fault-injection hooks are environment variables, not flags:
-// the usage text does not mention them, and no flag takes them.
-func TestUsageHidesFaultInjection(t *testing.T) {
+// Faults are injected by the tests alone: no flag takes them, the usage
+// text does not mention them, and neither shipped program (digits,
+// tfdist) holds the name of the test-only program's variable, or any
+// TFDIST_TEST_ variable.
+func TestNoFaultInjectionInShippedPrograms(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	require.Equal(t, 0, classifier.Main("classifier", "mlp", []string{"-h"}, &stdout, &stderr))
 	usage := stderr.String()
@@ -180,6 +184,17 @@ func TestUsageHidesFaultInjection(t *testing.T) {
 	assert.NotContains(t, usage, "TFDIST_TEST")
 	_, err := classifier.ParseFlags([]string{"-crash-at-step", "5"}, io.Discard)
 	assert.ErrorContains(t, err, "flag provided but not defined: -crash-at-step")
+
+	needBinaries(t)
+	for _, bin := range []string{bins.digits, bins.tfdist, bins.faulty} {
+		b, err := os.ReadFile(bin)
+		require.NoError(t, err)
+		if bin == bins.faulty {
+			assert.Contains(t, string(b), faultsEnv, "the test-only program reads it")
+			continue
+		}
+		assert.NotContains(t, string(b), "TFDIST_TEST_", bin)
+	}
 }
 
 // tfdist's DP-SGD reaches, on the held-out digits, within 3 points of the

@@ -29,8 +29,8 @@ import (
 
 // binaries built once for the tests that run real processes.
 var bins struct {
-	digits, tfdist string
-	err            error
+	digits, faulty, tfdist string
+	err                    error
 }
 
 func TestMain(m *testing.M) {
@@ -39,8 +39,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bins.digits, bins.tfdist = filepath.Join(dir, "digits"), filepath.Join(dir, "tfdist")
-	for _, b := range [][2]string{{bins.digits, "."}, {bins.tfdist, "../../../cmd/tfdist"}} {
+	bins.digits, bins.faulty, bins.tfdist = filepath.Join(dir, "digits"), filepath.Join(dir, "faulty"), filepath.Join(dir, "tfdist")
+	for _, b := range [][2]string{{bins.digits, "."}, {bins.faulty, "./testdata/faulty"}, {bins.tfdist, "../../../cmd/tfdist"}} {
 		out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput()
 		if err != nil {
 			bins.err = fmt.Errorf("go build %s: %v\n%s", b[1], err, out)
@@ -81,13 +81,39 @@ func defaultRun(t *testing.T, args ...string) classifier.Result {
 	return res
 }
 
+// launch runs the digits program under tfdist launch and returns the
+// processes' output.
 func launch(t testing.TB, timeout time.Duration, launchArgs []string, classifierArgs ...string) (string, error) {
+	t.Helper()
+	return launchFaulty(t, classifier.Faults{}, timeout, launchArgs, classifierArgs...)
+}
+
+// faultsEnv is the environment variable through which the test-only
+// program testdata/faulty gets its faults.
+const faultsEnv = "TFDIST_TEST_FAULTS"
+
+// faultEnv returns the environment entry that gives testdata/faulty f.
+func faultEnv(t testing.TB, f classifier.Faults) string {
+	t.Helper()
+	b, err := json.Marshal(f)
+	require.NoError(t, err)
+	return faultsEnv + "=" + string(b)
+}
+
+// launchFaulty is launch of a job whose processes inject f (the
+// test-only program testdata/faulty), or of the digits program itself
+// when f is zero.
+func launchFaulty(t testing.TB, f classifier.Faults, timeout time.Duration, launchArgs []string, classifierArgs ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	args := append(append([]string{"launch", "--timeout", timeout.String()}, launchArgs...), "--", bins.digits)
+	bin, env := bins.digits, []string{"TF_CPP_MIN_LOG_LEVEL=2"}
+	if f != (classifier.Faults{}) {
+		bin, env = bins.faulty, append(env, faultEnv(t, f))
+	}
+	args := append(append([]string{"launch", "--timeout", timeout.String()}, launchArgs...), "--", bin)
 	cmd := exec.CommandContext(ctx, bins.tfdist, append(args, classifierArgs...)...)
-	cmd.Env = append(os.Environ(), "TF_CPP_MIN_LOG_LEVEL=2")
+	cmd.Env = append(os.Environ(), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -137,10 +163,10 @@ func TestDeadPeerFailsTheSurvivorWithinTimeout(t *testing.T) {
 	for w := range 2 {
 		tfc, err := cluster.Marshal(spec, cluster.Task{Type: cluster.Worker, Index: w})
 		require.NoError(t, err)
-		cmd := exec.Command(bins.digits, "-strategy", "multiworker", "-devices", "2", "-steps", "200",
+		cmd := exec.Command(bins.faulty, "-strategy", "multiworker", "-devices", "2", "-steps", "200",
 			"-global-batch", "32", "-checkpoint-dir", dir, "-checkpoint-every", "20", "-collective-timeout", "10s", "-log-every", "0")
 		cmd.Env = append(os.Environ(), "TF_CONFIG="+tfc, "TFDIST_TASK_TYPE=worker", fmt.Sprintf("TFDIST_TASK_INDEX=%d", w), "TF_CPP_MIN_LOG_LEVEL=2",
-			fmt.Sprintf("%s=%d", classifier.EnvCrashAtStep, crashAt), classifier.EnvCrashTask+"=worker:1")
+			faultEnv(t, classifier.Faults{CrashAtStep: crashAt, CrashTask: "worker:1"}))
 		out := &syncbuf.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		require.NoError(t, cmd.Start())
@@ -178,9 +204,7 @@ func TestRestartResumesFromCheckpoint(t *testing.T) {
 	args := []string{"-steps", "120", "-global-batch", "32", "-lr", "0.1"}
 	want := defaultRun(t, args...)
 	crashAt := 41 + rand.IntN(19) // between the checkpoints of steps 40 and 60
-	t.Setenv(classifier.EnvCrashAtStep, fmt.Sprint(crashAt))
-	t.Setenv(classifier.EnvCrashTask, "worker:1")
-	out, err := launch(t, 4*time.Minute, []string{"--workers", "2", "--max-restarts", "1", "--grace", "5s"},
+	out, err := launchFaulty(t, classifier.Faults{CrashAtStep: crashAt, CrashTask: "worker:1"}, 4*time.Minute, []string{"--workers", "2", "--max-restarts", "1", "--grace", "5s"},
 		append(args, "-strategy", "multiworker", "-devices", "2", "-json", "-log-every", "0",
 			"-checkpoint-dir", t.TempDir(), "-checkpoint-every", "20", "-collective-timeout", "10s")...)
 	require.NoError(t, err, out)

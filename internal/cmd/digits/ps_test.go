@@ -65,9 +65,7 @@ func TestLaunchParameterServerLeNetReachesNinetyFivePercent(t *testing.T) {
 func TestParameterServerRelaunchResumesFromCheckpoint(t *testing.T) {
 	needBinaries(t)
 	dir := t.TempDir()
-	t.Setenv(classifier.EnvCrashAtStep, "100")
-	t.Setenv(classifier.EnvCrashTask, "chief:0")
-	out, err := launch(t, 3*time.Minute, []string{"--chief", "--workers", "2", "--ps", "2", "--max-restarts", "1"},
+	out, err := launchFaulty(t, classifier.Faults{CrashAtStep: 100, CrashTask: "chief:0"}, 3*time.Minute, []string{"--chief", "--workers", "2", "--ps", "2", "--max-restarts", "1"},
 		"-strategy", "ps", "-steps", "300", "-checkpoint-dir", dir, "-checkpoint-every", "50", "-json", "-log-every", "50")
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "crashing on purpose after step 100")
@@ -87,8 +85,8 @@ func TestParameterServerNeedsACluster(t *testing.T) {
 	assert.True(t, strings.Contains(err.Error(), "tfdist launch --chief --workers 2 --ps 2"), err)
 	_, err = classifier.Run(context.Background(), options(t, "-strategy", "ps", "-devices", "2"), io.Discard)
 	assert.ErrorContains(t, err, "-strategy ps: -devices 2")
-	t.Setenv(classifier.EnvCrashAtStep, "5")
-	t.Setenv(classifier.EnvCrashTask, "worker:1")
-	_, err = classifier.Run(context.Background(), options(t, "-strategy", "ps"), io.Discard)
-	assert.ErrorContains(t, err, classifier.EnvCrashTask+"=worker:1: only the chief runs the training loop")
+	o := options(t, "-strategy", "ps")
+	o.Faults = classifier.Faults{CrashAtStep: 5, CrashTask: "worker:1"}
+	_, err = classifier.Run(context.Background(), o, io.Discard)
+	assert.ErrorContains(t, err, "Faults.CrashTask worker:1: only the chief runs the training loop")
 }

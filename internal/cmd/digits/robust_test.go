@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/internal/classifier"
+	"github.com/tfdist/tfdist/internal/faults"
 	"github.com/tfdist/tfdist/summary"
 )
 
@@ -27,12 +28,16 @@ const robustTau = "centered_clip(0.1,3)"
 func robustLaunch(t *testing.T, rule, attack string) (string, error) {
 	t.Helper()
 	needBinaries(t)
-	t.Setenv(classifier.EnvVoteAttack, attack)
+	var f classifier.Faults
 	steps := "300"
 	if attack == "" {
 		steps = "600"
+	} else {
+		a, err := faults.ParseVoteAttack(attack)
+		require.NoError(t, err)
+		f.VoteAttack = a
 	}
-	return launch(t, 3*time.Minute, []string{"--workers", "5"}, "-strategy", "multiworker", "-aggregation", rule,
+	return launchFaulty(t, f, 3*time.Minute, []string{"--workers", "5"}, "-strategy", "multiworker", "-aggregation", rule,
 		"-steps", steps, "-global-batch", "80", "-json", "-log-every", "0")
 }
 
@@ -141,22 +146,20 @@ func TestCompressionKeepsAccuracy(t *testing.T) {
 func TestTopKKeepsAccuracyAndResumes(t *testing.T) {
 	needBinaries(t)
 	args := []string{"-strategy", "multiworker", "-devices", "2", "-steps", "300", "-json", "-log-every", "0", "-collective-timeout", "10s"}
-	run := func(launchArgs []string, extra ...string) classifier.Result {
-		out, err := launch(t, 4*time.Minute, append([]string{"--workers", "2"}, launchArgs...), append(args, extra...)...)
+	run := func(f classifier.Faults, launchArgs []string, extra ...string) classifier.Result {
+		out, err := launchFaulty(t, f, 4*time.Minute, append([]string{"--workers", "2"}, launchArgs...), append(args, extra...)...)
 		require.NoError(t, err, out)
 		got := results(t, out)
 		require.Len(t, got, 2, out)
 		assert.Equal(t, got["worker:0"].ParamL2, got["worker:1"].ParamL2, "the workers hold the same model")
 		return got["worker:0"]
 	}
-	dense := run(nil, "-compression", "none")
-	sparse := run(nil, "-compression", "topk(0.01)", "-checkpoint-dir", t.TempDir(), "-checkpoint-every", "50")
+	dense := run(classifier.Faults{}, nil, "-compression", "none")
+	sparse := run(classifier.Faults{}, nil, "-compression", "topk(0.01)", "-checkpoint-dir", t.TempDir(), "-checkpoint-every", "50")
 	assert.InDelta(t, dense.Accuracy, sparse.Accuracy, 0.01)
 	t.Logf("held-out accuracy: dense %.4f, topk(0.01) %.4f", dense.Accuracy, sparse.Accuracy)
 
-	t.Setenv(classifier.EnvCrashAtStep, "170")
-	t.Setenv(classifier.EnvCrashTask, "worker:1")
-	resumed := run([]string{"--max-restarts", "1", "--grace", "5s"}, "-compression", "topk(0.01)",
+	resumed := run(classifier.Faults{CrashAtStep: 170, CrashTask: "worker:1"}, []string{"--max-restarts", "1", "--grace", "5s"}, "-compression", "topk(0.01)",
 		"-checkpoint-dir", t.TempDir(), "-checkpoint-every", "50")
 	assert.Equal(t, sparse.ParamL2, resumed.ParamL2, "the resumed job ends with the uninterrupted job's model")
 	assert.Equal(t, sparse.FinalLoss, resumed.FinalLoss)
@@ -191,9 +194,9 @@ func TestTopKResumesIntoMoreWorkers(t *testing.T) {
 // 3, every step.
 func TestAggregationIsReported(t *testing.T) {
 	needBinaries(t)
-	t.Setenv(classifier.EnvVoteAttack, "worker=2,kind=nan")
 	logdir := t.TempDir()
-	out, err := launch(t, 3*time.Minute, []string{"--workers", "3"}, "-strategy", "multiworker", "-aggregation", "median",
+	nan := classifier.Faults{VoteAttack: &faults.VoteAttack{Worker: 2, Kind: faults.NaN}}
+	out, err := launchFaulty(t, nan, 3*time.Minute, []string{"--workers", "3"}, "-strategy", "multiworker", "-aggregation", "median",
 		"-global-batch", "96", "-steps", "100", "-log-every", "50", "-logdir", logdir, "-log", "info", "-json")
 	require.NoError(t, err, out)
 	got := results(t, out)
@@ -220,10 +223,11 @@ func TestAggregationIsReported(t *testing.T) {
 // replica 2's NaN gradient every step, reports it, and trains on to the
 // accuracy of the plain sum.
 func TestMirroredAggregation(t *testing.T) {
-	t.Setenv(classifier.EnvVoteAttack, "worker=2,kind=nan")
 	var log bytes.Buffer
-	res, err := classifier.Run(context.Background(), options(t, "-strategy", "mirrored", "-devices", "5", "-aggregation", "median",
-		"-global-batch", "80", "-steps", "300", "-log-every", "0", "-log", "info"), &log)
+	o := options(t, "-strategy", "mirrored", "-devices", "5", "-aggregation", "median",
+		"-global-batch", "80", "-steps", "300", "-log-every", "0", "-log", "info")
+	o.Faults.VoteAttack = &faults.VoteAttack{Worker: 2, Kind: faults.NaN}
+	res, err := classifier.Run(context.Background(), o, &log)
 	require.NoError(t, err, log.String())
 	assert.Equal(t, "median", res.Aggregation)
 	assert.Equal(t, []int64{0, 0, 300, 0, 0}, res.DiscardedVotes)
