@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -50,13 +49,18 @@ func TestNamedDirectoryIsUsedAndExported(t *testing.T) {
 	assert.FileExists(t, filepath.Join(dir, "include/xla/tsl/c/tsl_status.h"))
 }
 
-func TestSecondRunIsFast(t *testing.T) {
-	installed(t)
-	start := time.Now()
+// A run after the install reuses it: nothing is downloaded, and the
+// installed library is not rewritten.
+func TestSecondRunReusesTheInstall(t *testing.T) {
+	lib := filepath.Join(installed(t), "lib", "libtensorflow_cc.so.2")
+	before, err := os.Stat(lib)
+	require.NoError(t, err)
 	_, stderr, err := bootstrap(t, map[string]string{"TFDIST_CACHE": os.Getenv("TFDIST_CACHE")})
 	require.NoError(t, err, stderr)
 	assert.NotContains(t, stderr, "downloading")
-	assert.Less(t, time.Since(start), 30*time.Second)
+	after, err := os.Stat(lib)
+	require.NoError(t, err)
+	assert.Equal(t, before.ModTime(), after.ModTime(), "the library is not rewritten")
 }
 
 func TestMissingDirectory(t *testing.T) {
@@ -105,15 +109,19 @@ func fakePip(t *testing.T, script string) string {
 	return p
 }
 
-// With no usable source, the script fails in seconds and says what it tried
-// and what the user can do; nothing is left half-installed.
+// With no usable source, the script tries the download once, fails and
+// says what it tried and what the user can do; nothing is left
+// half-installed.
 func TestNoSourceFailsFastAndClearly(t *testing.T) {
 	cache := t.TempDir()
-	pip := fakePip(t, `echo "ERROR: Could not find a version that satisfies the requirement (network unreachable)" >&2; exit 1`)
-	start := time.Now()
+	count := filepath.Join(t.TempDir(), "count")
+	pip := fakePip(t, `echo x >> `+count+`
+echo "ERROR: Could not find a version that satisfies the requirement (network unreachable)" >&2; exit 1`)
 	_, stderr, err := bootstrap(t, map[string]string{"TFDIST_CACHE": cache, "PIP": pip})
 	require.Error(t, err)
-	assert.Less(t, time.Since(start), 20*time.Second)
+	n, err := os.ReadFile(count)
+	require.NoError(t, err)
+	assert.Equal(t, 1, strings.Count(string(n), "x"), "one download attempt, no retry of an unreachable index")
 	for _, want := range []string{"no usable TensorFlow 2.18.0 C library", "official archive: skipped",
 		"pip download tensorflow-cpu==2.18.0 failed", "what you can do", "LIBTENSORFLOW_DIR"} {
 		assert.Contains(t, stderr, want)
