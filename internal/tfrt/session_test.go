@@ -33,11 +33,34 @@ var stepThreads = []struct {
 }{{"pool", nil}, {"caller", []ConfigOption{WithStepsOnCallerThread()}}}
 
 // A run blocked in an op that TensorFlow cancels (a dequeue from an empty
-// queue) returns soon after its context's deadline, wrapping it; the
-// session then refuses every run at once, and closes at once.
+// queue) returns after its context's deadline, wrapping it, instead of
+// waiting for the dequeue (forever); the session then refuses every run,
+// and Close, which waits for the runs in progress, returns: TensorFlow
+// cancelled the dequeue.
 func TestRunEndsAtItsDeadline(t *testing.T) {
 	for _, st := range stepThreads {
 		t.Run(st.name, func(t *testing.T) { testRunEndsAtItsDeadline(t, st.opts) })
+	}
+}
+
+// forever bounds a wait that would otherwise never end: far longer than
+// any step of these tests takes on a loaded machine, so that only a wait
+// that does not end fails.
+const forever = 60 * time.Second
+
+// returnsWithin calls f and fails the test, without waiting for f, if f
+// has not returned after d.
+func returnsWithin(t *testing.T, d time.Duration, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s: still waiting after %v", what, d)
 	}
 }
 
@@ -50,24 +73,27 @@ func testRunEndsAtItsDeadline(t *testing.T, opts []ConfigOption) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	start := time.Now()
-	_, err := sess.Run(ctx, nil, []tf.Output{x}, nil)
-	took := time.Since(start)
+	var err error
+	returnsWithin(t, forever, "a run on an empty queue past its deadline", func() {
+		_, err = sess.Run(ctx, nil, []tf.Output{x}, nil)
+	})
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorIs(t, err, ErrInterrupted)
-	assert.Less(t, took, 200*time.Millisecond+interruptGrace, "TensorFlow cancelled the dequeue")
 
-	start = time.Now()
-	_, err = sess.Run(context.Background(), nil, []tf.Output{one}, nil)
+	returnsWithin(t, forever, "a run on the interrupted session", func() {
+		_, err = sess.Run(context.Background(), nil, []tf.Output{one}, nil)
+	})
 	require.ErrorIs(t, err, ErrInterrupted, "the session runs nothing more")
 	assert.ErrorContains(t, err, "context deadline exceeded")
-	require.NoError(t, sess.Close())
-	assert.Less(t, time.Since(start), time.Second)
+	// Close waits for the dequeue's run: only TensorFlow's cancellation
+	// of the dequeue ends it.
+	returnsWithin(t, forever, "TensorFlow cancelled the dequeue: Close", func() { err = sess.Close() })
+	require.NoError(t, err)
 }
 
 // A run that TensorFlow cannot stop (computation: its executor finishes a
-// cancelled step's kernels) still returns within about a second of its
-// context's cancellation, before the computation ends; Close waits for it.
+// cancelled step's kernels) still returns soon after its context's
+// cancellation, well before the computation ends; Close waits for it.
 func TestRunOfComputationReturnsWhenCancelled(t *testing.T) {
 	for _, st := range stepThreads {
 		t.Run(st.name, func(t *testing.T) { testRunOfComputationReturnsWhenCancelled(t, st.opts) })
@@ -94,9 +120,13 @@ func testRunOfComputationReturnsWhenCancelled(t *testing.T, opts []ConfigOption)
 	took := time.Since(start)
 	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorIs(t, err, ErrInterrupted)
-	assert.Less(t, took, 100*time.Millisecond+interruptGrace+time.Second, "the whole run takes %v", full)
+	// The computation goes on in the background (seconds); Close waits for
+	// it, so the time to Close's return is the computation's, measured under
+	// the same load as the run's return.
 	require.NoError(t, sess.Close())
-	t.Logf("the run returned after %v; it takes %v", took, full)
+	ran := time.Since(start)
+	assert.Less(t, took, ran/2, "the run returned after %v; its computation ran for %v (uncancelled: %v)", took, ran, full)
+	t.Logf("the run returned after %v; its computation ran for %v (uncancelled: %v)", took, ran, full)
 }
 
 // Without a deadline or cancellation, Run is graft's.
