@@ -45,7 +45,7 @@ bench:
 	@$(TFENV) $(GO) test -run '^$$' -bench AgainstKeras -benchtime 1x ./examples/resnet
 	@$(TFENV) $(GO) test -run '^$$' -bench AgainstKeras -benchtime 1x ./examples/transformer
 	@$(TFENV) dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && $(GO) build -o "$$dir/" ./cmd/tfdist && \
-	for backend in tfdist tensorflow; do "$$dir/tfdist" bench allreduce --workers 2 --backend $$backend && echo; done; \
+	for backend in tfdist tensorflow; do "$$dir/tfdist" bench allreduce --workers 2 --backend $$backend || exit 1; echo; done; \
 	"$$dir/tfdist" bench allreduce --tls --sizes 16MiB,64MiB
 	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 200x ./mirrored ./dataset/... ./optimizer
 	@$(TFENV) $(GO) test -run '^$$' -bench 'AllReduceTLS' -benchtime 10x ./collective
