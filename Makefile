@@ -39,14 +39,14 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-## bench: the benchmarks, as ratios measured in one run (the all-reduce on both backends: tfdist's engine and TensorFlow's ring; TLS against plaintext; DP-SGD against SGD; the ResNet and Transformer examples against Keras model.fit).
+## bench: the benchmarks, as ratios measured in one run (the all-reduce on both backends: tfdist's engine and TensorFlow's ring; TLS against plaintext, both over loopback TCP; DP-SGD against SGD; the ResNet and Transformer examples against Keras model.fit).
 bench:
 	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 1x ./multiworker ./internal/cmd/digits
 	@$(TFENV) $(GO) test -run '^$$' -bench AgainstKeras -benchtime 1x ./examples/resnet
 	@$(TFENV) $(GO) test -run '^$$' -bench AgainstKeras -benchtime 1x ./examples/transformer
 	@$(TFENV) dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && $(GO) build -o "$$dir/" ./cmd/tfdist && \
 	for backend in tfdist tensorflow; do "$$dir/tfdist" bench allreduce --workers 2 --backend $$backend || exit 1; echo; done; \
-	"$$dir/tfdist" bench allreduce --tls --sizes 16MiB,64MiB
+	"$$dir/tfdist" bench allreduce --tls --tcp --sizes 16MiB,64MiB
 	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 200x ./mirrored ./dataset/... ./optimizer
 	@$(TFENV) $(GO) test -run '^$$' -bench 'AllReduceTLS' -benchtime 10x ./collective
 	@$(TFENV) $(GO) test -run '^$$' -bench . -benchtime 30x ./nn

@@ -179,19 +179,38 @@ func (c *pacedConn) CloseWrite() error { return c.Conn.(*net.TCPConn).CloseWrite
 
 // BenchmarkAllReduceTLS is BenchmarkAllReduce over mutual TLS, and the
 // same in plaintext, measured in turn in one run: compare the two sizes'
-// busMB/s.
+// busMB/s. Both sides run over loopback TCP (WithSharedMemory(false), and
+// the benchmark fails if any connection moved to shared memory): members on
+// one host otherwise move their frames to shared memory once the connection
+// is set up, where TLS would carry only the handshake.
 func BenchmarkAllReduceTLS(b *testing.B) {
 	for _, n := range []int{2, 3} {
 		for _, s := range benchSizes[2:] {
 			for _, secure := range []bool{false, true} {
 				name := map[bool]string{false: "plaintext", true: "tls"}[secure]
 				b.Run(fmt.Sprintf("members=%d/size=%s/%s", n, s.name, name), func(b *testing.B) {
-					var each func(int) []Option
+					each := func(int) []Option { return []Option{WithSharedMemory(false)} }
 					if secure {
-						each = withCredentials(jobCredentials(b, newAuthority(b), n))
+						creds := withCredentials(jobCredentials(b, newAuthority(b), n))
+						each = func(i int) []Option { return append(creds(i), WithSharedMemory(false)) }
 					}
-					benchAllReduce(b, n, s.bytes, each)
+					gs := benchGroups(b, n, each)
+					requireTCP(b, gs)
+					benchAllReduceOn(b, gs, s.bytes, false)
 				})
+			}
+		}
+	}
+}
+
+// requireTCP fails b unless every member of gs reaches every peer over TCP:
+// no connection moved to shared memory.
+func requireTCP(b testing.TB, gs []*Group) {
+	for _, g := range gs {
+		for _, p := range g.peers {
+			// Not require.Nil, which would print the connection's mapped segment.
+			if g.conns[p].viewer != nil {
+				b.Fatalf("member %d reaches member %d over shared memory", g.rank, p)
 			}
 		}
 	}
@@ -210,10 +229,23 @@ func benchAllReduce(b *testing.B, n, size int, each func(int) []Option, opts ...
 // benchAllReduceInto is benchAllReduce with the results in the members'
 // arenas when pushed (see OutputBuffer).
 func benchAllReduceInto(b *testing.B, n, size int, each func(int) []Option, pushed bool, opts ...CallOption) {
+	benchAllReduceOn(b, benchGroups(b, n, each), size, pushed, opts...)
+}
+
+// benchGroups forms a group of n members in this process, member i with
+// each(i), closed when b ends.
+func benchGroups(b *testing.B, n int, each func(int) []Option) []*Group {
 	lns, members := listeners(b, n)
 	gs, err := formGroups(lns, members, each, WithTimeout(time.Minute))
 	require.NoError(b, err)
 	b.Cleanup(func() { closeAll(gs) })
+	return gs
+}
+
+// benchAllReduceOn times AllReduceTo of size bytes between the members of
+// gs, with the results in their arenas when pushed.
+func benchAllReduceOn(b *testing.B, gs []*Group, size int, pushed bool, opts ...CallOption) {
+	n := len(gs)
 	src := benchInput()[:size]
 	dsts := make([][]byte, n)
 	for i := range dsts {
