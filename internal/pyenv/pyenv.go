@@ -33,12 +33,12 @@ type Runner func(ctx context.Context, args ...string) *exec.Cmd
 // JSON runs script with in, marshalled to JSON, on its standard input and
 // unmarshals what it prints into out, failing t (with the script's standard
 // error) if the script fails, prints something else or takes more than
-// three minutes.
+// runTimeout.
 func (r Runner) JSON(t testing.TB, script string, in, out any) {
 	t.Helper()
 	b, err := json.Marshal(in)
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
 	defer cancel()
 	cmd := r(ctx, script)
 	var stderr bytes.Buffer
@@ -47,6 +47,11 @@ func (r Runner) JSON(t testing.TB, script string, in, out any) {
 	require.NoError(t, err, "%s failed:\n%s", script, stderr.String())
 	require.NoError(t, json.Unmarshal(stdout, out), "%s printed: %s", script, stdout)
 }
+
+// runTimeout bounds one script's run. It only stops a hung script: a
+// script that imports TensorFlow (several times, for saved_model_cli)
+// takes minutes on a loaded two-core machine.
+const runTimeout = 10 * time.Minute
 
 // installTimeout bounds one install: TensorFlow's wheels are ~250 MB.
 const installTimeout = 20 * time.Minute
