@@ -18,12 +18,6 @@ func WithDevice(device string) DefaultOption {
 	return func(c *Config) { c.Devices = []string{device} }
 }
 
-// WithSessionOptions adds ConfigProto options to the default strategy's
-// session.
-func WithSessionOptions(opts ...tfrt.ConfigOption) DefaultOption {
-	return func(c *Config) { c.SessionOptions = append(c.SessionOptions, opts...) }
-}
-
 // LocalCPU returns the full name of this process's CPU device i.
 func LocalCPU(i int) string {
 	return tfrt.DeviceSpec{Job: "localhost", Replica: 0, Task: 0, Type: "CPU", Index: i}.String()
