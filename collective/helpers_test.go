@@ -58,8 +58,10 @@ func formGroups(lns []net.Listener, members []Member, each func(i int) []Option,
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := append([]Option{WithListener(lns[i]), WithStartupTimeout(10 * time.Second),
-				WithTimeout(10 * time.Second)}, opts...)
+			// Bounds that a loaded machine never reaches; a test of
+			// a timeout sets its own.
+			o := append([]Option{WithListener(lns[i]), WithStartupTimeout(time.Minute),
+				WithTimeout(time.Minute)}, opts...)
 			if each != nil {
 				o = append(o, each(i)...)
 			}

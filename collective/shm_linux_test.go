@@ -112,7 +112,7 @@ func waitForLog(t *testing.T, logs *observer.ObservedLogs, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		return logs.FilterMessage("collective refused a shared-memory segment").Len() >= n
-	}, 5*time.Second, 5*time.Millisecond)
+	}, 30*time.Second, 5*time.Millisecond)
 }
 
 // shmPair returns both ends of a shared-memory connection with rings of
