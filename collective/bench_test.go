@@ -208,7 +208,7 @@ func benchAllReduce(b *testing.B, n, size int, each func(int) []Option, opts ...
 }
 
 // benchAllReduceInto is benchAllReduce with the results in the members'
-// arenas when pushed (see OutputBuffer).
+// arenas when pushed (see Group.outputBuffer).
 func benchAllReduceInto(b *testing.B, n, size int, each func(int) []Option, pushed bool, opts ...CallOption) {
 	lns, members := listeners(b, n)
 	gs, err := formGroups(lns, members, each, WithTimeout(time.Minute))
@@ -221,7 +221,7 @@ func benchAllReduceInto(b *testing.B, n, size int, each func(int) []Option, push
 		if !pushed {
 			continue
 		}
-		buf := gs[i].OutputBuffer(size)
+		buf := gs[i].outputBuffer(size)
 		require.NotNil(b, buf, "member %d has no arena", i)
 		b.Cleanup(buf.Release)
 		dsts[i] = buf.Bytes()

@@ -71,8 +71,8 @@
 //
 // Every process has an arena, a sealed memfd that each peer on the host
 // maps when their connection moves to shared memory (both sides send
-// theirs, protocol version 7). OutputBuffer hands out spans of it for the
-// results of AllReduceTo. At the start of a ring all-reduce of 4 MiB or
+// theirs, protocol version 7). tfdist's all-reduce op puts the results of
+// AllReduceTo in spans of it. At the start of a ring all-reduce of 4 MiB or
 // more, members whose links map both arenas announce where their results
 // lie; when every result lies in an arena (and apart from its source),
 // the ring moves no bytes through frames: each chunk of the

@@ -18,6 +18,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 
 	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/shmbridge"
 	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
@@ -125,11 +126,11 @@ func (c *call) reduceOutput(st *C.TF_Status) error {
 
 // sharedOutput makes the all-reduce's output a buffer that the group's
 // peers on this host map, so that they write their parts of the result
-// into it (collective.Group.OutputBuffer); it reports false, having done
+// into it (shmbridge.OutputBuffer); it reports false, having done
 // nothing, when the group has none for it.
 func (c *call) sharedOutput(st *C.TF_Status) (bool, error) {
 	n := int(C.TF_TensorByteSize(c.in))
-	b := c.g.OutputBuffer(n)
+	b := shmbridge.OutputBuffer(c.g, n)
 	if b == nil {
 		return false, nil
 	}
