@@ -24,9 +24,9 @@ const (
 	arenaSlots = 1024    // most buffers alive at once
 )
 
-// arena hands out spans of its memfd as Buffers. A Buffer is released by
-// storing 1 in its slot's flag (which a C deallocator can do from any
-// thread); the next allocation takes released spans back.
+// arena hands out spans of its memfd as sharedBuffers. A sharedBuffer is
+// released by storing 1 in its slot's flag (which a C deallocator can do
+// from any thread); the next allocation takes released spans back.
 type arena struct {
 	fd    int
 	mem   []byte
@@ -94,9 +94,9 @@ func mapArena(fd, size int) ([]byte, error) {
 	return mem, nil
 }
 
-// alloc returns a Buffer of n bytes, or nil when the arena has no room or
+// alloc returns a sharedBuffer of n bytes, or nil when the arena has no room or
 // no free slot.
-func (a *arena) alloc(n int) *Buffer {
+func (a *arena) alloc(n int) *sharedBuffer {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.reclaim()
@@ -117,12 +117,12 @@ func (a *arena) alloc(n int) *Buffer {
 		a.unused = a.unused[:len(a.unused)-1]
 		a.live[slot] = span{s.off, want}
 		a.flags[slot].Store(0)
-		return &Buffer{a: a, slot: slot, off: s.off, b: a.mem[s.off : s.off+n : s.off+n]}
+		return &sharedBuffer{a: a, slot: slot, off: s.off, b: a.mem[s.off : s.off+n : s.off+n]}
 	}
 	return nil
 }
 
-// reclaim takes back the spans of released Buffers. Caller holds a.mu.
+// reclaim takes back the spans of released sharedBuffers. Caller holds a.mu.
 func (a *arena) reclaim() {
 	for slot, s := range a.live {
 		if a.flags[slot].Load() == 0 {
@@ -167,7 +167,7 @@ func (a *arena) offset(b []byte) (int, bool) {
 	return int(p - base), true
 }
 
-// quarantine keeps the span of the live Buffer at off out of use for good:
+// quarantine keeps the span of the live sharedBuffer at off out of use for good:
 // a peer of a failed call may still write into it.
 func (a *arena) quarantine(off int) {
 	a.mu.Lock()
@@ -180,7 +180,7 @@ func (a *arena) quarantine(off int) {
 	}
 }
 
-// release releases the Buffer in slot.
+// release releases the sharedBuffer in slot.
 func (a *arena) release(slot int) { a.flags[slot].Store(1) }
 
 // flag returns the address of slot's release flag.

@@ -11,7 +11,7 @@ import (
 // none on this platform, so results are never pushed.
 type arena struct{}
 
-func (*arena) alloc(int) *Buffer         { return nil }
+func (*arena) alloc(int) *sharedBuffer   { return nil }
 func (*arena) offset([]byte) (int, bool) { return 0, false }
 func (*arena) quarantine(int)            {}
 func (*arena) release(int)               {}

@@ -227,7 +227,7 @@ func benchAllReduce(b *testing.B, n, size int, each func(int) []Option, opts ...
 }
 
 // benchAllReduceInto is benchAllReduce with the results in the members'
-// arenas when pushed (see OutputBuffer).
+// arenas when pushed (see Group.outputBuffer).
 func benchAllReduceInto(b *testing.B, n, size int, each func(int) []Option, pushed bool, opts ...CallOption) {
 	benchAllReduceOn(b, benchGroups(b, n, each), size, pushed, opts...)
 }
@@ -253,7 +253,7 @@ func benchAllReduceOn(b *testing.B, gs []*Group, size int, pushed bool, opts ...
 		if !pushed {
 			continue
 		}
-		buf := gs[i].OutputBuffer(size)
+		buf := gs[i].outputBuffer(size)
 		require.NotNil(b, buf, "member %d has no arena", i)
 		b.Cleanup(buf.Release)
 		dsts[i] = buf.Bytes()

@@ -3,6 +3,8 @@ package collective
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/tfdist/tfdist/internal/shmbridge"
 )
 
 // Pushed results. Between members on one host whose results lie in
@@ -63,23 +65,33 @@ type pusher interface {
 	peerArenaLen() int
 }
 
-// OutputBuffer returns a buffer of n bytes for the result of an
+func init() {
+	shmbridge.OutputBuffer = func(g any, n int) shmbridge.Buffer {
+		if b := g.(*Group).outputBuffer(n); b != nil {
+			return b
+		}
+		return nil // not a nil *sharedBuffer
+	}
+}
+
+// outputBuffer returns a buffer of n bytes for the result of an
 // AllReduceTo, in memory that every peer of the group maps, so that the
 // all-reduce writes their parts of the result there directly; nil when
 // the group has no such memory (a peer elsewhere or over TCP, a buffer
 // smaller than the all-reduces that push, or the memory is used up): the
 // caller then uses its own. The caller releases it when done with the
-// result.
-func (g *Group) OutputBuffer(n int) *Buffer {
+// result. tfdist's all-reduce kernel reaches it through
+// shmbridge.OutputBuffer.
+func (g *Group) outputBuffer(n int) *sharedBuffer {
 	if g.arena == nil || n < g.cfg.pushMin || !g.allPush() {
 		return nil
 	}
 	return g.arena.alloc(n)
 }
 
-// Buffer is memory for the result of an all-reduce that the group's
-// peers on this host map (see Group.OutputBuffer).
-type Buffer struct {
+// sharedBuffer is memory for the result of an all-reduce that the group's
+// peers on this host map (see Group.outputBuffer): a shmbridge.Buffer.
+type sharedBuffer struct {
 	a    *arena
 	slot int
 	off  int
@@ -87,15 +99,15 @@ type Buffer struct {
 }
 
 // Bytes returns the buffer's memory.
-func (b *Buffer) Bytes() []byte { return b.b }
+func (b *sharedBuffer) Bytes() []byte { return b.b }
 
 // Release gives the buffer back; its memory must not be used afterwards.
-func (b *Buffer) Release() { b.a.release(b.slot) }
+func (b *sharedBuffer) Release() { b.a.release(b.slot) }
 
 // ReleaseFlag returns the address of a 32-bit flag outside Go's heap:
 // storing 1 in it (atomically, from any thread) releases the buffer, so
 // that a C deallocator, such as a TensorFlow tensor's, can.
-func (b *Buffer) ReleaseFlag() unsafe.Pointer { return b.a.flag(b.slot) }
+func (b *sharedBuffer) ReleaseFlag() unsafe.Pointer { return b.a.flag(b.slot) }
 
 // linkPushes reports whether the link to peer maps both arenas.
 func (g *Group) linkPushes(peer int) bool {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/internal/shmbridge"
 )
 
 // smallPushes has every all-reduce of 64 KiB or more push (push.go), in
@@ -42,9 +44,9 @@ func TestPushedResultsMatchReference(t *testing.T) {
 					}
 				}
 			}
-			var bufs []*Buffer
+			var bufs []*sharedBuffer
 			outs := runInto(t, gs, cases, func(m int, in []byte) ([]byte, []byte) {
-				b := gs[m].OutputBuffer(len(in))
+				b := gs[m].outputBuffer(len(in))
 				require.NotNil(t, b, "member %d has no arena buffer", m)
 				bufs = append(bufs, b)
 				return b.Bytes(), in
@@ -78,7 +80,7 @@ func TestOneResultOutsideTheArenaStopsPushes(t *testing.T) {
 		if m == 1 {
 			return make([]byte, len(in)), in
 		}
-		b := gs[m].OutputBuffer(len(in))
+		b := gs[m].outputBuffer(len(in))
 		require.NotNil(t, b)
 		t.Cleanup(b.Release)
 		return b.Bytes(), in
@@ -94,13 +96,18 @@ func TestOneResultOutsideTheArenaStopsPushes(t *testing.T) {
 func TestOutputBufferOnlyWherePeersMapIt(t *testing.T) {
 	noLeaks(t)
 	tcp := newGroups(t, 2, WithSharedMemory(false), smallPushes)
-	assert.Nil(t, tcp[0].OutputBuffer(1<<20))
+	assert.Nil(t, tcp[0].outputBuffer(1<<20))
+	assert.True(t, shmbridge.OutputBuffer(tcp[0], 1<<20) == nil, "the kernels' bridge returns a nil Buffer")
 	shm := newGroups(t, 2, smallPushes)
-	assert.Nil(t, shm[0].OutputBuffer(1<<10))
-	b := shm[0].OutputBuffer(1 << 20)
+	assert.Nil(t, shm[0].outputBuffer(1<<10))
+	b := shm[0].outputBuffer(1 << 20)
 	require.NotNil(t, b)
 	assert.Len(t, b.Bytes(), 1<<20)
 	b.Release()
+	bb := shmbridge.OutputBuffer(shm[0], 1<<20)
+	require.NotNil(t, bb)
+	assert.Len(t, bb.Bytes(), 1<<20)
+	bb.Release()
 }
 
 // The arena reuses released spans, merges neighbours, and never reuses a
@@ -142,9 +149,9 @@ func TestDeathDuringPushesQuarantinesResults(t *testing.T) {
 			}
 		}
 	})
-	bufs := make([]*Buffer, 3)
+	bufs := make([]*sharedBuffer, 3)
 	for m := range gs {
-		bufs[m] = gs[m].OutputBuffer(1 << 20)
+		bufs[m] = gs[m].outputBuffer(1 << 20)
 		require.NotNil(t, bufs[m])
 	}
 	start := time.Now()
@@ -209,7 +216,7 @@ func TestCompressedPushesMoveFloat32(t *testing.T) {
 			cases = append(cases, reduceCase{name: fmt.Sprintf("wire %v", wire), dt: Float32, red: Sum, wire: wire, ins: ins})
 		}
 		outs := runInto(t, gs, cases, func(m int, in []byte) ([]byte, []byte) {
-			b := gs[m].OutputBuffer(len(in))
+			b := gs[m].outputBuffer(len(in))
 			require.NotNil(t, b)
 			t.Cleanup(b.Release)
 			return b.Bytes(), in

@@ -112,8 +112,8 @@ func Shape(dims ...int64) CallOption {
 // a call that differs fails on every member with a *MismatchError. Other
 // dtypes, operations and wire types are errors; Compress(0) sends the data
 // as it is. Where the members' results lie in memory they all map (see
-// OutputBuffer), nothing crosses a wire and the call moves float32: its
-// result is exact.
+// "Pushed results" in the package doc), nothing crosses a wire and the
+// call moves float32: its result is exact.
 func Compress(wire DType) CallOption { return func(h *header) { h.wire = wire } }
 
 // withOptions applies opts to h and checks the result.

@@ -7,7 +7,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/aggregate"
-	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/engineops"
 	"github.com/tfdist/tfdist/internal/voting"
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/strategy"
@@ -35,7 +35,7 @@ func (s *Strategy) AggregationStats() aggregate.Stats { return s.voter.Stats() }
 // the result is split back into gradients on every replica's device.
 type voteReducer struct {
 	host       string
-	aggregator string // the voter's id (tfrt.RegisterAggregator)
+	aggregator string // the voter's id (engineops.RegisterAggregator)
 }
 
 func (v voteReducer) ReduceGradients(s *op.Scope, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
@@ -48,7 +48,7 @@ func (v voteReducer) ReduceGradients(s *op.Scope, values [][]tf.Output, devices 
 		votes[r] = voting.Flatten(s.SubScope(fmt.Sprintf("vote_%d", r)).WithDevice(devices[r]), grads)
 	}
 	sizes := voting.Sizes(hs, values[0])
-	rows := op.Unpack(hs.SubScope("rows"), tfrt.AggregateRows(hs.SubScope("engine"), op.Pack(hs.SubScope("votes"), votes), v.aggregator), int64(len(values)))
+	rows := op.Unpack(hs.SubScope("rows"), engineops.AggregateRows(hs.SubScope("engine"), op.Pack(hs.SubScope("votes"), votes), v.aggregator), int64(len(values)))
 	out := make([][]tf.Output, len(values))
 	for r := range values {
 		out[r] = voting.Unflatten(s.SubScope(fmt.Sprintf("gradients_%d", r)).WithDevice(devices[r]), rows[r], sizes, values[r])
@@ -70,6 +70,6 @@ func newVoter(c config, devices []string) (*voting.Voter, strategy.GradientReduc
 		names[i] = fmt.Sprintf("replica %d (%s)", i, d)
 	}
 	v := voting.New(c.aggregation, names, logging.OrNop(c.log))
-	id, unregister := tfrt.RegisterAggregator(v.Aggregate)
+	id, unregister := engineops.RegisterAggregator(v.Aggregate)
 	return v, voteReducer{host: hostDevice(devices), aggregator: id}, unregister, nil
 }

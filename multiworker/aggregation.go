@@ -7,7 +7,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/aggregate"
-	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/engineops"
 	"github.com/tfdist/tfdist/internal/voting"
 )
 
@@ -63,7 +63,7 @@ func (c *engineOps) ReduceGradients(s *op.Scope, values [][]tf.Output, devices [
 	for i := range k {
 		sums[i] = local(hs.SubScope(fmt.Sprintf("local_%d", i)), values, i, op.AddN)
 	}
-	agg := tfrt.Aggregate(hs.SubScope("engine"), voting.Flatten(hs, sums), c.group, name, c.aggregator)
+	agg := engineops.Aggregate(hs.SubScope("engine"), voting.Flatten(hs, sums), c.group, name, c.aggregator)
 	grads := voting.Unflatten(hs, agg, voting.Sizes(hs, sums), values[0])
 	out := make([][]tf.Output, len(values))
 	for i, g := range grads {

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/engineops"
 	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/internal/voting"
@@ -27,8 +28,8 @@ import (
 // Op names are handed out in build order, so workers that build the same
 // program match their ops without talking.
 type engineOps struct {
-	group      string           // the group's id in tfrt's registry
-	aggregator string           // the voter's id in tfrt's registry, with WithAggregation
+	group      string           // the group's id in engineops' registry
+	aggregator string           // the voter's id in engineops' registry, with WithAggregation
 	wire       collective.DType // what float32 all-reduces travel as, 0: themselves
 	topK       float64          // the ratio of TopK, 0 without
 	residuals  *residuals       // TopK's, shared with the Strategy
@@ -56,7 +57,7 @@ func (c *engineOps) check(what string, values [][]tf.Output) error {
 		return fmt.Errorf("multiworker: %s: no replicas", what)
 	}
 	for i, v := range values[0] {
-		if _, ok := tfrt.CollectiveDType(v.DataType()); !ok {
+		if _, ok := engineops.CollectiveDType(v.DataType()); !ok {
 			return fmt.Errorf("multiworker: %s of value %d: dtype %s; tfdist's collective engine takes float32, float64, float16, bfloat16, int32 and int64 (WithCommunication(Ring) takes others)",
 				what, i, graphutil.DTypeName(v.DataType()))
 		}
@@ -106,7 +107,7 @@ func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]t
 		if n := c.sparseSize(sum); n > 0 {
 			v = c.sparseSum(hs.SubScope("top_k"), name, sum, n)
 		} else {
-			v = tfrt.AllReduce(hs.SubScope("engine"), sum, c.group, name, collective.Sum, c.wireFor(sum))
+			v = engineops.AllReduce(hs.SubScope("engine"), sum, c.group, name, collective.Sum, c.wireFor(sum))
 		}
 		if red == strategy.Mean {
 			n := op.Cast(hs.SubScope("n"), op.Const(hs.SubScope("replicas"), int32(c.replicas)), v.DataType())
@@ -129,7 +130,7 @@ func (c *engineOps) BatchGather(s *op.Scope, values [][]tf.Output, devices []str
 		cat := local(hs.SubScope("local"), values, k, func(s *op.Scope, parts []tf.Output) tf.Output {
 			return op.ConcatV2(s, parts, op.Const(s.SubScope("axis"), int32(0)))
 		})
-		appendPerReplica(out, toReplicas(hs, tfrt.AllGather(hs.SubScope("engine"), cat, c.group, name), devices))
+		appendPerReplica(out, toReplicas(hs, engineops.AllGather(hs.SubScope("engine"), cat, c.group, name), devices))
 	}
 	return out, s.Err()
 }
@@ -142,7 +143,7 @@ func (c *engineOps) Broadcast(s *op.Scope, value tf.Output, devices []string) ([
 	}
 	name := c.name("broadcast")
 	hs := s.SubScope(name).WithDevice(c.host)
-	return toReplicas(hs, tfrt.Broadcast(hs.SubScope("engine"), value, c.group, name, 0), devices), s.Err()
+	return toReplicas(hs, engineops.Broadcast(hs.SubScope("engine"), value, c.group, name, 0), devices), s.Err()
 }
 
 // newOnEngine runs the collectives on tfdist's engine: the worker listens on
@@ -172,7 +173,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	w.log.Info("collective group joined", zap.String("address", members[w.workerID].Addr),
 		zap.Int("workers", len(w.workers)), zap.Int("local_replicas", w.nLocal))
-	id, unregister := tfrt.RegisterGroup(g)
+	id, unregister := engineops.RegisterGroup(g)
 	var devices []string
 	for j := range w.nLocal {
 		devices = append(devices, strategy.LocalCPU(j))
@@ -189,7 +190,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		}
 		s.voter = voting.New(c.aggregation, names, w.log)
 		var unregisterVoter func()
-		cdo.aggregator, unregisterVoter = tfrt.RegisterAggregator(s.voter.Aggregate)
+		cdo.aggregator, unregisterVoter = engineops.RegisterAggregator(s.voter.Aggregate)
 		s.unregister = func() { unregister(); unregisterVoter() }
 		reducer = cdo
 	}

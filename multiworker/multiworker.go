@@ -50,10 +50,10 @@ type Strategy struct {
 	task     cluster.Task
 	workerID int
 	workers  []cluster.Task
-	// On TensorFlow's collectives: this task's server, the collective ops
-	// and the session options of the handshake and the closing barrier.
+	// On TensorFlow's collectives: this task's server, its ops and the
+	// session options of the handshake and the closing barrier.
 	server   *tfrt.Server
-	cdo      *CollectiveOps
+	ring     *RingOps
 	sessOpts []tfrt.ConfigOption
 	log      *zap.Logger
 
@@ -102,6 +102,39 @@ func WithResolver(r cluster.Resolver) Option { return func(c *config) { c.resolv
 // (default: every GPU of the worker, else one CPU replica). Every worker must
 // have the same number of replicas.
 func WithLogicalCPUs(n int) Option { return func(c *config) { c.logicalCPUs = n } }
+
+// Communication chooses who moves tensors between workers (see
+// WithCommunication).
+type Communication int
+
+const (
+	// Auto is tfdist's own engine, the default: the strategy's replicas
+	// run on CPU devices, whose tensors the engine reads in place.
+	Auto Communication = iota
+	// Ring is TensorFlow's ring all-reduce over gRPC (CPU and GPU).
+	Ring
+	// NCCL is NVIDIA's NCCL; every device must be a GPU. Untested: no
+	// machine that tests tfdist has a GPU.
+	NCCL
+	// Engine is tfdist's own collective engine (package collective): tfdist's
+	// ops in the step's graph hand their buffers to it, and it moves them
+	// between worker processes over its own connections.
+	Engine
+)
+
+// String returns the communication hint TensorFlow's collective ops take
+// ("tfdist" for the engine, which they never see).
+func (c Communication) String() string {
+	switch c {
+	case Ring:
+		return "ring"
+	case NCCL:
+		return "nccl"
+	case Engine:
+		return "tfdist"
+	}
+	return "auto"
+}
 
 // WithCommunication chooses who moves tensors between workers: tfdist's
 // engine (Auto, the default, or Engine), or TensorFlow's collectives (Ring,
@@ -268,16 +301,16 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 	for j := range nLocal {
 		devices = append(devices, cluster.DeviceName(string(task.Type), task.Index, "CPU", j))
 	}
-	cdo := &CollectiveOps{GroupSize: nLocal * len(workers), GroupKey: 1, FirstReplica: workerID * nLocal,
+	ring := &RingOps{GroupSize: nLocal * len(workers), GroupKey: 1, FirstReplica: workerID * nLocal,
 		Communication: c.comm}
 	if c.comm == NCCL {
-		if err := cdo.check(devices); err != nil {
+		if err := ring.check(devices); err != nil {
 			return nil, err
 		}
 	}
-	var cross strategy.CrossDeviceOps = cdo
+	var cross strategy.CrossDeviceOps = ring
 	if c.bytesPerPack > 0 {
-		cross = strategy.Packed{Inner: cdo, BytesPerPack: c.bytesPerPack}
+		cross = strategy.Packed{Inner: ring, BytesPerPack: c.bytesPerPack}
 	}
 	s := &Strategy{resolver: c.resolver, task: task, workerID: workerID, workers: workers, server: srv, log: log}
 	e, err := strategy.NewInGraph(strategy.Config{
@@ -298,7 +331,7 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}
 	s.engine = e
-	s.cdo, s.sessOpts, s.closeTimeout = cdo, sessOpts, c.closeTimeout()
+	s.ring, s.sessOpts, s.closeTimeout = ring, sessOpts, c.closeTimeout()
 	if err := s.handshake(ctx, spec, c.startupTimeout); err != nil {
 		e.Close()
 		return nil, err
@@ -315,10 +348,10 @@ func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
 	for j := range n {
 		devices = append(devices, strategy.LocalCPU(j))
 	}
-	cdo := &CollectiveOps{GroupSize: n, GroupKey: 1, Communication: c.comm}
-	var cross strategy.CrossDeviceOps = cdo
+	ring := &RingOps{GroupSize: n, GroupKey: 1, Communication: c.comm}
+	var cross strategy.CrossDeviceOps = ring
 	if c.bytesPerPack > 0 && n > 1 {
-		cross = strategy.Packed{Inner: cdo, BytesPerPack: c.bytesPerPack}
+		cross = strategy.Packed{Inner: ring, BytesPerPack: c.bytesPerPack}
 	}
 	intra, inter := tfrt.DefaultThreads()
 	e, err := strategy.NewInGraph(strategy.Config{
@@ -368,9 +401,9 @@ func (s *Strategy) handshake(ctx context.Context, spec cluster.ClusterSpec, time
 // collective timeout; its instance key comes next in build order, so every
 // worker must hold its rounds at the same point of the program.
 func (s *Strategy) round(ctx context.Context, label string, value int64, timeout time.Duration) ([]int64, error) {
-	hs := &CollectiveOps{GroupSize: s.cdo.GroupSize, GroupKey: s.cdo.GroupKey, FirstReplica: s.cdo.FirstReplica,
-		Communication: s.cdo.Communication}
-	hs.next = s.cdo.instanceKey() - 1
+	hs := &RingOps{GroupSize: s.ring.GroupSize, GroupKey: s.ring.GroupKey, FirstReplica: s.ring.FirstReplica,
+		Communication: s.ring.Communication}
+	hs.next = s.ring.instanceKey() - 1
 	g := tf.NewGraph()
 	sc := op.NewScopeWithGraph(g).SubScope(label)
 	devices := s.Devices()

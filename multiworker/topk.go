@@ -8,7 +8,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
-	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/engineops"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -80,13 +80,13 @@ func (c *engineOps) sparseSum(s *op.Scope, name string, sum tf.Output, n int64) 
 	r := c.residuals.add(s.SubScope("residual"), name, n)
 	flat := op.Reshape(s.SubScope("flat"), sum, op.Const(s.SubScope("minus_one"), []int32{-1}))
 	acc := op.AddV2(s.SubScope("acc"), flat, op.ReadVariableOp(s.SubScope("read_residual"), r.handle, tf.Float))
-	idx := tfrt.LargestIndices(s.SubScope("largest"), acc, k)
+	idx := engineops.LargestIndices(s.SubScope("largest"), acc, k)
 	vals := op.GatherV2(s.SubScope("values"), acc, idx, op.Const(s.SubScope("axis"), int32(0)))
 	rest := op.TensorScatterUpdate(s.SubScope("rest"), acc, op.ExpandDims(s.SubScope("indices"), idx, op.Const(s.SubScope("last"), int32(-1))),
 		op.ZerosLike(s.SubScope("sent"), vals))
 	keep := s.WithControlDependencies(op.AssignVariableOp(s.SubScope("keep_residual"), r.handle, rest))
-	allIdx := tfrt.AllGather(keep.SubScope("gather_indices"), idx, c.group, name+"/indices")
-	allVals := tfrt.AllGather(keep.SubScope("gather_values"), vals, c.group, name+"/values")
+	allIdx := engineops.AllGather(keep.SubScope("gather_indices"), idx, c.group, name+"/indices")
+	allVals := engineops.AllGather(keep.SubScope("gather_values"), vals, c.group, name+"/values")
 	dense := op.UnsortedSegmentSum(s.SubScope("add"), allVals, allIdx, op.Const(s.SubScope("n"), int32(n)))
 	return op.Reshape(s.SubScope("shape"), dense, op.Shape(s.SubScope("sum_shape"), sum))
 }
@@ -152,7 +152,7 @@ func (s *Strategy) residualSaveable(r *residual) strategy.Saveable {
 			Read: func(sc *op.Scope) (tf.Output, error) {
 				row := op.Reshape(sc.SubScope("row"), op.ReadVariableOp(sc.SubScope("read"), r.handle, tf.Float),
 					op.Const(sc.SubScope("shape"), []int64{1, r.n}))
-				return tfrt.AllGather(sc.SubScope("gather"), row, group, "save/"+r.name), sc.Err()
+				return engineops.AllGather(sc.SubScope("gather"), row, group, "save/"+r.name), sc.Err()
 			},
 			Write: func(sc *op.Scope, value tf.Output) ([]*tf.Operation, error) {
 				return []*tf.Operation{op.AssignVariableOp(sc.SubScope("assign"), r.handle, s.residualRow(sc, value))}, sc.Err()

@@ -19,7 +19,7 @@ import (
 	"github.com/tfdist/tfdist/internal/graphutil"
 )
 
-// Voter applies a rule to the votes of a step: a tfrt.Aggregator.
+// Voter applies a rule to the votes of a step: a engineops.Aggregator.
 type Voter struct {
 	rule   aggregate.Rule
 	voters []string // who casts each vote, for errors and logs

@@ -1,8 +1,8 @@
-package tfrt
+package engineops
 
 // #include <stdint.h>
 // #include <stdlib.h>
-// #include "collective_queue.h"
+// #include "queue.h"
 // void tfdist_run_done(void* kept);
 import "C"
 
@@ -18,6 +18,8 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 
 	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/shmbridge"
+	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
 var kinds = [...]string{kindAllReduce: "all-reduce", kindAllGather: "all-gather", kindBroadcast: "broadcast", kindAggregate: "aggregate",
@@ -40,7 +42,7 @@ type call struct {
 func serveQueue() error {
 	fd := C.tfdist_queue_open()
 	if fd < 0 {
-		return &Error{Code: Internal, Op: "register tfdist collective ops", Msg: "eventfd failed"}
+		return &tfrt.Error{Code: tfrt.Internal, Op: "register tfdist collective ops", Msg: "eventfd failed"}
 	}
 	f := os.NewFile(uintptr(fd), "tfdist-collective-queue")
 	go func() {
@@ -80,7 +82,7 @@ func (c *call) start() error {
 	}
 	g, ok := groups.Load(c.k.group)
 	if !ok {
-		return &Error{Code: FailedPrecondition, Msg: fmt.Sprintf("no collective group %s in this process (was its strategy closed?)", c.k.group)}
+		return &tfrt.Error{Code: tfrt.FailedPrecondition, Msg: fmt.Sprintf("no collective group %s in this process (was its strategy closed?)", c.k.group)}
 	}
 	c.g = g.(*collective.Group)
 	if c.k.kind == kindAllGather {
@@ -124,11 +126,11 @@ func (c *call) reduceOutput(st *C.TF_Status) error {
 
 // sharedOutput makes the all-reduce's output a buffer that the group's
 // peers on this host map, so that they write their parts of the result
-// into it (collective.Group.OutputBuffer); it reports false, having done
+// into it (shmbridge.OutputBuffer); it reports false, having done
 // nothing, when the group has none for it.
 func (c *call) sharedOutput(st *C.TF_Status) (bool, error) {
 	n := int(C.TF_TensorByteSize(c.in))
-	b := c.g.OutputBuffer(n)
+	b := shmbridge.OutputBuffer(c.g, n)
 	if b == nil {
 		return false, nil
 	}
@@ -152,10 +154,10 @@ func (c *call) sharedOutput(st *C.TF_Status) (bool, error) {
 func (c *call) aggregator() (Aggregator, error) {
 	agg, ok := aggregators.Load(c.k.agg)
 	if !ok {
-		return nil, &Error{Code: FailedPrecondition, Msg: fmt.Sprintf("no aggregator %s in this process (was its strategy closed?)", c.k.agg)}
+		return nil, &tfrt.Error{Code: tfrt.FailedPrecondition, Msg: fmt.Sprintf("no aggregator %s in this process (was its strategy closed?)", c.k.agg)}
 	}
 	if c.dt != collective.Float32 {
-		return nil, &Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate of %s: expected float32 votes", c.dt)}
+		return nil, &tfrt.Error{Code: tfrt.InvalidArgument, Msg: fmt.Sprintf("aggregate of %s: expected float32 votes", c.dt)}
 	}
 	return agg.(Aggregator), nil
 }
@@ -164,7 +166,7 @@ func (c *call) aggregator() (Aggregator, error) {
 // votes of one process's replicas, and runs it on a goroutine of its own.
 func (c *call) startAggregateRows(st *C.TF_Status) error {
 	if len(c.dims) < 1 || c.dims[0] < 1 {
-		return &Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate rows: input of shape %v, expected one row per vote", c.dims)}
+		return &tfrt.Error{Code: tfrt.InvalidArgument, Msg: fmt.Sprintf("aggregate rows: input of shape %v, expected one row per vote", c.dims)}
 	}
 	if err := c.allocateLikeInput(st); err != nil {
 		return err
@@ -221,7 +223,7 @@ func (c *call) aggregate() {
 	votes := make([][]float32, len(blocks))
 	for r, b := range blocks {
 		if len(b) != len(in) {
-			c.finish(&Error{Code: InvalidArgument, Msg: fmt.Sprintf("aggregate: %s sent %d bytes, expected %d", c.g.Members()[r], len(b), len(in))})
+			c.finish(&tfrt.Error{Code: tfrt.InvalidArgument, Msg: fmt.Sprintf("aggregate: %s sent %d bytes, expected %d", c.g.Members()[r], len(b), len(in))})
 			return
 		}
 		votes[r] = float32s(b)
@@ -255,7 +257,7 @@ func (c *call) gather() {
 	}
 	dims := slices.Clone(c.dims)
 	if len(dims) == 0 {
-		c.finish(&Error{Code: InvalidArgument, Msg: "all-gather of a scalar: expected a tensor of rank 1 or more"})
+		c.finish(&tfrt.Error{Code: tfrt.InvalidArgument, Msg: "all-gather of a scalar: expected a tensor of rank 1 or more"})
 		return
 	}
 	row := int64(c.dt.Size())
@@ -265,7 +267,7 @@ func (c *call) gather() {
 	total := int64(0)
 	for r, b := range blocks {
 		if row == 0 || int64(len(b))%row != 0 {
-			c.finish(&Error{Code: InvalidArgument, Msg: fmt.Sprintf("all-gather: %s sent %d bytes, not whole rows of %v %s",
+			c.finish(&tfrt.Error{Code: tfrt.InvalidArgument, Msg: fmt.Sprintf("all-gather: %s sent %d bytes, not whole rows of %v %s",
 				c.g.Members()[r], len(b), dims[1:], c.dt)})
 			return
 		}
@@ -306,23 +308,23 @@ func (c *call) finish(err error) {
 
 // collectiveCode maps an engine error onto the TensorFlow status code the
 // step's error carries.
-func collectiveCode(err error) Code {
-	var te *Error
+func collectiveCode(err error) tfrt.Code {
+	var te *tfrt.Error
 	var pe *collective.PeerError
 	var me *collective.MismatchError
 	switch {
 	case errors.As(err, &te):
 		return te.Code
 	case errors.As(err, &me):
-		return InvalidArgument
+		return tfrt.InvalidArgument
 	case errors.Is(err, context.DeadlineExceeded):
-		return DeadlineExceeded
+		return tfrt.DeadlineExceeded
 	case errors.As(err, &pe):
-		return Unavailable
+		return tfrt.Unavailable
 	case errors.Is(err, collective.ErrClosed):
-		return Aborted
+		return tfrt.Aborted
 	}
-	return Unknown
+	return tfrt.Unknown
 }
 
 // shape is the input's shape, which every member's call must agree on.

@@ -1,8 +1,8 @@
 // The queue between the collective kernels' compute calls (on TensorFlow's
 // threads) and the goroutine that starts them.
 
-#ifndef TFDIST_TFRT_COLLECTIVE_QUEUE_H_
-#define TFDIST_TFRT_COLLECTIVE_QUEUE_H_
+#ifndef TFDIST_ENGINEOPS_QUEUE_H_
+#define TFDIST_ENGINEOPS_QUEUE_H_
 
 #include <stdint.h>
 
@@ -27,4 +27,4 @@ TF_Tensor* tfdist_shared_tensor(TF_DataType dtype, const int64_t* dims,
                                 int num_dims, void* data, size_t len,
                                 void* flag);
 
-#endif  // TFDIST_TFRT_COLLECTIVE_QUEUE_H_
+#endif  // TFDIST_ENGINEOPS_QUEUE_H_

@@ -9,10 +9,10 @@
 
 #include "kernels.h"
 #include "_cgo_export.h"
-#include "collective_queue.h"
+#include "queue.h"
 
 // The second argument is the kernel's kind: kindAllReduce, kindAllGather,
-// kindBroadcast, kindAggregate and kindLargest in collective_op.go.
+// kindBroadcast, kindAggregate and kindLargest in ops.go.
 static void* tfdist_create_allreduce(TF_OpKernelConstruction* ctx) {
   return (void*)tfdistKernelCreate(ctx, 0);
 }

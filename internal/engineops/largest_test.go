@@ -1,4 +1,4 @@
-package tfrt_test
+package engineops_test
 
 import (
 	"math"
@@ -11,8 +11,21 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
-	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/engineops"
 )
+
+// run runs fetches from the graph of s in a session of its own.
+func run(t *testing.T, s *op.Scope, fetches ...tf.Output) []*tf.Tensor {
+	t.Helper()
+	g, err := s.Finalize()
+	require.NoError(t, err)
+	sess, err := tf.NewSession(g, nil)
+	require.NoError(t, err)
+	defer sess.Close()
+	out, err := sess.Run(nil, fetches, nil)
+	require.NoError(t, err)
+	return out
+}
 
 // referenceLargest sorts positions by magnitude, largest first, the first
 // position first among equals, and returns the first k in ascending order.
@@ -56,7 +69,7 @@ func TestLargestIndicesMatchesSorting(t *testing.T) {
 			}
 			s := op.NewScope()
 			shaped := op.Reshape(s, op.Const(s.SubScope("x"), x), op.Const(s.SubScope("shape"), []int32{1, -1, 1}))
-			got := run(t, s, nil, tfrt.LargestIndices(s.SubScope("largest"), shaped, int64(k)))
+			got := run(t, s, engineops.LargestIndices(s.SubScope("largest"), shaped, int64(k)))
 			require.Equal(t, referenceLargest(x, k), got[0].Value().([]int32), "%s, k=%d", name, k)
 		}
 	}
@@ -65,7 +78,7 @@ func TestLargestIndicesMatchesSorting(t *testing.T) {
 // A k larger than the input fails the run, naming both.
 func TestLargestIndicesRefusesTooLargeK(t *testing.T) {
 	s := op.NewScope()
-	out := tfrt.LargestIndices(s, op.Const(s.SubScope("x"), []float32{1, 2}), 3)
+	out := engineops.LargestIndices(s, op.Const(s.SubScope("x"), []float32{1, 2}), 3)
 	g, err := s.Finalize()
 	require.NoError(t, err)
 	sess, err := tf.NewSession(g, nil)

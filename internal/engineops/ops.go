@@ -1,6 +1,6 @@
-package tfrt
+package engineops
 
-// #cgo LDFLAGS: -ltensorflow_framework
+// #cgo LDFLAGS: -ltensorflow -ltensorflow_framework
 // #include <stdint.h>
 // #include <stdlib.h>
 // #include "kernels.h"
@@ -17,6 +17,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
 // The collective ops' types. Each runs on a CPU device as an async kernel
@@ -52,7 +53,7 @@ func registerOps() error {
 }
 
 // collectiveDTypes are the element types the collective ops take: their T
-// attribute in collective_op.c.
+// attribute in ops.c.
 var collectiveDTypes = map[tf.DataType]collective.DType{
 	tf.Float: collective.Float32, tf.Double: collective.Float64, tf.Half: collective.Float16,
 	tf.Bfloat16: collective.BFloat16, tf.Int32: collective.Int32, tf.Int64: collective.Int64,
@@ -136,7 +137,7 @@ func AggregateRows(s *op.Scope, in tf.Output, aggregator string) tf.Output {
 	return addCollective(s, opAggregate, in, map[string]any{"group": "", "tensor_name": "replicas", "aggregator": aggregator})
 }
 
-// The kinds of collective kernel, as collective_op.c's create functions
+// The kinds of collective kernel, as ops.c's create functions
 // pass them.
 const (
 	kindAllReduce C.int = iota
@@ -196,7 +197,7 @@ func tfdistKernelCreate(ctx *C.TF_OpKernelConstruction, kind C.int) C.uintptr_t 
 		k.root = int(root)
 	}
 	if err != nil {
-		setStatus(st, InvalidArgument, err.Error())
+		setStatus(st, tfrt.InvalidArgument, err.Error())
 		C.TF_OpKernelConstruction_Failure(ctx, st)
 	}
 	return C.uintptr_t(cgo.NewHandle(k))
@@ -235,8 +236,18 @@ func stringAttr(ctx *C.TF_OpKernelConstruction, name string, st *C.TF_Status) (s
 	return C.GoStringN((*C.char)(buf), C.int(total)), nil
 }
 
-func setStatus(st *C.TF_Status, code Code, msg string) {
+func setStatus(st *C.TF_Status, code tfrt.Code, msg string) {
 	m := C.CString(msg)
 	defer C.free(unsafe.Pointer(m))
 	C.TF_SetStatus(st, C.TF_Code(code), m)
+}
+
+// statusError returns nil for an OK status, else the status as a
+// *tfrt.Error of op.
+func statusError(s *C.TF_Status, op string) error {
+	code := tfrt.Code(C.TF_GetCode(s))
+	if code == tfrt.OK {
+		return nil
+	}
+	return &tfrt.Error{Code: code, Op: op, Msg: C.GoString(C.TF_Message(s))}
 }

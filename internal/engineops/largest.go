@@ -1,4 +1,4 @@
-package tfrt
+package engineops
 
 // #include <stdint.h>
 // #include "kernels.h"
@@ -11,6 +11,8 @@ import (
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
 const opLargest = "TfdistLargestIndices"
@@ -38,7 +40,7 @@ func LargestIndices(s *op.Scope, in tf.Output, k int64) tf.Output {
 func (c *call) startLargest(st *C.TF_Status) error {
 	n := int64(C.TF_TensorElementCount(c.in))
 	if c.k.k > n {
-		return &Error{Code: InvalidArgument, Msg: fmt.Sprintf("largest indices: k %d of %d elements", c.k.k, n)}
+		return &tfrt.Error{Code: tfrt.InvalidArgument, Msg: fmt.Sprintf("largest indices: k %d of %d elements", c.k.k, n)}
 	}
 	dims := []C.int64_t{C.int64_t(c.k.k)}
 	c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_INT32, dimsPtr(dims), 1, C.size_t(4*c.k.k), st)

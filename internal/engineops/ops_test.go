@@ -1,4 +1,4 @@
-package tfrt_test
+package engineops_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/collective"
-	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/engineops"
 )
 
 // groups starts a collective group of n members in this process and
@@ -46,7 +46,7 @@ func groups(t *testing.T, n int) []string {
 	for i := range n {
 		require.NoError(t, errs[i])
 		var unregister func()
-		ids[i], unregister = tfrt.RegisterGroup(gs[i])
+		ids[i], unregister = engineops.RegisterGroup(gs[i])
 		t.Cleanup(unregister)
 	}
 	t.Cleanup(func() { // every member closes at once: Close is a barrier
@@ -122,12 +122,12 @@ func TestCollectiveOpsCombineAcrossGroups(t *testing.T) {
 	out := onMembers(t, ids, func(s *op.Scope, m int, group string) []tf.Output {
 		f := float32(m + 1)
 		return []tf.Output{
-			tfrt.AllReduce(s.SubScope("f32"), op.Const(s.SubScope("a"), [][]float32{{f, 2 * f}, {3 * f, 4 * f}}), group, "f32", collective.Sum, 0),
-			tfrt.AllReduce(s.SubScope("f64"), op.Const(s.SubScope("b"), []float64{float64(m)}), group, "f64", collective.Max, 0),
-			tfrt.AllReduce(s.SubScope("i64"), op.Const(s.SubScope("c"), []int64{int64(m) - 5, 7}), group, "i64", collective.Min, 0),
-			tfrt.AllReduce(s.SubScope("i32"), op.Const(s.SubScope("d"), []int32{}), group, "empty", collective.Sum, 0),
-			tfrt.AllGather(s.SubScope("gather"), op.Const(s.SubScope("e"), rows(m+1, 2)), group, "rows"),
-			tfrt.Broadcast(s.SubScope("bcast"), op.Const(s.SubScope("f"), []float32{f, f, f}), group, "bcast", 1),
+			engineops.AllReduce(s.SubScope("f32"), op.Const(s.SubScope("a"), [][]float32{{f, 2 * f}, {3 * f, 4 * f}}), group, "f32", collective.Sum, 0),
+			engineops.AllReduce(s.SubScope("f64"), op.Const(s.SubScope("b"), []float64{float64(m)}), group, "f64", collective.Max, 0),
+			engineops.AllReduce(s.SubScope("i64"), op.Const(s.SubScope("c"), []int64{int64(m) - 5, 7}), group, "i64", collective.Min, 0),
+			engineops.AllReduce(s.SubScope("i32"), op.Const(s.SubScope("d"), []int32{}), group, "empty", collective.Sum, 0),
+			engineops.AllGather(s.SubScope("gather"), op.Const(s.SubScope("e"), rows(m+1, 2)), group, "rows"),
+			engineops.Broadcast(s.SubScope("bcast"), op.Const(s.SubScope("f"), []float32{f, f, f}), group, "bcast", 1),
 		}
 	})
 	for m := range ids {
@@ -148,7 +148,7 @@ func TestCollectiveOpMismatchFailsTheRun(t *testing.T) {
 			ids := groups(t, 2)
 			_, errs := runMembers(t, ids, func(s *op.Scope, m int, group string) []tf.Output {
 				x := op.Fill(s.SubScope("x"), op.Const(s.SubScope("dims"), shapes[m]), op.Const(s.SubScope("one"), float32(1)))
-				return []tf.Output{tfrt.AllReduce(s, x, group, "grads", collective.Sum, 0)}
+				return []tf.Output{engineops.AllReduce(s, x, group, "grads", collective.Sum, 0)}
 			})
 			want := fmt.Sprintf(`"grads": worker:0 has float32%s, worker:1 has float32%s`, dims(shapes[0]), dims(shapes[1]))
 			for m := range ids {
@@ -187,7 +187,7 @@ func TestSharedOutputsOutliveLaterRuns(t *testing.T) {
 	inSessions(t, ids, func(s *op.Scope, m int, group string) func(*tf.Session) {
 		v := op.Placeholder(s.SubScope("v"), tf.Float, op.PlaceholderShape(tf.ScalarShape()))
 		x := op.Fill(s.SubScope("x"), op.Const(s.SubScope("dims"), []int64{elems}), v)
-		y := tfrt.AllReduce(s, x, group, "big", collective.Sum, 0)
+		y := engineops.AllReduce(s, x, group, "big", collective.Sum, 0)
 		return func(sess *tf.Session) {
 			for r := 1; r <= runs; r++ {
 				feed, err := tf.NewTensor(float32((m + 1) * r))

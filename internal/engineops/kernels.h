@@ -3,8 +3,8 @@
 // includes TensorFlow-internal headers that installed libraries do not ship.
 // The functions are exported by libtensorflow.
 
-#ifndef TFDIST_TFRT_KERNELS_H_
-#define TFDIST_TFRT_KERNELS_H_
+#ifndef TFDIST_ENGINEOPS_KERNELS_H_
+#define TFDIST_ENGINEOPS_KERNELS_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -62,4 +62,4 @@ extern TF_Tensor* TF_ForwardInputOrAllocateOutput(
     const int64_t* output_dims, int output_num_dims, int* forwarded_input,
     TF_Status* status);
 
-#endif  // TFDIST_TFRT_KERNELS_H_
+#endif  // TFDIST_ENGINEOPS_KERNELS_H_
