@@ -229,12 +229,18 @@ func TestLaunchGivesEveryTaskItsTFConfig(t *testing.T) {
 	assert.Contains(t, stderr.String(), "[tfdist launch]", "launch says what it does")
 }
 
+// launchTimeout is the --timeout of the launches whose tasks sleep longer
+// than it (600 s): what a launch that waited for them would take. One that
+// must stop them rather than wait is checked to take less than half of
+// it, so that only waiting fails the check, not a loaded machine.
+const launchTimeout = 4 * time.Minute
+
 func TestLaunchFailingTaskFailsTheRun(t *testing.T) {
-	cmd, _, stderr := tfdist(t, nil, "launch", "--workers", "3", "--timeout", "60s", "--grace", "2s", "--",
-		"sh", "-c", `if [ "$TFDIST_TASK_INDEX" = 1 ]; then exit 7; fi; exec sleep 60`)
+	cmd, _, stderr := tfdist(t, nil, "launch", "--workers", "3", "--timeout", launchTimeout.String(), "--grace", "2s", "--",
+		"sh", "-c", `if [ "$TFDIST_TASK_INDEX" = 1 ]; then exit 7; fi; exec sleep 600`)
 	start := time.Now()
-	assert.Equal(t, 7, exitCode(t, cmd, 60*time.Second), "launch exits with the failed task's status")
-	assert.Less(t, time.Since(start), 20*time.Second, "the sleeping tasks are stopped, not waited for")
+	assert.Equal(t, 7, exitCode(t, cmd, launchTimeout+time.Minute), "launch exits with the failed task's status")
+	assert.Less(t, time.Since(start), launchTimeout/2, "the sleeping tasks are stopped, not waited for until the %v timeout", launchTimeout)
 	assert.Contains(t, stderr.String(), "worker:1 exited with status 7")
 }
 
@@ -251,14 +257,14 @@ func TestLaunchRestartsAfterAFailure(t *testing.T) {
 // SIGTERM to launch reaches every task and every process a task started.
 func TestLaunchSIGTERMLeavesNoProcessBehind(t *testing.T) {
 	dir := t.TempDir()
-	cmd, _, stderr := tfdist(t, nil, "launch", "--workers", "2", "--timeout", "60s", "--",
-		"sh", "-c", `sleep 60 & echo $$ $! > "`+dir+`/$TFDIST_TASK_INDEX.tmp"; mv "`+dir+`/$TFDIST_TASK_INDEX.tmp" "`+dir+`/$TFDIST_TASK_INDEX.pids"; wait`)
+	cmd, _, stderr := tfdist(t, nil, "launch", "--workers", "2", "--timeout", launchTimeout.String(), "--",
+		"sh", "-c", `sleep 600 & echo $$ $! > "`+dir+`/$TFDIST_TASK_INDEX.tmp"; mv "`+dir+`/$TFDIST_TASK_INDEX.tmp" "`+dir+`/$TFDIST_TASK_INDEX.pids"; wait`)
 	require.NoError(t, cmd.Start())
 	var pids []int
 	require.Eventually(t, func() bool {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.pids"))
 		return len(files) == 2
-	}, 30*time.Second, 20*time.Millisecond, "the tasks did not start: %s", stderr)
+	}, time.Minute, 20*time.Millisecond, "the tasks did not start: %s", stderr)
 	files, _ := filepath.Glob(filepath.Join(dir, "*.pids"))
 	for _, f := range files {
 		b, err := os.ReadFile(f)
@@ -271,7 +277,8 @@ func TestLaunchSIGTERMLeavesNoProcessBehind(t *testing.T) {
 	}
 	require.Len(t, pids, 4)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	assert.Equal(t, 128+int(syscall.SIGTERM), exitCode(t, cmd, 20*time.Second))
+	// Waiting for the sleeping tasks, launch would end at its timeout.
+	assert.Equal(t, 128+int(syscall.SIGTERM), exitCode(t, cmd, launchTimeout/2))
 	assert.Contains(t, stderr.String(), "interrupted by terminated")
 	assert.Eventually(t, func() bool {
 		for _, p := range pids {
@@ -280,7 +287,7 @@ func TestLaunchSIGTERMLeavesNoProcessBehind(t *testing.T) {
 			}
 		}
 		return true
-	}, 5*time.Second, 20*time.Millisecond, "processes left behind among %v", pids)
+	}, 30*time.Second, 20*time.Millisecond, "processes left behind among %v", pids)
 }
 
 // processAlive reports whether pid runs (a zombie does not).
@@ -303,15 +310,18 @@ func processAlive(pid int) bool {
 // the chief exits and passes on its status.
 func TestLaunchParameterServerCluster(t *testing.T) {
 	script := `if [ "$TFDIST_TASK_TYPE" = chief ]; then TFDIST_TEST_ROLE=coordinator exec "$0"; else exec "$0" server; fi`
-	cmd, stdout, stderr := tfdist(t, nil, "launch", "--chief", "--workers", "1", "--ps", "1", "--timeout", "90s", "--grace", "3s", "--",
+	cmd, stdout, stderr := tfdist(t, nil, "launch", "--chief", "--workers", "1", "--ps", "1", "--timeout", launchTimeout.String(), "--grace", "3s", "--",
 		"sh", "-c", script, os.Args[0])
 	start := time.Now()
-	code := exitCode(t, cmd, 120*time.Second)
+	code := exitCode(t, cmd, launchTimeout+time.Minute)
 	assert.Equal(t, 3, code, "launch returns the chief's status\nstdout: %s\nstderr: %s", stdout, stderr)
 	assert.Contains(t, stdout.String(), "[chief:0] ps computed 42, worker computed 43")
 	assert.Regexp(t, `\[ps:0\] .*serving`, stderr.String())
 	assert.Regexp(t, `\[worker:0\] .*serving`, stderr.String())
-	assert.Less(t, time.Since(start), 60*time.Second, "the servers were ended, not waited for")
+	// The servers serve until they are stopped: waiting for them, launch
+	// would end at its timeout. What this measures includes starting the
+	// three processes and the chief's session.
+	assert.Less(t, time.Since(start), launchTimeout/2, "the servers were ended, not waited for until the %v timeout", launchTimeout)
 }
 
 // coordinator is the chief of TestLaunchParameterServerCluster: it waits for
@@ -324,7 +334,7 @@ func coordinator() int {
 		return 1
 	}
 	spec := r.ClusterSpec()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), launchTimeout/2)
 	defer cancel()
 	if err := cluster.WaitForTasks(ctx, spec, cluster.Task{Type: cluster.PS}, cluster.Task{Type: cluster.Worker}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -355,7 +365,7 @@ func coordinator() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	so, err := tfrt.SessionOptions(srv.Target(), tfrt.WithOperationTimeout(30*time.Second))
+	so, err := tfrt.SessionOptions(srv.Target(), tfrt.WithOperationTimeout(launchTimeout/2))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

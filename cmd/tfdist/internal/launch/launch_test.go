@@ -46,7 +46,7 @@ func helper(mode string) int {
 	// recordPIDs writes this process's pid and a child's, so that the test
 	// can check that neither outlives the launcher.
 	recordPIDs := func() {
-		child := exec.Command("sleep", "120")
+		child := exec.Command("sleep", "600")
 		if err := child.Start(); err != nil {
 			fmt.Fprintln(os.Stderr, "helper:", err)
 			os.Exit(91)
@@ -57,7 +57,8 @@ func helper(mode string) int {
 			os.Exit(92)
 		}
 	}
-	forever := func() int { time.Sleep(time.Minute); return 93 }
+	// forever outlasts the launcher's timeout in every test.
+	forever := func() int { time.Sleep(10 * time.Minute); return 93 }
 	// othersRecorded waits (30 s at most) until every other task has
 	// recorded its pids, so that a task that ends the run does so only
 	// once the test can see them all.
@@ -131,15 +132,21 @@ type run struct {
 	took           time.Duration
 }
 
+// testTimeout is the launcher's timeout in the tests: what a run that
+// waited for tasks that never end would take. A run that must stop its
+// tasks rather than wait for them is checked to take less than half of it,
+// so that only waiting fails the check, not a loaded machine.
+const testTimeout = 2 * time.Minute
+
 // newLauncher returns a launcher that runs the test binary in mode, with a
-// short grace period and a timeout that bounds every test.
+// short grace period and a timeout, testTimeout, that bounds every test.
 func newLauncher(t *testing.T, mode string, r *run, extraEnv []string, opts ...launch.Option) *launch.Launcher {
 	t.Helper()
 	r.dir = t.TempDir()
 	env := append(os.Environ(), "LAUNCH_TEST_HELPER="+mode, "LAUNCH_TEST_DIR="+r.dir)
 	env = append(env, extraEnv...)
 	base := []launch.Option{launch.WithEnv(env), launch.WithOutput(&r.stdout, &r.stderr),
-		launch.WithGracePeriod(2 * time.Second), launch.WithTimeout(30 * time.Second)}
+		launch.WithGracePeriod(2 * time.Second), launch.WithTimeout(testTimeout)}
 	l, err := launch.New([]string{os.Args[0], "-test.run=^$"}, append(base, opts...)...)
 	require.NoError(t, err)
 	return l
@@ -154,7 +161,7 @@ func (r *run) run(l *launch.Launcher) {
 // waitPIDs waits until n tasks have recorded their pids and returns them.
 func waitPIDs(t *testing.T, dir string, n int) []int {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.pids"))
 		if len(files) >= n {
@@ -200,7 +207,7 @@ func assertAllGone(t *testing.T, pids []int) {
 			}
 		}
 		return true
-	}, 3*time.Second, 20*time.Millisecond, "processes left running: %v", pids)
+	}, 30*time.Second, 20*time.Millisecond, "processes left running: %v", pids)
 }
 
 var lineRE = regexp.MustCompile(`(?m)^\[(\w+:\d+)\] task=(\S+) env=(\S+) restart=(\d+) chief=(\w+) fingerprint=(\w+) addr=(\S+)$`)
@@ -256,7 +263,7 @@ func TestAFailingTaskStopsTheOthers(t *testing.T) {
 	assert.Equal(t, 3, te.ExitCode)
 	assert.Equal(t, 3, launch.ExitCode(r.err), "the launcher exits with the task's status")
 	assert.Contains(t, r.err.Error(), "worker:1 exited with status 3")
-	assert.Less(t, r.took, 10*time.Second, "the others are stopped promptly, not waited for")
+	assert.Less(t, r.took, testTimeout/2, "the others are stopped promptly, not waited for until the %v timeout", testTimeout)
 	assert.Contains(t, r.stdout.String(), "[worker:1] failing on purpose")
 	assertAllGone(t, pids)
 }
@@ -302,7 +309,7 @@ func TestSignalStopsEveryTaskAndItsChildren(t *testing.T) {
 	var ie *launch.InterruptedError
 	require.ErrorAs(t, r.err, &ie, "an interrupted run is not restarted")
 	assert.Equal(t, 128+int(syscall.SIGTERM), launch.ExitCode(r.err))
-	assert.Less(t, r.took, 10*time.Second)
+	assert.Less(t, r.took, testTimeout/2, "the tasks are stopped, not waited for until the %v timeout", testTimeout)
 	assertAllGone(t, pids)
 }
 
@@ -316,7 +323,7 @@ func TestTaskIgnoringSIGTERMIsKilledAfterTheGracePeriod(t *testing.T) {
 	l.Signal(syscall.SIGTERM)
 	<-done
 	assert.GreaterOrEqual(t, time.Since(sent), 500*time.Millisecond, "SIGTERM was ignored, so the grace period ran out")
-	assert.Less(t, time.Since(sent), 8*time.Second)
+	assert.Less(t, time.Since(sent), testTimeout/2, "the task is killed after the grace period, not at the %v timeout", testTimeout)
 	assertAllGone(t, pids)
 }
 
@@ -353,7 +360,7 @@ func TestParameterServerClusterEndsWithTheChief(t *testing.T) {
 				require.ErrorAs(t, r.err, &te)
 				assert.Equal(t, cluster.Chief, te.Task.Type)
 			}
-			assert.Less(t, r.took, 10*time.Second, "the servers are ended, not waited for")
+			assert.Less(t, r.took, testTimeout/2, "the servers are ended, not waited for until the %v timeout", testTimeout)
 			assert.Contains(t, r.stdout.String(), "[chief:0] coordinator done")
 			assertAllGone(t, pids)
 		})

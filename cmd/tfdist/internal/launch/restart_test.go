@@ -85,16 +85,22 @@ type scriptRun struct {
 	took           time.Duration
 }
 
+// scriptTimeout is the launcher's timeout in runScript: what a run that
+// waited for its sleeping tasks (600 s) would take. A run that must end
+// them rather than wait is checked to take less than half of it, so that
+// only waiting fails the check, not a loaded machine.
+const scriptTimeout = 4 * time.Minute
+
 // runScript runs script under sh as every task of the cluster opts
 // describe, with $DIR a temporary directory, a short grace period, a timeout
-// that bounds the test, and a logger the test reads.
+// (scriptTimeout) that bounds the test, and a logger the test reads.
 func runScript(t *testing.T, script string, opts ...launch.Option) *scriptRun {
 	t.Helper()
 	r := &scriptRun{dir: t.TempDir()}
 	core, logs := observer.New(zapcore.InfoLevel)
 	r.logs = logs
 	base := []launch.Option{launch.WithEnv(append(os.Environ(), "DIR="+r.dir)), launch.WithOutput(&r.stdout, &r.stderr),
-		launch.WithGracePeriod(2 * time.Second), launch.WithTimeout(60 * time.Second),
+		launch.WithGracePeriod(2 * time.Second), launch.WithTimeout(scriptTimeout),
 		launch.WithLogger(zap.New(core)), launch.WithOnStart(r.starts.add)}
 	l, err := launch.New([]string{"sh", "-c", script}, append(base, opts...)...)
 	require.NoError(t, err)
@@ -124,7 +130,7 @@ func assertNoLaunchGoroutines(t *testing.T) {
 		buf := make([]byte, 1<<20)
 		stacks = string(buf[:runtime.Stack(buf, true)])
 		return !strings.Contains(stacks, "/cmd/tfdist/internal/launch.")
-	}, 3*time.Second, 20*time.Millisecond, "goroutines of the launch package outlive Run:\n%s", stacks)
+	}, 30*time.Second, 20*time.Millisecond, "goroutines of the launch package outlive Run:\n%s", stacks)
 }
 
 var (
@@ -141,11 +147,11 @@ func TestParameterServerWorkerIsRestartedAtItsAddress(t *testing.T) {
 	script := `
 case "$TFDIST_TASK_TYPE:$TFDIST_TASK_INDEX:$TFDIST_RESTART" in
 chief:*)
-	for i in $(seq 200); do [ -e "$DIR/back" ] && { echo "coordinator done"; exit 0; }; sleep 0.1; done
+	for i in $(seq 600); do [ -e "$DIR/back" ] && { echo "coordinator done"; exit 0; }; sleep 0.1; done
 	exit 9 ;;
 worker:0:0)
 	echo "config $TF_CONFIG"
-	sleep 60 & echo $! > "$DIR/child"
+	sleep 600 & echo $! > "$DIR/child"
 	printf 'dying mid-line'
 	exit 1 ;;
 worker:0:*)
@@ -154,9 +160,9 @@ worker:0:*)
 	state=$(cut -d' ' -f3 "/proc/$(cat "$DIR/child")/stat" 2>/dev/null)
 	[ -z "$state" ] || [ "$state" = Z ] && echo "no child left"
 	touch "$DIR/back"
-	exec sleep 60 ;;
+	exec sleep 600 ;;
 *)
-	exec sleep 60 ;;
+	exec sleep 600 ;;
 esac`
 	r := runScript(t, script, launch.WithChief(true), launch.WithWorkers(2), launch.WithPS(1),
 		launch.WithRestartBackoff(200*time.Millisecond, time.Second))
@@ -179,7 +185,7 @@ esac`
 	assert.Equal(t, []int{0, 1}, attempts(r.starts.of(worker0)), "WithOnStart reports the restart")
 	assert.Equal(t, []int{0}, attempts(r.starts.of(worker1)))
 	assert.Equal(t, []string{"worker:0 restart 1 after exit status 1 in 200ms"}, r.restartLogs())
-	assert.Less(t, r.took, 20*time.Second)
+	assert.Less(t, r.took, scriptTimeout/2, "the servers are ended with the chief, not waited for until the %v timeout", scriptTimeout)
 	assertAllGone(t, r.starts.pids())
 	assertNoLaunchGoroutines(t)
 }
@@ -196,7 +202,7 @@ worker:1)
 	echo "cannot serve (start $TFDIST_RESTART)" >&2
 	exit 7 ;;
 *)
-	exec sleep 60 ;;
+	exec sleep 600 ;;
 esac`
 	r := runScript(t, script, launch.WithChief(true), launch.WithWorkers(2), launch.WithPS(1),
 		launch.WithTaskRestarts(3), launch.WithRestartBackoff(100*time.Millisecond, 10*time.Second))
@@ -245,16 +251,17 @@ esac`
 // A chief that finishes while a dead worker waits for its restart ends the
 // run at once: the restart is called off, not waited for.
 func TestChiefEndingCancelsAPendingRestart(t *testing.T) {
+	const restartDelay = 2 * time.Minute // within scriptTimeout
 	script := `
 case "$TFDIST_TASK_TYPE" in
 chief) sleep 1; exit 0 ;;
 worker) exit 1 ;;
-*) exec sleep 60 ;;
+*) exec sleep 600 ;;
 esac`
 	r := runScript(t, script, launch.WithChief(true), launch.WithWorkers(1), launch.WithPS(1),
-		launch.WithRestartBackoff(30*time.Second, 30*time.Second))
+		launch.WithRestartBackoff(restartDelay, restartDelay))
 	require.NoError(t, r.err)
-	assert.Less(t, r.took, 10*time.Second, "the 30s restart delay is not waited for")
+	assert.Less(t, r.took, restartDelay/2, "the %v restart delay is not waited for", restartDelay)
 	assert.Equal(t, []int{0}, attempts(r.starts.of(worker0)))
 	assertNoLaunchGoroutines(t)
 }
@@ -264,7 +271,7 @@ esac`
 func TestNoTaskRestartsOutsideParameterServerClusters(t *testing.T) {
 	script := `
 if [ "$TFDIST_TASK_INDEX:$TFDIST_RESTART" = 1:0 ]; then exit 5; fi
-[ "$TFDIST_TASK_INDEX" = 0 ] && [ "$TFDIST_RESTART" = 0 ] && exec sleep 60
+[ "$TFDIST_TASK_INDEX" = 0 ] && [ "$TFDIST_RESTART" = 0 ] && exec sleep 600
 echo "attempt $TFDIST_RESTART ok"`
 	r := runScript(t, script, launch.WithWorkers(2), launch.WithTaskRestarts(3))
 	var te *launch.TaskError
@@ -289,7 +296,7 @@ func TestParameterServerPSIsNotRestarted(t *testing.T) {
 	script := `
 case "$TFDIST_TASK_TYPE" in
 ps) echo "ps going down"; exit 0 ;;
-*) exec sleep 60 ;;
+*) exec sleep 600 ;;
 esac`
 	r := runScript(t, script, launch.WithChief(true), launch.WithWorkers(1), launch.WithPS(1), launch.WithTaskRestarts(5))
 	var te *launch.TaskError
@@ -309,11 +316,11 @@ func TestRestartCountsBothKinds(t *testing.T) {
 case "$TFDIST_TASK_TYPE:$TFDIST_RESTART" in
 chief:0) exit 4 ;;
 chief:*)
-	for i in $(seq 200); do [ -e "$DIR/back" ] && exit 0; sleep 0.1; done
+	for i in $(seq 600); do [ -e "$DIR/back" ] && exit 0; sleep 0.1; done
 	exit 9 ;;
 worker:1) exit 1 ;;
-worker:2) touch "$DIR/back"; exec sleep 60 ;;
-*) exec sleep 60 ;;
+worker:2) touch "$DIR/back"; exec sleep 600 ;;
+*) exec sleep 600 ;;
 esac`
 	r := runScript(t, script, launch.WithChief(true), launch.WithWorkers(1), launch.WithPS(1), launch.WithMaxRestarts(1),
 		launch.WithRestartBackoff(50*time.Millisecond, 50*time.Millisecond))
