@@ -188,7 +188,7 @@ func BenchmarkAllReduceTLS(b *testing.B) {
 				b.Run(fmt.Sprintf("members=%d/size=%s/%s", n, s.name, name), func(b *testing.B) {
 					var each func(int) []Option
 					if secure {
-						each = withCredentials(jobCredentials(b, newAuthority(b), n))
+						each = withConfigs(jobConfigs(b, newAuthority(b), n))
 					}
 					benchAllReduce(b, n, s.bytes, each)
 				})
