@@ -3,6 +3,7 @@ package collective
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -31,7 +32,7 @@ func certFields(p mtls.Peer) []zap.Field {
 
 // auditRefused records a refused connection.
 func (g *Group) auditRefused(remote net.Addr, claimed string, p mtls.Peer, reason string) {
-	fs := []zap.Field{zap.String("address", remote.String()), zap.String("reason", reason), zap.Bool("tls", g.cfg.tls != nil)}
+	fs := []zap.Field{zap.String("address", remote.String()), zap.String("reason", reason), zap.Bool("tls", g.cfg.tlsConfig != nil)}
 	if claimed != "" {
 		fs = append(fs, zap.String("task_claimed", claimed))
 	}
@@ -41,7 +42,7 @@ func (g *Group) auditRefused(remote net.Addr, claimed string, p mtls.Peer, reaso
 // auditJoined records a peer that joined the group.
 func (g *Group) auditJoined(c *peerConn) {
 	fs := []zap.Field{zap.String("address", c.nc.RemoteAddr().String()), zap.String("task", c.member.Name),
-		zap.Bool("tls", g.cfg.tls != nil), zap.Bool("shared_memory", c.viewer != nil),
+		zap.Bool("tls", g.cfg.tlsConfig != nil), zap.Bool("shared_memory", c.viewer != nil),
 		zap.Bool("reads_peer_memory", c.remote != nil && c.remote.canRead())}
 	g.audit.Info("peer joined", append(fs, certFields(c.cert)...)...)
 }
@@ -74,8 +75,10 @@ func (s secured) newPeerConn() *peerConn {
 // secureDialed runs the client side of the TLS handshake with peer on nc,
 // when the group uses TLS.
 func (g *Group) secureDialed(ctx context.Context, nc net.Conn, peer int) (secured, error) {
-	sc, err := g.secure(ctx, nc, func(ctx context.Context, c net.Conn) (*tls.Conn, mtls.Peer, error) {
-		return g.cfg.tls.Client(ctx, c, g.members[peer].Name)
+	sc, err := g.secure(ctx, nc, func(c net.Conn) *tls.Conn {
+		cfg := g.cfg.tlsConfig.Clone()
+		cfg.ServerName = g.members[peer].Name
+		return tls.Client(c, cfg)
 	})
 	if err != nil {
 		g.auditRefused(nc.RemoteAddr(), g.members[peer].Name, sc.cert, err.Error())
@@ -90,48 +93,85 @@ func (g *Group) secureDialed(ctx context.Context, nc net.Conn, peer int) (secure
 // secureAccepted runs the server side of the TLS handshake on an accepted
 // nc, when the group uses TLS.
 func (g *Group) secureAccepted(nc net.Conn) (secured, error) {
-	return g.secure(context.Background(), nc, g.cfg.tls.Server)
+	return g.secure(context.Background(), nc, func(c net.Conn) *tls.Conn { return tls.Server(c, g.cfg.tlsConfig) })
 }
 
-// secure runs handshake on nc, over a batchedConn and within the hello
-// timeout, when the group uses TLS; on failure the result holds only what
-// the peer presented.
-func (g *Group) secure(ctx context.Context, nc net.Conn,
-	handshake func(context.Context, net.Conn) (*tls.Conn, mtls.Peer, error)) (secured, error) {
-	if g.cfg.tls == nil {
+// secure runs the TLS handshake of the connection newConn makes of nc,
+// over a batchedConn and within the hello timeout, when the group uses
+// TLS; on failure the result holds only what the peer presented.
+func (g *Group) secure(ctx context.Context, nc net.Conn, newConn func(net.Conn) *tls.Conn) (secured, error) {
+	if g.cfg.tlsConfig == nil {
 		return secured{conn: nc}, nil
 	}
 	hctx, cancel := context.WithTimeout(ctx, g.cfg.helloTimeout)
 	defer cancel()
 	bc := newBatchedConn(nc)
-	tc, p, err := handshake(hctx, bc)
+	tc := newConn(bc)
+	err := tc.HandshakeContext(hctx)
+	var p mtls.Peer
+	if certs := tc.ConnectionState().PeerCertificates; len(certs) > 0 {
+		p = mtls.PeerOf(certs[0])
+	}
 	if err != nil {
-		return secured{cert: p}, err
+		return secured{cert: p}, fmt.Errorf("TLS handshake: %w", err)
 	}
 	bc.batch()
 	return secured{conn: tc, batch: bc, cert: p}, nil
 }
 
-// checkOwnIdentity checks that this member's certificate names it.
-func checkOwnIdentity(creds *mtls.Credentials, members []Member, rank int) error {
-	id := creds.Identity()
+// checkOwnIdentity checks that the certificate cfg presents names this
+// member.
+func checkOwnIdentity(cfg *tls.Config, members []Member, rank int) error {
+	leaf, err := ownCertificate(cfg)
+	if err != nil {
+		return fmt.Errorf("collective: WithTLS: %w", err)
+	}
+	id, err := mtls.IdentityOf(leaf)
+	if err != nil {
+		return fmt.Errorf("collective: this member's %w", err)
+	}
 	name := id.Task.String()
 	if name == members[rank].Name {
 		return nil
 	}
 	for _, m := range members {
 		if m.Name == name {
-			return fmt.Errorf("collective: certificate %s names %s, but this member is %s",
-				creds.Files().Cert, id, members[rank].Name)
+			return fmt.Errorf("collective: this member's certificate names %s, but this member is %s", id, members[rank].Name)
 		}
 	}
-	return fmt.Errorf("collective: certificate %s names %s, which is not a member of the group", creds.Files().Cert, id)
+	return fmt.Errorf("collective: this member's certificate names %s, which is not a member of the group", id)
+}
+
+// ownCertificate returns the leaf of the certificate cfg presents.
+func ownCertificate(cfg *tls.Config) (*x509.Certificate, error) {
+	var cert *tls.Certificate
+	switch {
+	case cfg.GetClientCertificate != nil:
+		c, err := cfg.GetClientCertificate(&tls.CertificateRequestInfo{Version: tls.VersionTLS13})
+		if err != nil {
+			return nil, fmt.Errorf("this member's certificate: %w", err)
+		}
+		cert = c
+	case len(cfg.Certificates) > 0:
+		cert = &cfg.Certificates[0]
+	}
+	if cert == nil || len(cert.Certificate) == 0 {
+		return nil, errors.New("the configuration presents no certificate, and peers require one")
+	}
+	if cert.Leaf != nil {
+		return cert.Leaf, nil
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("this member's certificate: %w", err)
+	}
+	return leaf, nil
 }
 
 // checkClaim checks that the certificate a dialler presented names the
 // member its hello claims to be.
 func (g *Group) checkClaim(c *peerConn, rank int) error {
-	if g.cfg.tls == nil {
+	if g.cfg.tlsConfig == nil {
 		return nil
 	}
 	if got := c.cert.Identity.Task.String(); got != g.members[rank].Name {

@@ -191,8 +191,8 @@ func BenchmarkAllReduceTLS(b *testing.B) {
 				b.Run(fmt.Sprintf("members=%d/size=%s/%s", n, s.name, name), func(b *testing.B) {
 					each := func(int) []Option { return []Option{WithSharedMemory(false)} }
 					if secure {
-						creds := withCredentials(jobCredentials(b, newAuthority(b), n))
-						each = func(i int) []Option { return append(creds(i), WithSharedMemory(false)) }
+						configs := withConfigs(jobConfigs(b, newAuthority(b), n))
+						each = func(i int) []Option { return append(configs(i), WithSharedMemory(false)) }
 					}
 					gs := benchGroups(b, n, each)
 					requireTCP(b, gs)

@@ -75,7 +75,7 @@ func (g *Group) greet(sc secured, peer int) (*peerConn, error) {
 	}
 	h, err := c.readHeader()
 	if err != nil {
-		if errors.Is(err, io.EOF) && g.cfg.tls == nil {
+		if errors.Is(err, io.EOF) && g.cfg.tlsConfig == nil {
 			err = fmt.Errorf("%w (it closed the connection without answering: does it require TLS, which this member does not use?)", err)
 		}
 		return nil, fmt.Errorf("%w: reading hello: %w", errRetry, err)

@@ -1,12 +1,11 @@
 package collective
 
 import (
+	"crypto/tls"
 	"net"
 	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/tfdist/tfdist/mtls"
 )
 
 // Default bounds and tuning of a group.
@@ -29,7 +28,7 @@ type config struct {
 	timeout        time.Duration
 	startupTimeout time.Duration
 	listener       net.Listener
-	tls            *mtls.Credentials
+	tlsConfig      *tls.Config
 	sharedMemory   bool
 	log            *zap.Logger
 
@@ -81,12 +80,17 @@ func WithStartupTimeout(d time.Duration) Option { return func(c *config) { c.sta
 // member address. New takes ownership of l and closes it when the group ends.
 func WithListener(l net.Listener) Option { return func(c *config) { c.listener = l } }
 
-// WithTLS secures every connection of the group with mutual TLS 1.3 (see
-// package mtls): this member presents creds' certificate, which must name
-// it, and accepts a peer only if its certificate, signed by creds' CA,
-// names the same job and the member at that end of the connection. Every
-// member of a group must use TLS, or none.
-func WithTLS(creds *mtls.Credentials) Option { return func(c *config) { c.tls = creds } }
+// WithTLS secures every connection of the group with TLS configured by
+// cfg, which must present this member's certificate and verify the peer's
+// at both ends (mutual TLS): mtls.LoadConfig builds such a configuration
+// from a task's files. Each member's certificate must name it, as package
+// mtls writes identities: New checks this member's own; a connection the
+// group dials runs on a clone of cfg whose ServerName is the dialled
+// member's Name, which cfg must check the peer's certificate names; and
+// an accepted peer is taken only if its certificate names the member its
+// hello claims to be. Every member of a group must use TLS, or none. cfg
+// must not be modified afterwards.
+func WithTLS(cfg *tls.Config) Option { return func(c *config) { c.tlsConfig = cfg } }
 
 // WithSharedMemory sets whether members on one host move their frames to
 // shared memory instead of loopback TCP (on by default, Linux only). The

@@ -52,8 +52,8 @@ func New(ctx context.Context, members []Member, rank int, opts ...Option) (*Grou
 		}
 		return nil, err
 	}
-	if cfg.tls != nil {
-		if err := checkOwnIdentity(cfg.tls, members, rank); err != nil {
+	if cfg.tlsConfig != nil {
+		if err := checkOwnIdentity(cfg.tlsConfig, members, rank); err != nil {
 			if cfg.listener != nil {
 				_ = cfg.listener.Close()
 			}

@@ -45,32 +45,32 @@ func newAuthority(t testing.TB) *mtls.Authority {
 	return a
 }
 
-// jobCredentials returns credentials for workers 0..n-1 of testJob.
-func jobCredentials(t testing.TB, a *mtls.Authority, n int) []*mtls.Credentials {
+// jobConfigs returns the TLS configurations of workers 0..n-1 of testJob.
+func jobConfigs(t testing.TB, a *mtls.Authority, n int) []*tls.Config {
 	t.Helper()
 	ids := make([]mtls.Identity, n)
 	for i := range ids {
 		ids[i] = workerID(testJob, i)
 	}
 	now := time.Now()
-	creds := make([]*mtls.Credentials, n)
+	cfgs := make([]*tls.Config, n)
 	for i, f := range issue(t, a, now.Add(-time.Minute), now.Add(time.Hour), ids...) {
-		c, err := mtls.Load(f)
+		c, err := mtls.LoadConfig(f)
 		require.NoError(t, err)
-		creds[i] = c
+		cfgs[i] = c
 	}
-	return creds
+	return cfgs
 }
 
-func withCredentials(creds []*mtls.Credentials) func(int) []Option {
-	return func(i int) []Option { return []Option{WithTLS(creds[i])} }
+func withConfigs(cfgs []*tls.Config) func(int) []Option {
+	return func(i int) []Option { return []Option{WithTLS(cfgs[i])} }
 }
 
 // tlsGroups forms a group of n members over TLS.
 func tlsGroups(t testing.TB, a *mtls.Authority, n int, opts ...Option) []*Group {
 	t.Helper()
 	lns, members := listeners(t, n)
-	gs, err := formGroups(lns, members, withCredentials(jobCredentials(t, a, n)), opts...)
+	gs, err := formGroups(lns, members, withConfigs(jobConfigs(t, a, n)), opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { closeAll(gs) })
 	return gs
@@ -255,7 +255,7 @@ type fakeConn struct {
 func (f *fakeConn) Read(p []byte) (int, error) { return f.Reader.Read(p) }
 
 // A member whose certificate names another task fails New at once, naming
-// the certificate and the task.
+// the task the certificate names and the member.
 func TestTLSCertificateMustNameTheMember(t *testing.T) {
 	noLeaks(t)
 	ca := newAuthority(t)
@@ -265,14 +265,48 @@ func TestTLSCertificateMustNameTheMember(t *testing.T) {
 		"names tfdist://collective-test/worker/1, but this member is worker:0",
 		"names tfdist://collective-test/worker/7, which is not a member of the group",
 	} {
-		creds, err := mtls.Load(fs[i])
+		cfg, err := mtls.LoadConfig(fs[i])
 		require.NoError(t, err)
 		lns, members := listeners(t, 2)
 		_ = lns[1].Close()
-		_, err = New(context.Background(), members, 0, WithListener(lns[0]), WithTLS(creds))
-		require.ErrorContains(t, err, want)
-		require.ErrorContains(t, err, fs[i].Cert)
+		_, err = New(context.Background(), members, 0, WithListener(lns[0]), WithTLS(cfg))
+		require.ErrorContains(t, err, "this member's certificate "+want)
 	}
+	lns, members := listeners(t, 2)
+	_ = lns[1].Close()
+	_, err := New(context.Background(), members, 0, WithListener(lns[0]), WithTLS(&tls.Config{}))
+	require.ErrorContains(t, err, "the configuration presents no certificate")
+}
+
+// A member refuses a server at a peer's address whose certificate, signed
+// by the job's CA, names another task: the group dials each member with
+// its name as the configuration's ServerName, which mtls checks.
+func TestTLSDialledMemberMustPresentItsCertificate(t *testing.T) {
+	noLeaks(t)
+	ca := newAuthority(t)
+	cfgs := jobConfigs(t, ca, 3)
+	lns, members := listeners(t, 2)
+	impostor := make(chan struct{})
+	go func() { // worker 2's certificate at worker 0's address
+		defer close(impostor)
+		nc, err := lns[0].Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		_ = tls.Server(nc, cfgs[2]).Handshake()
+	}()
+	defer func() { _ = lns[0].Close(); <-impostor }()
+	core, logs := observer.New(zap.InfoLevel)
+	_, err := New(context.Background(), members, 1, WithListener(lns[1]), WithTLS(cfgs[1]),
+		WithStartupTimeout(2*time.Second), WithLogger(zap.New(core)))
+	require.ErrorContains(t, err, "certificate names worker:2; the cluster has worker:0 at this address")
+	refused := logs.FilterLoggerName("audit").FilterMessage("peer refused").All()
+	require.NotEmpty(t, refused)
+	m := refused[0].ContextMap()
+	assert.Contains(t, m["reason"], "certificate names worker:2; the cluster has worker:0 at this address")
+	assert.Equal(t, "worker:0", m["task_claimed"])
+	assert.Contains(t, m["cert_identity"], "tfdist://"+testJob+"/worker/2")
 }
 
 // The bytes on the wire between two members, recorded by a proxy between
@@ -303,7 +337,7 @@ func captureRun(t *testing.T, ca *mtls.Authority, inputs [][]byte, n int, opts .
 	members[0].Addr = p.ln.Addr().String()
 	var each func(int) []Option
 	if ca != nil {
-		each = withCredentials(jobCredentials(t, ca, 2))
+		each = withConfigs(jobConfigs(t, ca, 2))
 	}
 	gs, err := formGroups(lns, members, each, opts...)
 	require.NoError(t, err)
@@ -378,18 +412,18 @@ func (p *proxy) close() []byte {
 // TLS member's peer closed during the handshake.
 func TestTLSMismatchIsExplained(t *testing.T) {
 	noLeaks(t)
-	creds := jobCredentials(t, newAuthority(t), 2)
-	errs := formMixed(t, creds, []bool{true, false})
+	cfgs := jobConfigs(t, newAuthority(t), 2)
+	errs := formMixed(t, cfgs, []bool{true, false})
 	require.Error(t, errs[1])
 	assert.ErrorContains(t, errs[1], "does it require TLS, which this member does not use?")
-	errs = formMixed(t, creds, []bool{false, true})
+	errs = formMixed(t, cfgs, []bool{false, true})
 	require.Error(t, errs[1])
 	assert.ErrorContains(t, errs[1], "does it run without TLS?")
 }
 
 // formMixed tries to form a group whose member i uses TLS when secure[i],
 // and returns each member's New error.
-func formMixed(t *testing.T, creds []*mtls.Credentials, secure []bool) []error {
+func formMixed(t *testing.T, cfgs []*tls.Config, secure []bool) []error {
 	lns, members := listeners(t, len(secure))
 	errs := make([]error, len(secure))
 	var wg sync.WaitGroup
@@ -399,7 +433,7 @@ func formMixed(t *testing.T, creds []*mtls.Credentials, secure []bool) []error {
 			defer wg.Done()
 			opts := []Option{WithListener(lns[i]), WithStartupTimeout(time.Second), func(c *config) { c.helloTimeout = 500 * time.Millisecond }}
 			if secure[i] {
-				opts = append(opts, WithTLS(creds[i]))
+				opts = append(opts, WithTLS(cfgs[i]))
 			}
 			g, err := New(context.Background(), members, i, opts...)
 			if g != nil {

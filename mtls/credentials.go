@@ -1,14 +1,12 @@
 package mtls
 
 import (
-	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"sync"
 	"time"
@@ -120,86 +118,91 @@ type Peer struct {
 // Presented reports whether the peer presented a certificate.
 func (p Peer) Presented() bool { return p.Fingerprint != "" }
 
-func peerOf(cert *x509.Certificate) Peer {
+// PeerOf describes cert, a certificate a peer presented.
+func PeerOf(cert *x509.Certificate) Peer {
 	sum := sha256.Sum256(cert.Raw)
 	p := Peer{Subject: cert.Subject.String(), Fingerprint: hex.EncodeToString(sum[:])}
 	p.Identity, _ = IdentityOf(cert)
 	return p
 }
 
-// Client runs a TLS handshake on nc, dialled to the task named want
-// (cluster.Task's String, e.g. "worker:1"), and returns the secured
-// connection and what the peer presented. The peer must present a
-// certificate of this job naming want. In TLS 1.3 the server checks this
-// task's certificate after the client's handshake ends: a refusal shows
-// as an error on the first read.
-func (c *Credentials) Client(ctx context.Context, nc net.Conn, want string) (*tls.Conn, Peer, error) {
-	m := c.current()
-	cfg := m.config()
-	var peer Peer
+// LoadConfig is Load followed by Config: the TLS configuration of the
+// task whose files f names.
+func LoadConfig(f Files, opts ...LoadOption) (*tls.Config, error) {
+	c, err := Load(f, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return c.Config(), nil
+}
+
+// Config returns a TLS 1.3 configuration that presents the task's
+// certificate and accepts a peer only if its certificate chains to the
+// CA, is valid now, is meant for the side the peer plays and names a task
+// of the same job (see the package doc). It serves both ends of a
+// connection. A client (tls.Client) checks the server's certificate and,
+// when the configuration's ServerName is set, that it names that task
+// (cluster.Task's String, e.g. "worker:1"): set it on a clone for each
+// connection, as net/http does with a host name. A server (tls.Server)
+// requires the client's certificate; which task it must name is for the
+// caller to check against what the client claims (PeerOf). In TLS 1.3
+// the server checks the client's certificate after the client's handshake
+// ends: a refusal shows as an error on the client's first read.
+//
+// Each handshake uses the credentials as they are then, reading the files
+// again if they changed.
+func (c *Credentials) Config() *tls.Config {
+	cfg := baseConfig()
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		return &c.current().cert, nil
+	}
 	cfg.InsecureSkipVerify = true // VerifyConnection checks the chain and the task instead of a host name
-	cfg.VerifyConnection = func(cs tls.ConnectionState) (err error) {
-		peer, err = m.verifyPeer(cs.PeerCertificates, x509.ExtKeyUsageServerAuth, want)
-		return err
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		return c.current().verifyPeer(cs.PeerCertificates, x509.ExtKeyUsageServerAuth, cs.ServerName)
 	}
-	tc := tls.Client(nc, cfg)
-	return tc, peer, handshake(ctx, tc)
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		m := c.current()
+		sc := baseConfig()
+		sc.Certificates = []tls.Certificate{m.cert}
+		sc.ClientAuth = tls.RequireAnyClientCert // VerifyConnection checks the chain and the job
+		sc.VerifyConnection = func(cs tls.ConnectionState) error {
+			return m.verifyPeer(cs.PeerCertificates, x509.ExtKeyUsageClientAuth, "")
+		}
+		return sc, nil
+	}
+	return cfg
 }
 
-// Server runs the server side of a TLS handshake on an accepted nc. The
-// client must present a certificate of this job; which task it must name
-// is for the caller to check against what the client claims.
-func (c *Credentials) Server(ctx context.Context, nc net.Conn) (*tls.Conn, Peer, error) {
-	m := c.current()
-	cfg := m.config()
-	var peer Peer
-	cfg.ClientAuth = tls.RequireAnyClientCert // VerifyConnection checks the chain and the task
-	cfg.VerifyConnection = func(cs tls.ConnectionState) (err error) {
-		peer, err = m.verifyPeer(cs.PeerCertificates, x509.ExtKeyUsageClientAuth, "")
-		return err
-	}
-	tc := tls.Server(nc, cfg)
-	return tc, peer, handshake(ctx, tc)
-}
-
-func handshake(ctx context.Context, tc *tls.Conn) error {
-	if err := tc.HandshakeContext(ctx); err != nil {
-		return fmt.Errorf("TLS handshake: %w", err)
-	}
-	return nil
-}
-
-func (m *material) config() *tls.Config {
+func baseConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:                  tls.VersionTLS13,
-		Certificates:                []tls.Certificate{m.cert},
 		SessionTicketsDisabled:      true, // every connection shows its certificate
 		DynamicRecordSizingDisabled: true, // full records from the first byte: the engine moves bulk data
 	}
 }
 
-// verifyPeer checks the certificates a peer presented.
-func (m *material) verifyPeer(certs []*x509.Certificate, usage x509.ExtKeyUsage, want string) (Peer, error) {
+// verifyPeer checks the certificates a peer presented for usage and,
+// unless want is empty, that they name the task want.
+func (m *material) verifyPeer(certs []*x509.Certificate, usage x509.ExtKeyUsage, want string) error {
 	if len(certs) == 0 {
-		return Peer{}, errors.New("the peer presented no certificate")
+		return errors.New("the peer presented no certificate")
 	}
 	leaf := certs[0]
-	peer := peerOf(leaf)
 	now := time.Now()
 	if err := checkValidity(leaf, now); err != nil {
-		return peer, err
+		return err
 	}
 	if err := verifyChain(leaf, certs[1:], m.pool, usage, now); err != nil {
-		return peer, err
+		return err
 	}
 	id, err := IdentityOf(leaf)
 	switch {
 	case err != nil:
-		return peer, err
+		return err
 	case id.Job != m.id.Job:
-		return peer, fmt.Errorf("certificate names %s, a task of job %q; this task's job is %q", id.Task, id.Job, m.id.Job)
+		return fmt.Errorf("certificate names %s, a task of job %q; this task's job is %q", id.Task, id.Job, m.id.Job)
 	case want != "" && id.Task.String() != want:
-		return peer, fmt.Errorf("certificate names %s; the cluster has %s at this address", id.Task, want)
+		return fmt.Errorf("certificate names %s; the cluster has %s at this address", id.Task, want)
 	}
-	return peer, nil
+	return nil
 }

@@ -19,7 +19,9 @@
 // the environment (EnvCA, EnvCert, EnvKey; EnvRequire makes a program
 // refuse to start on a path that cannot use TLS). Load reads and checks
 // them before any connection is made, and Credentials reload them when they
-// change on disk, so certificates rotate without a restart.
+// change on disk, so certificates rotate without a restart. Their Config
+// (or LoadConfig, from the files) is the *tls.Config that
+// collective.WithTLS and multiworker.WithTLS take.
 //
 // Authority makes a CA and task certificates for local and test use (ECDSA
 // P-256, short lifetimes, files written with mode 0600); "tfdist cert" and

@@ -184,8 +184,9 @@ func TestFilesFromEnv(t *testing.T) {
 	assert.ErrorContains(t, err, `TFDIST_REQUIRE_TLS="yes please": expected a boolean`)
 }
 
-// handshake connects a client expecting want to a server over a pipe and
-// returns each side's error and what each saw of the other.
+// handshake connects a client expecting want (its configuration's
+// ServerName) to a server over a pipe and returns each side's error and
+// what each saw of the other.
 func handshake(t *testing.T, client, server *mtls.Credentials, want string) (cp, sp mtls.Peer, cerr, serr error) {
 	a, b := net.Pipe()
 	defer a.Close()
@@ -195,13 +196,18 @@ func handshake(t *testing.T, client, server *mtls.Credentials, want string) (cp,
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		var tc *tls.Conn
-		tc, sp, serr = server.Server(ctx, b)
+		tc := tls.Server(b, server.Config())
+		serr = tc.HandshakeContext(ctx)
+		sp = presented(tc)
 		if serr == nil {
 			_, serr = tc.Write([]byte("x"))
 		}
 	}()
-	tc, cp, cerr := client.Client(ctx, a, want)
+	cfg := client.Config().Clone()
+	cfg.ServerName = want
+	tc := tls.Client(a, cfg)
+	cerr = tc.HandshakeContext(ctx)
+	cp = presented(tc)
 	if cerr == nil {
 		_, cerr = tc.Read(make([]byte, 1))
 	}
@@ -210,6 +216,14 @@ func handshake(t *testing.T, client, server *mtls.Credentials, want string) (cp,
 	}
 	<-done
 	return cp, sp, cerr, serr
+}
+
+// presented describes the certificate the peer presented on tc, if any.
+func presented(tc *tls.Conn) mtls.Peer {
+	if certs := tc.ConnectionState().PeerCertificates; len(certs) > 0 {
+		return mtls.PeerOf(certs[0])
+	}
+	return mtls.Peer{}
 }
 
 func load(t *testing.T, f mtls.Files) *mtls.Credentials {

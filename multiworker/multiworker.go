@@ -18,6 +18,7 @@ package multiworker
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"slices"
@@ -35,7 +36,6 @@ import (
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/internal/voting"
 	"github.com/tfdist/tfdist/logging"
-	"github.com/tfdist/tfdist/mtls"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -79,7 +79,7 @@ type config struct {
 	timeout        time.Duration
 	startupTimeout time.Duration
 	intra, inter   int
-	tls            mtls.Files
+	tls            *tls.Config
 	requireTLS     bool
 	aggregation    aggregate.Rule
 	compression    Compression

@@ -1,6 +1,7 @@
 package multiworker
 
 import (
+	"crypto/tls"
 	"fmt"
 	"os"
 
@@ -10,16 +11,17 @@ import (
 	"github.com/tfdist/tfdist/mtls"
 )
 
-// WithTLS secures the traffic between workers with mutual TLS 1.3 (see
-// package mtls): this worker presents the certificate in f, which must
-// name its task, and accepts only peers whose certificates, signed by the
-// CA in f, name the same job and the task the cluster puts at their
-// address. Without it, New reads the files the environment names
+// WithTLS secures the traffic between workers with TLS configured by cfg,
+// which mtls.LoadConfig builds from a task's files: mutual TLS 1.3 (see
+// package mtls), in which this worker presents its certificate, which
+// must name its task, and accepts only peers whose certificates, signed
+// by the job's CA, name the same job and the task the cluster puts at
+// their address. Without it, New reads the files the environment names
 // (TFDIST_TLS_CA, TFDIST_TLS_CERT, TFDIST_TLS_KEY). Only tfdist's engine
 // can use TLS: with WithCommunication(Ring) or NCCL, TensorFlow's gRPC
-// server carries the tensors in plaintext, and New logs a warning (or, with
-// RequireTLS, fails).
-func WithTLS(f mtls.Files) Option { return func(c *config) { c.tls = f } }
+// server carries the tensors in plaintext, and New logs a warning (or,
+// with RequireTLS, fails).
+func WithTLS(cfg *tls.Config) Option { return func(c *config) { c.tls = cfg } }
 
 // RequireTLS makes New fail unless the traffic between workers is TLS: a
 // cluster of several workers needs certificates (WithTLS or the
@@ -28,31 +30,37 @@ func WithTLS(f mtls.Files) Option { return func(c *config) { c.tls = f } }
 func RequireTLS() Option { return func(c *config) { c.requireTLS = true } }
 
 // security returns the TLS options of the engine's group, after reading
-// and checking the certificate files; none without TLS. It fails when TLS
-// is required but not configured.
+// and checking the certificate files the environment names when WithTLS
+// is not given; none without TLS. It fails when TLS is required but not
+// configured.
 func (c config) security(log *zap.Logger) ([]collective.Option, error) {
 	files, required, err := c.tlsSettings()
 	if err != nil {
 		return nil, err
 	}
-	if files.IsZero() {
-		if required {
-			return nil, fmt.Errorf("multiworker: TLS is required (RequireTLS or %s) but no certificate is configured: use WithTLS, or set %s, %s and %s",
-				mtls.EnvRequire, mtls.EnvCA, mtls.EnvCert, mtls.EnvKey)
+	cfg := c.tls
+	switch {
+	case cfg != nil:
+		log.Info("traffic between workers is mutual TLS")
+	case !files.IsZero():
+		creds, err := mtls.Load(files, mtls.WithLogger(log))
+		if err != nil {
+			return nil, fmt.Errorf("multiworker: %w", err)
 		}
+		log.Info("traffic between workers is mutual TLS", zap.Stringer("identity", creds.Identity()),
+			zap.String("certificate", files.Cert))
+		cfg = creds.Config()
+	case required:
+		return nil, fmt.Errorf("multiworker: TLS is required (RequireTLS or %s) but no certificate is configured: use WithTLS, or set %s, %s and %s",
+			mtls.EnvRequire, mtls.EnvCA, mtls.EnvCert, mtls.EnvKey)
+	default:
 		return nil, nil
 	}
-	creds, err := mtls.Load(files, mtls.WithLogger(log))
-	if err != nil {
-		return nil, fmt.Errorf("multiworker: %w", err)
-	}
-	log.Info("traffic between workers is mutual TLS", zap.Stringer("identity", creds.Identity()),
-		zap.String("certificate", files.Cert))
-	return []collective.Option{collective.WithTLS(creds)}, nil
+	return []collective.Option{collective.WithTLS(cfg)}, nil
 }
 
 // checkPlaintext refuses, when TLS is required, a path that cannot use it,
-// and warns when certificates are configured for one.
+// and warns when TLS is configured for one.
 func (c config) checkPlaintext(log *zap.Logger) error {
 	files, required, err := c.tlsSettings()
 	if err != nil {
@@ -62,23 +70,24 @@ func (c config) checkPlaintext(log *zap.Logger) error {
 	if err := mtls.RefuseUnencrypted(required, path); err != nil {
 		return fmt.Errorf("multiworker: %w; tfdist's engine, the default communication, can use TLS", err)
 	}
-	if !files.IsZero() {
+	if c.tls != nil || !files.IsZero() {
 		log.Warn("TLS certificates are configured but not used: the traffic between workers is plaintext",
 			zap.String("why", path+" runs over TensorFlow's gRPC server, which takes no TLS in TensorFlow 2.18"))
 	}
 	return nil
 }
 
-// tlsSettings returns the configured files and whether TLS is required,
-// from the options, else the environment.
+// tlsSettings returns the certificate files the environment names, none
+// when WithTLS is given, and whether TLS is required, by the options or
+// the environment.
 func (c config) tlsSettings() (mtls.Files, bool, error) {
 	required, err := mtls.RequiredFromEnv(os.LookupEnv)
 	if err != nil {
 		return mtls.Files{}, false, fmt.Errorf("multiworker: %w", err)
 	}
 	required = required || c.requireTLS
-	if !c.tls.IsZero() {
-		return c.tls, required, nil
+	if c.tls != nil {
+		return mtls.Files{}, required, nil
 	}
 	files, _, err := mtls.FilesFromEnv(os.LookupEnv)
 	if err != nil {

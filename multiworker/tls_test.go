@@ -2,7 +2,9 @@ package multiworker_test
 
 import (
 	"context"
+	"crypto/tls"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,7 +53,7 @@ func TestTLSTrainingEqualsPlaintext(t *testing.T) {
 		spec = loopbackSpec(t, n) // fresh ports: certificates name tasks, not addresses
 		core, logs := observer.New(zap.InfoLevel)
 		secure := trainEach(t, spec, func(w int) []multiworker.Option {
-			return []multiworker.Option{multiworker.WithTLS(files[cluster.Task{Type: cluster.Worker, Index: w}]),
+			return []multiworker.Option{multiworker.WithTLS(loadConfig(t, files[cluster.Task{Type: cluster.Worker, Index: w}])),
 				multiworker.RequireTLS(), multiworker.WithLogger(zap.New(core))}
 		})
 		for w := range n {
@@ -65,8 +67,9 @@ func TestTLSTrainingEqualsPlaintext(t *testing.T) {
 }
 
 // Without certificates, or on TensorFlow's collectives, a worker that
-// requires TLS refuses to start; a certificate file that cannot serve is
-// an error naming it; each before any connection is made.
+// requires TLS refuses to start; a certificate file the environment names
+// that cannot serve is an error naming it; each before any connection is
+// made.
 func TestTLSRequiredOrBrokenFailsAtStart(t *testing.T) {
 	spec := loopbackSpec(t, 2)
 	files, err := mtls.WriteTasks(filepath.Join(t.TempDir(), "certs"), "mw-test", spec.Tasks(), time.Hour)
@@ -76,20 +79,38 @@ func TestTLSRequiredOrBrokenFailsAtStart(t *testing.T) {
 	cases := []struct {
 		name string
 		opts []multiworker.Option
+		env  mtls.Files
 		want string
 	}{
-		{"no certificate", []multiworker.Option{multiworker.RequireTLS()}, "TLS is required (RequireTLS or TFDIST_REQUIRE_TLS) but no certificate is configured"},
-		{"ring", []multiworker.Option{multiworker.WithTLS(w0), multiworker.RequireTLS(), multiworker.WithCommunication(multiworker.Ring)},
+		{"no certificate", []multiworker.Option{multiworker.RequireTLS()}, mtls.Files{}, "TLS is required (RequireTLS or TFDIST_REQUIRE_TLS) but no certificate is configured"},
+		{"ring", []multiworker.Option{multiworker.WithTLS(loadConfig(t, w0)), multiworker.RequireTLS(), multiworker.WithCommunication(multiworker.Ring)}, mtls.Files{},
 			"TLS is required but not available: communication ring runs over TensorFlow's gRPC server, which takes no TLS"},
-		{"missing key", []multiworker.Option{multiworker.WithTLS(mtls.Files{CA: w0.CA, Cert: w0.Cert, Key: w0.Key + ".missing"})}, w0.Key + ".missing"},
-		{"another task's certificate", []multiworker.Option{multiworker.WithTLS(w1)}, "names tfdist://mw-test/worker/1, but this member is worker:0"},
+		{"missing key", nil, mtls.Files{CA: w0.CA, Cert: w0.Cert, Key: w0.Key + ".missing"}, w0.Key + ".missing"},
+		{"another task's certificate", []multiworker.Option{multiworker.WithTLS(loadConfig(t, w1))}, mtls.Files{}, "names tfdist://mw-test/worker/1, but this member is worker:0"},
+		{"another task's certificate in the environment", nil, w1, "names tfdist://mw-test/worker/1, but this member is worker:0"},
 	}
 	for _, c := range cases {
-		r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: 0})
-		require.NoError(t, err)
-		start := time.Now()
-		_, err = multiworker.New(context.Background(), append(c.opts, multiworker.WithResolver(r), multiworker.WithStartupTimeout(time.Minute))...)
-		require.ErrorContains(t, err, c.want, c.name)
-		assert.Less(t, time.Since(start), 10*time.Second, "%s: fails before waiting for peers", c.name)
+		t.Run(c.name, func(t *testing.T) {
+			if !c.env.IsZero() {
+				for _, kv := range c.env.Env(false) {
+					k, v, _ := strings.Cut(kv, "=")
+					t.Setenv(k, v)
+				}
+			}
+			r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: 0})
+			require.NoError(t, err)
+			start := time.Now()
+			_, err = multiworker.New(context.Background(), append(c.opts, multiworker.WithResolver(r), multiworker.WithStartupTimeout(time.Minute))...)
+			require.ErrorContains(t, err, c.want)
+			assert.Less(t, time.Since(start), 10*time.Second, "fails before waiting for peers")
+		})
 	}
+}
+
+// loadConfig returns the TLS configuration of the task whose files f names.
+func loadConfig(t *testing.T, f mtls.Files) *tls.Config {
+	t.Helper()
+	cfg, err := mtls.LoadConfig(f)
+	require.NoError(t, err)
+	return cfg
 }

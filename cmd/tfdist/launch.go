@@ -123,7 +123,7 @@ Examples
 			l, err := launch.New(args,
 				launch.WithWorkers(*workers), launch.WithChief(*chief), launch.WithPS(*ps),
 				launch.WithEvaluator(*evaluator), launch.WithMaxRestarts(*restarts), launch.WithTaskRestarts(*taskRestarts),
-				launch.WithTimeout(*timeout), launch.WithGracePeriod(*grace), launch.WithBasePort(*basePort), launch.WithTLS(*useTLS),
+				launch.WithTimeout(*timeout), launch.WithGracePeriod(*grace), launch.WithBasePort(*basePort), launch.WithCertificates(*useTLS),
 				launch.WithOutput(e.stdout, e.stderr), launch.WithLogger(cliLogger(e, level, "launch")))
 			if err != nil {
 				fmt.Fprintf(e.stderr, "tfdist launch: %v\nRun 'tfdist launch -h' for help.\n", err)

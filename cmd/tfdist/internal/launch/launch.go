@@ -130,12 +130,13 @@ func WithGracePeriod(d time.Duration) Option { return func(l *Launcher) { l.grac
 // ports picked at random; the same ports serve every attempt.
 func WithBasePort(p int) Option { return func(l *Launcher) { l.basePort = p } }
 
-// WithTLS makes a CA and a certificate per task in a temporary directory,
-// removed when Run returns, and hands each task its own files (mtls.EnvCA,
-// EnvCert, EnvKey) and mtls.EnvRequire=1, so that traffic between tasks
-// is mutual TLS or the program refuses to start. The certificates are
-// valid for mtls.DefaultLifetime, or the run's timeout if longer.
-func WithTLS(on bool) Option { return func(l *Launcher) { l.tls = on } }
+// WithCertificates, when on, makes a CA and a certificate per task in a
+// temporary directory, removed when Run returns, and hands each task its
+// own files (mtls.EnvCA, EnvCert, EnvKey) and mtls.EnvRequire=1, so that
+// traffic between tasks is mutual TLS or the program refuses to start.
+// The certificates are valid for mtls.DefaultLifetime, or the run's
+// timeout if longer.
+func WithCertificates(on bool) Option { return func(l *Launcher) { l.tls = on } }
 
 // WithEnv sets the environment every task starts from (default
 // os.Environ()); the launcher adds TF_CONFIG and its TFDIST_ variables.
