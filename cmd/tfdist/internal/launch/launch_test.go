@@ -59,12 +59,12 @@ func helper(mode string) int {
 	}
 	// forever outlasts the launcher's timeout in every test.
 	forever := func() int { time.Sleep(10 * time.Minute); return 93 }
-	// othersRecorded waits (30 s at most) until every other task has
-	// recorded its pids, so that a task that ends the run does so only
-	// once the test can see them all.
+	// othersRecorded waits (a minute at most, as waitPIDs does) until every
+	// other task has recorded its pids, so that a task that ends the run
+	// does so only once the test can see them all.
 	othersRecorded := func() {
 		n := cfg.Cluster.NumTasks(cluster.Chief) + cfg.Cluster.NumTasks(cluster.Worker) + cfg.Cluster.NumTasks(cluster.PS) - 1
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 			if files, _ := filepath.Glob(filepath.Join(os.Getenv("LAUNCH_TEST_DIR"), "*.pids")); len(files) >= n {
 				return
 			}
