@@ -2,6 +2,7 @@ package multiworker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -198,19 +199,38 @@ func TestPeerErrorsSayWhatBecameOfThePeer(t *testing.T) {
 }
 
 // A peer that is alive but busy elsewhere past the collective timeout
-// (here, still building its model) is reported as unresponsive, never as
-// dead, on both backends, and the late worker's own error says that a
-// peer gave up waiting for it.
+// (here, until its peer has given up, or for twice the timeout under
+// TensorFlow's ring) is reported as unresponsive, never as dead, on both
+// backends, and the late worker's own error says that a peer gave up
+// waiting for it.
 func TestBusyPeerIsUnresponsiveNotDead(t *testing.T) {
 	for _, comm := range backends {
 		t.Run(comm.String(), func(t *testing.T) {
+			gaveUp := make(chan struct{}) // closed when worker 0's call has returned
 			errs := onTwoWorkers(t, comm, 2*time.Second, func(w int, s *multiworker.Strategy) error {
+				if w == 0 {
+					defer close(gaveUp)
+				}
 				m, _, err := mlpStep(s)
 				if err != nil {
 					return err
 				}
-				if w == 1 {
+				switch {
+				case w == 1 && comm == multiworker.Ring:
+					// Busy past the collective timeout. Under TensorFlow's
+					// ring worker 0's call does not end while worker 1 is
+					// away (only its context would end it), so worker 1
+					// comes after a fixed delay.
 					time.Sleep(4 * time.Second)
+				case w == 1:
+					// Busy past worker 0's collective timeout: it comes
+					// once worker 0 has given up waiting for it, however
+					// long each worker took to build its model.
+					select {
+					case <-gaveUp:
+					case <-time.After(2 * time.Minute):
+						return errors.New("worker 0's call, whose collective timeout is 2 s, did not return in 2 minutes")
+					}
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
