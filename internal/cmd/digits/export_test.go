@@ -4,13 +4,17 @@ import (
 	"context"
 	"io"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/classifier"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/savedmodel"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -70,4 +74,48 @@ func TestExportDirServesTheTrainedModel(t *testing.T) {
 		require.Equal(t, filepath.Join(base, []string{"1", "2"}[i]), res.ExportDir)
 		require.Equal(t, res.Accuracy, exportAccuracy(t, res.ExportDir, 297, 1), model)
 	}
+}
+
+// exportedVariables reads every variable of the SavedModel in dir from
+// its variables checkpoint, with TensorFlow's RestoreV2, sorted by name.
+func exportedVariables(t *testing.T, dir string) []strategy.VariableValue {
+	t.Helper()
+	prefix := filepath.Join(dir, "variables", "variables")
+	entries, err := checkpoint.List(prefix)
+	require.NoError(t, err)
+	var names, slices []string
+	var dtypes []tf.DataType
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name, checkpoint.MetadataPrefix) {
+			continue
+		}
+		names, slices, dtypes = append(names, e.Name), append(slices, ""), append(dtypes, e.DType)
+	}
+	require.NotEmpty(t, names, "variables in %s", prefix)
+	s := op.NewScope()
+	outs := op.RestoreV2(s, op.Const(s.SubScope("prefix"), prefix), op.Const(s.SubScope("names"), names),
+		op.Const(s.SubScope("slices"), slices), dtypes)
+	g, err := s.Finalize()
+	require.NoError(t, err)
+	sess, err := tf.NewSession(g, nil)
+	require.NoError(t, err)
+	defer sess.Close()
+	vals, err := sess.Run(nil, outs, nil)
+	require.NoError(t, err)
+	out := make([]strategy.VariableValue, len(vals))
+	for i, v := range vals {
+		out[i] = strategy.VariableValue{Name: names[i], Shape: v.Shape()}
+		out[i].Float32 = tensorutil.Float32s(v)
+		require.NotNil(t, out[i].Float32, "variable %s: type %v, expected float32", names[i], v.DataType())
+	}
+	return out
+}
+
+// requireSameExport asserts that the SavedModels in dirs a and b hold the
+// same variables, element by element within tol of each variable's
+// largest magnitude.
+func requireSameExport(t *testing.T, a, b string, tol float64) {
+	t.Helper()
+	d, name, i := strategy.MaxDiff(exportedVariables(t, a), exportedVariables(t, b))
+	require.Less(t, d, tol, "variable %s element %d differs by %v (relative to the variable's scale)", name, i, d)
 }
