@@ -15,13 +15,33 @@ import (
 	"github.com/tfdist/tfdist/train"
 )
 
-// scalarsIn reads the one event file of dir, by tag and step.
-func scalarsIn(t *testing.T, dir string) map[string]map[int64]float64 {
+// eventFile returns the path of dir's one event file.
+func eventFile(t *testing.T, dir string) string {
 	t.Helper()
 	files, err := summary.EventFiles(dir)
 	require.NoError(t, err)
 	require.Len(t, files, 1, dir)
-	scalars, err := summary.ReadScalars(files[0])
+	return files[0]
+}
+
+// graphDefs returns the GraphDefs of dir's one event file.
+func graphDefs(t *testing.T, dir string) [][]byte {
+	t.Helper()
+	events, err := summary.ReadEvents(eventFile(t, dir))
+	require.NoError(t, err)
+	var defs [][]byte
+	for _, e := range events {
+		if def := e.GetGraphDef(); def != nil {
+			defs = append(defs, def)
+		}
+	}
+	return defs
+}
+
+// scalarsIn reads the one event file of dir, by tag and step.
+func scalarsIn(t *testing.T, dir string) map[string]map[int64]float64 {
+	t.Helper()
+	scalars, err := summary.ReadScalars(eventFile(t, dir))
 	require.NoError(t, err)
 	out := map[string]map[int64]float64{}
 	for _, s := range scalars {
@@ -92,17 +112,7 @@ func TestTensorBoardWritesKerasLayout(t *testing.T) {
 // variable per model variable.
 func assertModelGraph(t *testing.T, dir string, m *nn.Model) {
 	t.Helper()
-	files, err := summary.EventFiles(dir)
-	require.NoError(t, err)
-	require.Len(t, files, 1, dir)
-	events, err := summary.ReadEvents(files[0])
-	require.NoError(t, err)
-	var defs [][]byte
-	for _, e := range events {
-		if def := e.GetGraphDef(); def != nil {
-			defs = append(defs, def)
-		}
-	}
+	defs := graphDefs(t, dir)
 	require.Len(t, defs, 1, "one graph")
 	g := tf.NewGraph()
 	require.NoError(t, g.Import(defs[0], ""))
@@ -139,12 +149,6 @@ func TestTensorBoardWriteGraphFalse(t *testing.T) {
 	_, err = compiled(t, s).Fit(context.Background(), ds, train.Epochs(1),
 		train.WithCallbacks(train.NewTensorBoard(logdir, train.TensorBoardWriteGraph(false))))
 	require.NoError(t, err)
-	files, err := summary.EventFiles(filepath.Join(logdir, "train"))
-	require.NoError(t, err)
-	events, err := summary.ReadEvents(files[0])
-	require.NoError(t, err)
-	for _, e := range events {
-		assert.Nil(t, e.GetGraphDef())
-	}
+	assert.Empty(t, graphDefs(t, filepath.Join(logdir, "train")))
 	assert.NotEmpty(t, scalarsIn(t, filepath.Join(logdir, "train")))
 }
