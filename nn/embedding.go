@@ -15,8 +15,9 @@ import (
 // Inputs of any shape [batch, …] give [batch, …, OutputDim]. The table is
 // read through Replica.Lookup: under the parameter-server strategy only
 // the rows looked up travel, and Minimize updates them with the sparse
-// optimizer of strategy.WithSparseOptimizer; the synchronous strategies
-// update it like any variable.
+// optimizer of strategy.WithSparseOptimizer, or without one updates the
+// whole table with the step's optimizer, as Keras does; the synchronous
+// strategies update it like any variable.
 type Embedding struct {
 	InputDim, OutputDim int
 }

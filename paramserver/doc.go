@@ -54,7 +54,11 @@
 // optimizer of package optimizer (its slots live with the variable, on the
 // same ps task, as TensorFlow's slot creator colocates them), and the
 // variables it looks up a sparse update of the looked-up rows only, from a
-// strategy.SparseOptimizer; optimizer.SparseSGD is a scatter-subtract. An OnRead
+// strategy.SparseOptimizer (optimizer.SparseSGD is a scatter-subtract), or,
+// without one, the same optimizer's update of the whole variable from the
+// looked-up rows' gradients, as a Keras optimizer updates an embedding
+// (only those rows' gradients travel; Adam's slots and update cover every
+// row). An OnRead
 // variable is one variable like any other, written by each step in turn;
 // AllReduce and AllGather are errors, since workers do not run in sync.
 //

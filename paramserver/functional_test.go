@@ -1,7 +1,6 @@
 package paramserver
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -29,10 +28,15 @@ func tinyTransformer(sc strategy.Scope) (*nn.Model, error) {
 	return nn.NewModel(sc, "lm", []*nn.Tensor{ids}, []*nn.Tensor{nn.Dense{Units: 11}.Call(x)}, nn.WithSeed(5))
 }
 
-// lmStep is a step of SGD on the per-token cross-entropy of the next
-// token.
-func lmStep(m *nn.Model) strategy.ReplicaFn {
-	opt := optimizer.NewSGD(optimizer.Constant(0.5))
+// lmStep is a step of opt on the per-token cross-entropy of the next
+// token; under parameter servers the looked-up embeddings take sparse's
+// updates of the rows the step looked up, or opt's (densified) when sparse
+// is nil.
+func lmStep(m *nn.Model, opt strategy.Optimizer, sparse strategy.SparseOptimizer) strategy.ReplicaFn {
+	var opts []strategy.MinimizeOption
+	if sparse != nil {
+		opts = append(opts, strategy.WithSparseOptimizer(sparse))
+	}
 	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		logits, err := m.Apply(r, in["x"], true)
 		if err != nil {
@@ -44,9 +48,7 @@ func lmStep(m *nn.Model) strategy.ReplicaFn {
 		if err != nil {
 			return nil, err
 		}
-		// Under parameter servers the looked-up embeddings take sparse
-		// updates: the same SGD, on the rows the step looked up.
-		return nil, r.Minimize(opt, loss, m.Vars(), strategy.WithSparseOptimizer(optimizer.SparseSGD{LearningRate: 0.5}))
+		return nil, r.Minimize(opt, loss, m.Vars(), opts...)
 	}
 }
 
@@ -68,24 +70,53 @@ func lmBatch(t *testing.T) dataset.Element {
 // A functional Transformer, defined once, trains on parameter servers with
 // its variables in shards over two ps tasks: two steps there, scheduled
 // one after the other, end with the variables of the same two steps on
-// one device, element by element.
+// one device, element by element. So they do whether the embeddings take
+// SGD's sparse update of the rows looked up or, with no sparse optimizer,
+// Adam's dense update, as Keras's Adam updates an embedding.
 func TestFunctionalModelOnShardedVariables(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		opt    func() strategy.Optimizer
+		sparse strategy.SparseOptimizer
+	}{
+		{"sgd and sparse sgd", func() strategy.Optimizer { return optimizer.NewSGD(optimizer.Constant(0.5)) }, optimizer.SparseSGD{LearningRate: 0.5}},
+		{"adam everywhere", func() strategy.Optimizer { return optimizer.NewAdam(optimizer.Constant(0.01)) }, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := trainLMOnOneDevice(t, tc.opt(), tc.sparse)
+			got := trainLMOnShards(t, tc.opt(), tc.sparse)
+			diff, name, i := strategy.MaxDiff(want, got)
+			assert.Less(t, diff, 1e-5, "%s[%d]", name, i)
+		})
+	}
+}
+
+// trainLMOnOneDevice runs two steps of the tiny Transformer on the default
+// strategy and returns its variables.
+func trainLMOnOneDevice(t *testing.T, opt strategy.Optimizer, sparse strategy.SparseOptimizer) []strategy.VariableValue {
 	ctx := testContext(t, 2*time.Minute)
 	def, err := strategy.Default()
 	require.NoError(t, err)
 	defer def.Close()
-	var want *nn.Model
-	require.NoError(t, def.Scope(func(sc strategy.Scope) (err error) { want, err = tinyTransformer(sc); return err }))
-	step, err := def.Build(lmSpec, lmStep(want))
+	var m *nn.Model
+	require.NoError(t, def.Scope(func(sc strategy.Scope) (err error) { m, err = tinyTransformer(sc); return err }))
+	fn, err := def.Build(lmSpec, lmStep(m, opt, sparse))
 	require.NoError(t, err)
 	batch := lmBatch(t)
 	for range 2 {
-		_, err = def.RunReplicas(ctx, step, []map[string]*tf.Tensor{batch}, 4)
+		_, err = def.RunReplicas(ctx, fn, []map[string]*tf.Tensor{batch}, 4)
 		require.NoError(t, err)
 	}
-	wantVals, err := strategy.ReadVariables(ctx, def, want.Vars())
+	vals, err := strategy.ReadVariables(ctx, def, m.Vars())
 	require.NoError(t, err)
+	return vals
+}
 
+// trainLMOnShards runs two steps of the tiny Transformer, one after the
+// other, on one worker and two ps tasks, most variables in two shards, and
+// returns its variables.
+func trainLMOnShards(t *testing.T, opt strategy.Optimizer, sparse strategy.SparseOptimizer) []strategy.VariableValue {
+	ctx := testContext(t, 2*time.Minute)
 	s := newInProcess(t, 1, 2, WithPartitioner(FixedShards(2)))
 	var m *nn.Model
 	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) { m, err = tinyTransformer(sc); return err }))
@@ -96,16 +127,15 @@ func TestFunctionalModelOnShardedVariables(t *testing.T) {
 		}
 	}
 	assert.Greater(t, sharded, 10, "most variables are in two shards")
-	fn, err := s.Build(lmSpec, lmStep(m))
+	fn, err := s.Build(lmSpec, lmStep(m, opt, sparse))
 	require.NoError(t, err)
 	c := newCoordinator(t, s)
 	for range 2 {
-		_, err := c.Schedule(fn, Feed(batch))
+		_, err := c.Schedule(fn, Feed(lmBatch(t)))
 		require.NoError(t, err)
 		require.NoError(t, c.Join(ctx))
 	}
-	got, err := strategy.ReadVariables(context.Background(), s, m.Vars())
+	got, err := strategy.ReadVariables(ctx, s, m.Vars())
 	require.NoError(t, err)
-	diff, name, i := strategy.MaxDiff(wantVals, got)
-	assert.Less(t, diff, 1e-5, "%s[%d]", name, i)
+	return got
 }

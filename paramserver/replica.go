@@ -3,6 +3,7 @@ package paramserver
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -198,10 +199,14 @@ func (rc *replicaContext) Lookup(vv strategy.Variable, ids tf.Output) (tf.Output
 // Minimize computes the gradients of loss with respect to vars and applies
 // them on the ps tasks. A variable the step reads (Read) gets a dense update
 // from opt, an optimizer of package optimizer, with its slots on the
-// variable's ps task; a variable the step looks up (Lookup) gets a sparse
-// update of the rows looked up, from the WithSparseOptimizer option. loss
-// should be this step's mean loss (AverageLoss): each worker's step is
-// applied on its own, as soon as it is computed.
+// variable's ps task. A variable the step looks up (Lookup) gets, with the
+// WithSparseOptimizer option, a sparse update of the rows looked up; without
+// it, opt's dense update of its shards from the looked-up rows' gradients,
+// zero for every other row, as a Keras optimizer updates an embedding under
+// tf.distribute (only the looked-up rows' gradients cross the network, but
+// the update, and opt's slots, cover every row). loss should be this step's
+// mean loss (AverageLoss): each worker's step is applied on its own, as soon
+// as it is computed.
 //
 // The update is guarded: a step run again after its worker died applies it
 // only if the first run did not (see Function).
@@ -213,60 +218,18 @@ func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []
 	if mc.Accumulation > 1 {
 		return fmt.Errorf("Minimize: WithAccumulation(%d): gradient accumulation is not supported under the parameter-server strategy, whose workers apply their steps asynchronously", mc.Accumulation)
 	}
-	if len(vs) == 0 {
-		return errors.New("Minimize: no variables")
+	vars, err := rc.trainable(vs)
+	if err != nil {
+		return err
 	}
-	vars := make([]*Variable, len(vs))
-	for i, vv := range vs {
-		v, err := rc.own(vv, "Minimize")
-		if err != nil {
-			return err
-		}
-		vars[i] = v
+	u, err := rc.plan(vars, mc.Sparse != nil)
+	if err != nil {
+		return err
 	}
-	var denseReads []tf.Output
-	var dense []*shard
-	var sparse []*lookup
-	seen := map[*Variable]bool{}
-	for _, v := range vars {
-		if seen[v] {
-			return fmt.Errorf("Minimize: variable %q is given twice", v.name)
-		}
-		seen[v] = true
-		if !v.trainable {
-			return fmt.Errorf("Minimize: variable %q is not trainable", v.name)
-		}
-		r, ls := rc.reads[v], rc.lookups[v]
-		switch {
-		case r != nil && len(ls) > 0:
-			return fmt.Errorf("Minimize: the step both reads and looks up variable %q; use one or the other", v.name)
-		case r != nil:
-			denseReads = append(denseReads, r.parts...)
-			dense = append(dense, v.shards...)
-		case len(ls) > 0:
-			if mc.Sparse == nil {
-				return fmt.Errorf("Minimize: the step looks up variable %q, which takes a sparse update: give WithSparseOptimizer", v.name)
-			}
-			sparse = append(sparse, ls...)
-		default:
-			return fmt.Errorf("Minimize: the loss does not depend on variable %q: the step neither reads nor looks it up", v.name)
-		}
+	if err := checkOptimizer(opt, len(u.dense)+len(u.densified) > 0); err != nil {
+		return err
 	}
-	if len(dense) > 0 && opt == nil {
-		return errors.New("Minimize: nil optimizer")
-	}
-	if _, ok := opt.(strategy.PrivateOptimizer); ok {
-		return fmt.Errorf("Minimize: optimizer %T is DP-SGD, which the parameter-server strategy does not support: its workers apply their updates asynchronously, each on its own batch, which the privacy accounting (one noisy sum per global step) does not cover; train with the default, mirrored or multiworker strategy", opt)
-	}
-	if _, ok := opt.(strategy.LossScaler); ok {
-		return fmt.Errorf("Minimize: optimizer %T scales the loss, which the parameter-server strategy does not support: its workers update asynchronously, so no scale holds for a whole step (as in tf.distribute); train mixed precision with bfloat16, which needs no loss scaling", opt)
-	}
-	// The dense shards' gradients first, then the looked-up rows'.
-	xs := denseReads
-	for _, l := range sparse {
-		xs = append(xs, l.out)
-	}
-	grads, err := rc.gradients(loss, xs, vars)
+	grads, err := rc.gradients(loss, u.xs(), vars)
 	if err != nil {
 		return err
 	}
@@ -275,40 +238,175 @@ func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []
 		return err
 	}
 	s := rc.root.SubScope("apply")
-	if len(dense) > 0 {
-		views := make([]strategy.Variable, len(dense))
-		switched := make([]tf.Output, len(dense))
-		for i, sh := range dense {
-			views[i] = sh
-			ss := s.SubScope(fmt.Sprintf("guard_%d", i)).WithDevice(sh.device)
-			_, switched[i] = op.Switch(ss, grads[i], pred)
-		}
-		ac := &applyContext{s: rc.s, scope: s.SubScope("dense"), handle: rc.w.handle}
-		var up *tf.Operation
-		if err := graphutil.Safely(func() (err error) { up, err = opt.Apply(ac, switched, views); return err }); err != nil {
-			return fmt.Errorf("Minimize: optimizer: %w", err)
-		}
-		rc.applies = append(rc.applies, up)
+	n := len(u.reads)
+	dense, denseGrads := u.dense, slices.Clone(grads[:n])
+	for i, ls := range u.densified {
+		shards, gs := rc.densify(s.SubScope(fmt.Sprintf("densify_%d", i)), ls, grads[n:n+len(ls)])
+		dense, denseGrads = append(dense, shards...), append(denseGrads, gs...)
+		n += len(ls)
 	}
-	for j, l := range sparse {
-		g := grads[len(dense)+j]
+	if err := rc.applyDense(s, opt, dense, denseGrads, pred); err != nil {
+		return err
+	}
+	if err := rc.applySparse(s, mc.Sparse, u.sparse, grads[n:], pred); err != nil {
+		return err
+	}
+	return s.Err()
+}
+
+// trainable returns vs as this strategy's variables, each given once and
+// trainable.
+func (rc *replicaContext) trainable(vs []strategy.Variable) ([]*Variable, error) {
+	if len(vs) == 0 {
+		return nil, errors.New("Minimize: no variables")
+	}
+	vars := make([]*Variable, len(vs))
+	seen := map[*Variable]bool{}
+	for i, vv := range vs {
+		v, err := rc.own(vv, "Minimize")
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case seen[v]:
+			return nil, fmt.Errorf("Minimize: variable %q is given twice", v.name)
+		case !v.trainable:
+			return nil, fmt.Errorf("Minimize: variable %q is not trainable", v.name)
+		}
+		seen[v], vars[i] = true, v
+	}
+	return vars, nil
+}
+
+// update is how Minimize updates a step's variables.
+type update struct {
+	reads     []tf.Output // the read variables' shards, as the step read them
+	dense     []*shard    // those shards, for opt
+	densified [][]*lookup // each looked-up variable's lookups, for opt (no sparse optimizer)
+	sparse    []*lookup   // the looked-up variables' lookups, for the sparse optimizer
+}
+
+// plan sorts vars by how the step used them: read, or looked up and
+// updated sparsely when sparse is set.
+func (rc *replicaContext) plan(vars []*Variable, sparse bool) (update, error) {
+	var u update
+	for _, v := range vars {
+		r, ls := rc.reads[v], rc.lookups[v]
+		switch {
+		case r != nil && len(ls) > 0:
+			return u, fmt.Errorf("Minimize: the step both reads and looks up variable %q; use one or the other", v.name)
+		case r != nil:
+			u.reads = append(u.reads, r.parts...)
+			u.dense = append(u.dense, v.shards...)
+		case len(ls) > 0 && sparse:
+			u.sparse = append(u.sparse, ls...)
+		case len(ls) > 0:
+			u.densified = append(u.densified, ls)
+		default:
+			return u, fmt.Errorf("Minimize: the loss does not depend on variable %q: the step neither reads nor looks it up", v.name)
+		}
+	}
+	return u, nil
+}
+
+// xs returns what Minimize differentiates the loss by: the read shards,
+// then the densified lookups' rows, then the sparse ones'.
+func (u update) xs() []tf.Output {
+	xs := slices.Clone(u.reads)
+	for _, ls := range append(slices.Clone(u.densified), u.sparse) {
+		for _, l := range ls {
+			xs = append(xs, l.out)
+		}
+	}
+	return xs
+}
+
+// checkOptimizer refuses a missing dense optimizer and the ones this
+// strategy cannot apply.
+func checkOptimizer(opt strategy.Optimizer, needed bool) error {
+	if needed && opt == nil {
+		return errors.New("Minimize: nil optimizer")
+	}
+	if _, ok := opt.(strategy.PrivateOptimizer); ok {
+		return fmt.Errorf("Minimize: optimizer %T is DP-SGD, which the parameter-server strategy does not support: its workers apply their updates asynchronously, each on its own batch, which the privacy accounting (one noisy sum per global step) does not cover; train with the default, mirrored or multiworker strategy", opt)
+	}
+	if _, ok := opt.(strategy.LossScaler); ok {
+		return fmt.Errorf("Minimize: optimizer %T scales the loss, which the parameter-server strategy does not support: its workers update asynchronously, so no scale holds for a whole step (as in tf.distribute); train mixed precision with bfloat16, which needs no loss scaling", opt)
+	}
+	return nil
+}
+
+// rowParts returns the gradient g of lookup l's rows as [rows, row...],
+// divided among the variable's shards as l's ids are.
+func (rc *replicaContext) rowParts(s *op.Scope, l *lookup, g tf.Output) []tf.Output {
+	rowShape := append([]int32{-1}, make([]int32, len(l.rowShape))...)
+	for i, d := range l.rowShape {
+		rowShape[i+1] = int32(d)
+	}
+	rows := op.Reshape(s.SubScope("rows").WithDevice(rc.w.device), g, op.Const(s.SubScope("row_shape").WithDevice(rc.w.device), rowShape))
+	if len(l.v.shards) == 1 {
+		return []tf.Output{rows}
+	}
+	return op.DynamicPartition(s.SubScope("partition").WithDevice(rc.w.device), rows, l.p, int64(len(l.v.shards)))
+}
+
+// densify returns the shards of the variable that lookups ls looked up,
+// and each shard's dense gradient: the looked-up rows' gradients grads,
+// summed into their rows on the shard's ps task, zero elsewhere.
+func (rc *replicaContext) densify(s *op.Scope, ls []*lookup, grads []tf.Output) ([]*shard, []tf.Output) {
+	v := ls[0].v
+	sums := make([][]tf.Output, len(v.shards))
+	for j, l := range ls {
+		parts := rc.rowParts(s.SubScope(fmt.Sprintf("lookup_%d", j)), l, grads[j])
+		for k, sh := range v.shards {
+			ks := s.SubScope(fmt.Sprintf("lookup_%d_shard_%d", j, k)).WithDevice(sh.device)
+			sums[k] = append(sums[k], op.UnsortedSegmentSum(ks, parts[k], l.ids[k], op.Const(ks.SubScope("rows"), sh.rows)))
+		}
+	}
+	out := make([]tf.Output, len(v.shards))
+	for k, sh := range v.shards {
+		out[k] = sums[k][0]
+		if len(sums[k]) > 1 {
+			out[k] = op.AddN(s.SubScope(fmt.Sprintf("sum_%d", k)).WithDevice(sh.device), sums[k])
+		}
+	}
+	return v.shards, out
+}
+
+// applyDense adds opt's update of shards by grads, each applied only if
+// pred holds.
+func (rc *replicaContext) applyDense(s *op.Scope, opt strategy.Optimizer, shards []*shard, grads []tf.Output, pred tf.Output) error {
+	if len(shards) == 0 {
+		return nil
+	}
+	views := make([]strategy.Variable, len(shards))
+	switched := make([]tf.Output, len(shards))
+	for i, sh := range shards {
+		views[i] = sh
+		_, switched[i] = op.Switch(s.SubScope(fmt.Sprintf("guard_%d", i)).WithDevice(sh.device), grads[i], pred)
+	}
+	ac := &applyContext{s: rc.s, scope: s.SubScope("dense"), handle: rc.w.handle}
+	var up *tf.Operation
+	if err := graphutil.Safely(func() (err error) { up, err = opt.Apply(ac, switched, views); return err }); err != nil {
+		return fmt.Errorf("Minimize: optimizer: %w", err)
+	}
+	rc.applies = append(rc.applies, up)
+	return nil
+}
+
+// applySparse adds sp's update of the rows each lookup looked up, on their
+// shards, by grads, each applied only if pred holds.
+func (rc *replicaContext) applySparse(s *op.Scope, sp strategy.SparseOptimizer, lookups []*lookup, grads []tf.Output, pred tf.Output) error {
+	for j, l := range lookups {
 		ss := s.SubScope(fmt.Sprintf("sparse_%d", j))
-		rowShape := append([]int32{-1}, make([]int32, len(l.rowShape))...)
-		for i, d := range l.rowShape {
-			rowShape[i+1] = int32(d)
-		}
-		rows := op.Reshape(ss.SubScope("rows").WithDevice(rc.w.device), g, op.Const(ss.SubScope("row_shape").WithDevice(rc.w.device), rowShape))
-		parts := []tf.Output{rows}
-		if len(l.v.shards) > 1 {
-			parts = op.DynamicPartition(ss.SubScope("partition").WithDevice(rc.w.device), rows, l.p, int64(len(l.v.shards)))
-		}
+		parts := rc.rowParts(ss, l, grads[j])
 		for k, sh := range l.v.shards {
 			ks := ss.SubScope(fmt.Sprintf("shard_%d", k)).WithDevice(sh.device)
 			_, ids := op.Switch(ks.SubScope("guard_ids"), l.ids[k], pred)
 			_, vals := op.Switch(ks.SubScope("guard_values"), parts[k], pred)
 			var up *tf.Operation
 			if err := graphutil.Safely(func() (err error) {
-				up, err = mc.Sparse.ApplySparse(ks.SubScope("update"), rc.w.handle(sh), ids, vals, l.v.dtype)
+				up, err = sp.ApplySparse(ks.SubScope("update"), rc.w.handle(sh), ids, vals, l.v.dtype)
 				return err
 			}); err != nil {
 				return fmt.Errorf("Minimize: sparse optimizer: %w", err)
@@ -316,7 +414,7 @@ func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []
 			rc.applies = append(rc.applies, up)
 		}
 	}
-	return s.Err()
+	return nil
 }
 
 // gradients returns the gradients of loss with respect to xs, from

@@ -196,7 +196,9 @@ type MinimizeConfig struct {
 
 // WithSparseOptimizer sets how a strategy that updates rows (the
 // parameter-server strategy) updates the variables a step looked up: only
-// the rows looked up, with o. Synchronous strategies ignore it.
+// the rows looked up, with o. Without it, such a strategy updates them
+// whole with Minimize's optimizer, from gradients that are zero outside the
+// rows looked up. Synchronous strategies ignore it.
 func WithSparseOptimizer(o SparseOptimizer) MinimizeOption {
 	return func(c *MinimizeConfig) { c.Sparse = o }
 }
