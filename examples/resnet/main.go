@@ -5,12 +5,16 @@
 //
 //	resnet -strategy mirrored -devices 2
 //	tfdist launch --workers 2 -- resnet -strategy multiworker -devices 1
+//	tfdist launch --chief --workers 2 --ps 1 -- resnet -strategy ps
 //
 // It trains with train.Fit, as Keras's model.fit: -epochs epochs of
 // -steps-per-epoch steps over the shuffled training set, repeated, with
-// the held-out set as validation data. BatchNorm is synchronized (Keras'
-// synchronized=True): its statistics cover the global batch, so N
-// replicas train the model one device trains on the same global batches.
+// the held-out set as validation data. Under the synchronous strategies
+// BatchNorm is synchronized (Keras' synchronized=True): its statistics
+// cover the global batch, so N replicas train the model one device trains
+// on the same global batches. Under parameter servers each worker's step
+// runs on its own, so each normalises by its own batch, as Keras's
+// BatchNormalization does under tf.distribute's ParameterServerStrategy.
 package main
 
 import (
@@ -30,19 +34,21 @@ import (
 	"github.com/tfdist/tfdist/distribute"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
+	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/train"
 )
 
 // resnet defines the model: 16 filters throughout, so that every block
-// adds its input to its output unchanged in shape.
-func resnet(filters int) (in, out *nn.Tensor) {
+// adds its input to its output unchanged in shape; sync synchronizes the
+// batch normalisation across replicas.
+func resnet(filters int, sync bool) (in, out *nn.Tensor) {
 	in = nn.Input(64)
 	x := nn.Reshape{Shape: []int64{8, 8, 1}}.Call(in)
-	x = convBN(x, filters, nn.ReLU)
+	x = convBN(x, filters, nn.ReLU, sync)
 	for range 2 {
-		h := convBN(x, filters, nn.ReLU)
-		h = convBN(h, filters, nn.Linear)
+		h := convBN(x, filters, nn.ReLU, sync)
+		h = convBN(h, filters, nn.Linear, sync)
 		x = nn.ActivationLayer{Activation: nn.ReLU}.Call(nn.Add{}.Call(x, h))
 	}
 	x = nn.GlobalAveragePooling2D{}.Call(x)
@@ -51,9 +57,9 @@ func resnet(filters int) (in, out *nn.Tensor) {
 
 // convBN is a 3x3 convolution, batch normalisation and act; the
 // normalisation subtracts the mean, so the convolution has no bias.
-func convBN(x *nn.Tensor, filters int, act nn.Activation) *nn.Tensor {
+func convBN(x *nn.Tensor, filters int, act nn.Activation, sync bool) *nn.Tensor {
 	x = nn.Conv2D{Filters: filters, Kernel: 3, Padding: nn.Same, NoBias: true}.Call(x)
-	x = nn.BatchNorm{Synchronized: true}.Call(x)
+	x = nn.BatchNorm{Synchronized: sync}.Call(x)
 	return nn.ActivationLayer{Activation: act}.Call(x)
 }
 
@@ -95,6 +101,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-global-batch %d: expected at least 1", o.globalBatch)
 	case o.filters < 1:
 		return o, fmt.Errorf("-filters %d: expected at least 1", o.filters)
+	case o.dist.Strategy == "ps" && o.dist.Devices > 1:
+		return o, fmt.Errorf("-strategy ps -devices %d: each worker runs its steps on one device", o.dist.Devices)
 	}
 	return o, nil
 }
@@ -114,37 +122,49 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	s, err := distribute.New(ctx, o.dist)
+	s, err := distribute.Open(ctx, o.dist)
+	if errors.Is(err, paramserver.ErrNotChief) {
+		return 0 // a ps or worker task: it served the chief until the job ended
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "resnet: %v\n", err)
 		return 1
 	}
 	defer s.Close()
-	out := io.Discard
-	if distribute.IsChief(s) {
-		out = stdout
-	}
-	res, err := fit(ctx, s, o, out)
+	res, err := fit(ctx, s, o, stdout)
 	if err != nil {
 		fmt.Fprintf(stderr, "resnet: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(out, "final loss %.4f, held-out accuracy %.2f%% (%d replicas, %.0f examples/s)\n",
+	if !res.chief {
+		return 0
+	}
+	fmt.Fprintf(stdout, "final loss %.4f, held-out accuracy %.2f%% (%d replicas, %.0f examples/s)\n",
 		res.FinalLoss, 100*res.Accuracy, res.Replicas, res.ExamplesPerSec)
 	if o.json {
 		line, _ := json.Marshal(res)
-		fmt.Fprintln(out, string(line))
+		fmt.Fprintln(stdout, string(line))
 	}
 	return 0
+}
+
+// replicas returns the replicas whose steps train the model: those in sync,
+// or the parameter-server job's workers.
+func replicas(s distribute.Strategy) int {
+	if ps, ok := s.(*paramserver.Strategy); ok {
+		return ps.NumWorkers()
+	}
+	return s.(strategy.Strategy).NumReplicasInSync()
 }
 
 // result is what a run reports.
 type result struct {
 	FinalLoss      float64 `json:"final_loss"`
 	Accuracy       float64 `json:"accuracy"`
-	Replicas       int     `json:"replicas"`
+	Replicas       int     `json:"replicas"` // in sync, or the parameter-server job's workers
 	ExamplesPerSec float64 `json:"examples_per_sec"`
 	model          *nn.Model
+	chief          bool // whether this process prints
 }
 
 // heldOut is the number of held-out examples, as the digits classifier
@@ -153,10 +173,11 @@ const heldOut = 297
 
 // compile builds the model in s's scope and compiles it with SGD with
 // momentum (and loss scaling under mixed_float16).
-func compile(s strategy.Strategy, o options) (*train.Trainer, error) {
+func compile(s distribute.Strategy, o options) (*train.Trainer, error) {
+	_, ps := s.(*paramserver.Strategy)
 	var model *nn.Model
 	err := s.Scope(func(sc strategy.Scope) (err error) {
-		in, out := resnet(o.filters)
+		in, out := resnet(o.filters, !ps)
 		model, err = nn.NewModel(sc, "resnet", []*nn.Tensor{in}, []*nn.Tensor{out}, nn.WithSeed(o.seed))
 		return err
 	})
@@ -192,12 +213,15 @@ func data(o options) (trainSet, test dataset.Dataset, n int, err error) {
 }
 
 // fit trains a new model on s as o says, printing its summary and
-// progress to out, and reports the last epoch's loss and the held-out
+// progress to out on the chief, and reports the last epoch's loss and the held-out
 // accuracy.
-func fit(ctx context.Context, s strategy.Strategy, o options, out io.Writer) (result, error) {
+func fit(ctx context.Context, s distribute.Strategy, o options, out io.Writer) (result, error) {
 	tr, err := compile(s, o)
 	if err != nil {
 		return result{}, err
+	}
+	if !tr.IsChief() {
+		out = io.Discard
 	}
 	trainSet, test, _, err := data(o)
 	if err != nil {
@@ -214,8 +238,9 @@ func fit(ctx context.Context, s strategy.Strategy, o options, out io.Writer) (re
 	return result{
 		FinalLoss:      h.Values["loss"][last],
 		Accuracy:       h.Values["val_accuracy"][last],
-		Replicas:       s.NumReplicasInSync(),
+		Replicas:       replicas(s),
 		ExamplesPerSec: float64(o.epochs*o.stepsPerEpoch*o.globalBatch) / time.Since(start).Seconds(),
 		model:          tr.Model(),
+		chief:          tr.IsChief(),
 	}, nil
 }
