@@ -249,7 +249,7 @@ func (c *mhaCase) step(m *nn.Model, inVars []strategy.Variable) strategy.Replica
 			return nil, err
 		}
 		b := nn.NewBuilder(r.Scope(), "loss")
-		grads, err := r.(*strategy.ReplicaContext).Gradients(b.SumAll(b.Mul(ys[0], in["lw"])), append(slices.Clone(inVars), m.Vars()...))
+		grads, err := r.Gradients(b.SumAll(b.Mul(ys[0], in["lw"])), append(slices.Clone(inVars), m.Vars()...))
 		out := strategy.Outputs{"y": ys[0]}
 		for i, g := range grads {
 			out[fmt.Sprintf("grad_%d", i)] = g

@@ -390,7 +390,7 @@ func kerasStep(t *testing.T, c kerasLayerCase, m *nn.Model, dxs map[int]strategy
 			req.Cotangent[k] = float32(rng.Float64()*2 - 1)
 		}
 		loss := b.SumAll(b.Mul(ys[0], b.Const(kerasTensorOf(t, tf.Float, *shape, req.Cotangent))))
-		grads, err := r.(*strategy.ReplicaContext).Gradients(loss, append(wrt, m.Vars()...))
+		grads, err := r.Gradients(loss, append(wrt, m.Vars()...))
 		if err != nil {
 			return nil, err
 		}

@@ -88,7 +88,7 @@ func (l *layerNorm) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, e
 // all-reduce of every feature's sum, sum of squares and count per step,
 // so N replicas normalise exactly as one device on the global batch; the
 // gradient passes back through that all-reduce (see
-// strategy.ReplicaContext.Gradients), so they also train as one device
+// strategy.Replica.Gradients), so they also train as one device
 // does. A strategy whose replicas do not run in sync (the
 // parameter-server strategy) refuses it when the step is built.
 type BatchNorm struct {

@@ -247,7 +247,7 @@ func TestLossScaleRefusesUnscaledGradients(t *testing.T) {
 	require.NoError(t, err)
 	s, w := scalarVariable(t)
 	_, err = s.Build(strategy.InputSpec{"g": {DType: tf.Float, Shape: []int64{1}}}, func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		rc := r.(*strategy.ReplicaContext)
+		rc := r
 		sc := rc.Scope().SubScope("loss")
 		loss := op.Sum(sc, op.Mul(sc.SubScope("mul"), strategy.MustRead(rc, w), in["g"]), op.Const(sc.SubScope("axis"), int32(0)))
 		grads, err := rc.Gradients(loss, []strategy.Variable{w})

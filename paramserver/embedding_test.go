@@ -144,3 +144,37 @@ func TestMinimizeMisuse(t *testing.T) {
 		assert.ErrorContains(t, err, want)
 	}
 }
+
+// ApplyGradients refuses, at Build, gradients that do not match the
+// variables in number, type or shape, and gradient accumulation.
+func TestApplyGradientsMisuse(t *testing.T) {
+	s := newInProcess(t, 1, 1)
+	var emb strategy.Variable
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) {
+		emb, err = sc.Variable("emb", tf.Float, []int64{4, 2}, strategy.Zeros())
+		return err
+	}))
+	spec := strategy.InputSpec{"g": {DType: tf.Float, Shape: []int64{3, 2}}}
+	opt := optimizer.NewSGD(nil)
+	for want, apply := range map[string]func(rc strategy.Replica, g tf.Output) error{
+		"ApplyGradients: 2 gradients for 1 variables": func(rc strategy.Replica, g tf.Output) error {
+			return rc.ApplyGradients(opt, []tf.Output{g, g}, []strategy.Variable{emb})
+		},
+		`ApplyGradients: the gradient of "emb" has shape [3 2]; expected the variable's [4 2]`: func(rc strategy.Replica, g tf.Output) error {
+			return rc.ApplyGradients(opt, []tf.Output{g}, []strategy.Variable{emb})
+		},
+		`ApplyGradients: the gradient of "emb" is float64; expected the variable's float32`: func(rc strategy.Replica, g tf.Output) error {
+			return rc.ApplyGradients(opt, []tf.Output{op.Cast(rc.Scope().SubScope("cast"), g, tf.Double)}, []strategy.Variable{emb})
+		},
+		"ApplyGradients: WithAccumulation(2): gradient accumulation is not supported": func(rc strategy.Replica, g tf.Output) error {
+			return rc.ApplyGradients(opt, []tf.Output{g}, []strategy.Variable{emb}, strategy.WithAccumulation(2))
+		},
+	} {
+		_, err := s.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+			return nil, apply(rc, in["g"])
+		})
+		var be *strategy.BuildError
+		require.ErrorAs(t, err, &be, want)
+		assert.ErrorContains(t, err, want)
+	}
+}

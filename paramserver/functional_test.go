@@ -52,6 +52,28 @@ func lmStep(m *nn.Model, opt strategy.Optimizer, sparse strategy.SparseOptimizer
 	}
 }
 
+// lmGradientStep is lmStep's loss, differentiated by Gradients and
+// applied by ApplyGradients with opt: the two halves of Minimize, as a
+// custom training step uses them.
+func lmGradientStep(m *nn.Model, opt strategy.Optimizer, _ strategy.SparseOptimizer) strategy.ReplicaFn {
+	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		logits, err := m.Apply(r, in["x"], true)
+		if err != nil {
+			return nil, err
+		}
+		b := nn.NewBuilder(r.Scope(), "loss")
+		loss, err := nn.ComputeAverageLoss(r, nn.SparseSoftmaxCrossEntropy(r.Scope().SubScope("xent"), b.Reshape(logits, -1, 11), b.Reshape(in["y"], -1), 11))
+		if err != nil {
+			return nil, err
+		}
+		grads, err := r.Gradients(loss, m.Vars())
+		if err != nil {
+			return nil, err
+		}
+		return nil, r.ApplyGradients(opt, grads, m.Vars())
+	}
+}
+
 var lmSpec = strategy.InputSpec{"x": {DType: tf.Int32, Shape: []int64{-1, 6}}, "y": {DType: tf.Int32, Shape: []int64{-1, 6}}}
 
 // lmBatch is 4 sequences and their next tokens.
@@ -72,19 +94,23 @@ func lmBatch(t *testing.T) dataset.Element {
 // one after the other, end with the variables of the same two steps on
 // one device, element by element. So they do whether the embeddings take
 // SGD's sparse update of the rows looked up or, with no sparse optimizer,
-// Adam's dense update, as Keras's Adam updates an embedding.
+// Adam's dense update, as Keras's Adam updates an embedding; and so they do
+// when the step calls Gradients and ApplyGradients instead of Minimize.
 func TestFunctionalModelOnShardedVariables(t *testing.T) {
+	adam := func() strategy.Optimizer { return optimizer.NewAdam(optimizer.Constant(0.01)) }
 	for _, tc := range []struct {
 		name   string
+		step   func(*nn.Model, strategy.Optimizer, strategy.SparseOptimizer) strategy.ReplicaFn
 		opt    func() strategy.Optimizer
 		sparse strategy.SparseOptimizer
 	}{
-		{"sgd and sparse sgd", func() strategy.Optimizer { return optimizer.NewSGD(optimizer.Constant(0.5)) }, optimizer.SparseSGD{LearningRate: 0.5}},
-		{"adam everywhere", func() strategy.Optimizer { return optimizer.NewAdam(optimizer.Constant(0.01)) }, nil},
+		{"sgd and sparse sgd", lmStep, func() strategy.Optimizer { return optimizer.NewSGD(optimizer.Constant(0.5)) }, optimizer.SparseSGD{LearningRate: 0.5}},
+		{"adam everywhere", lmStep, adam, nil},
+		{"gradients then apply", lmGradientStep, adam, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			want := trainLMOnOneDevice(t, tc.opt(), tc.sparse)
-			got := trainLMOnShards(t, tc.opt(), tc.sparse)
+			got := trainLMOnShards(t, tc.step, tc.opt(), tc.sparse)
 			diff, name, i := strategy.MaxDiff(want, got)
 			assert.Less(t, diff, 1e-5, "%s[%d]", name, i)
 		})
@@ -112,10 +138,11 @@ func trainLMOnOneDevice(t *testing.T, opt strategy.Optimizer, sparse strategy.Sp
 	return vals
 }
 
-// trainLMOnShards runs two steps of the tiny Transformer, one after the
+// trainLMOnShards runs two steps of the tiny Transformer (step), one after the
 // other, on one worker and two ps tasks, most variables in two shards, and
 // returns its variables.
-func trainLMOnShards(t *testing.T, opt strategy.Optimizer, sparse strategy.SparseOptimizer) []strategy.VariableValue {
+func trainLMOnShards(t *testing.T, step func(*nn.Model, strategy.Optimizer, strategy.SparseOptimizer) strategy.ReplicaFn,
+	opt strategy.Optimizer, sparse strategy.SparseOptimizer) []strategy.VariableValue {
 	ctx := testContext(t, 2*time.Minute)
 	s := newInProcess(t, 1, 2, WithPartitioner(FixedShards(2)))
 	var m *nn.Model
@@ -127,7 +154,7 @@ func trainLMOnShards(t *testing.T, opt strategy.Optimizer, sparse strategy.Spars
 		}
 	}
 	assert.Greater(t, sharded, 10, "most variables are in two shards")
-	fn, err := s.Build(lmSpec, lmStep(m, opt, sparse))
+	fn, err := s.Build(lmSpec, step(m, opt, sparse))
 	require.NoError(t, err)
 	c := newCoordinator(t, s)
 	for range 2 {

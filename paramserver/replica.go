@@ -48,6 +48,7 @@ type denseRead struct {
 type lookup struct {
 	v        *Variable
 	out      tf.Output
+	flat     tf.Output   // the ids, checked and flattened (int64)
 	p        tf.Output   // each id's shard (int32); unset for one shard
 	ids      []tf.Output // each shard's local row ids
 	rowShape []int64
@@ -155,6 +156,7 @@ func (rc *replicaContext) Lookup(vv strategy.Variable, ids tf.Output) (tf.Output
 		// Check the ids on the worker, so that a bad one fails the step
 		// with its value rather than with a shard's index.
 		flat := graphutil.CheckedIDs(s.SubScope("ids"), v.name, v.shape[0], ids)
+		l.flat = flat
 		var rows tf.Output
 		if len(v.shards) == 1 {
 			sh := v.shards[0]
@@ -218,7 +220,7 @@ func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []
 	if mc.Accumulation > 1 {
 		return fmt.Errorf("Minimize: WithAccumulation(%d): gradient accumulation is not supported under the parameter-server strategy, whose workers apply their steps asynchronously", mc.Accumulation)
 	}
-	vars, err := rc.trainable(vs)
+	vars, err := rc.trainable("Minimize", vs)
 	if err != nil {
 		return err
 	}
@@ -229,7 +231,7 @@ func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []
 	if err := checkOptimizer(opt, len(u.dense)+len(u.densified) > 0); err != nil {
 		return err
 	}
-	grads, err := rc.gradients(loss, u.xs(), vars)
+	grads, err := rc.gradients("Minimize", loss, u.xs(), vars)
 	if err != nil {
 		return err
 	}
@@ -255,23 +257,23 @@ func (rc *replicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vs []
 }
 
 // trainable returns vs as this strategy's variables, each given once and
-// trainable.
-func (rc *replicaContext) trainable(vs []strategy.Variable) ([]*Variable, error) {
+// trainable; what names the call in errors.
+func (rc *replicaContext) trainable(what string, vs []strategy.Variable) ([]*Variable, error) {
 	if len(vs) == 0 {
-		return nil, errors.New("Minimize: no variables")
+		return nil, fmt.Errorf("%s: no variables", what)
 	}
 	vars := make([]*Variable, len(vs))
 	seen := map[*Variable]bool{}
 	for i, vv := range vs {
-		v, err := rc.own(vv, "Minimize")
+		v, err := rc.own(vv, what)
 		if err != nil {
 			return nil, err
 		}
 		switch {
 		case seen[v]:
-			return nil, fmt.Errorf("Minimize: variable %q is given twice", v.name)
+			return nil, fmt.Errorf("%s: variable %q is given twice", what, v.name)
 		case !v.trainable:
-			return nil, fmt.Errorf("Minimize: variable %q is not trainable", v.name)
+			return nil, fmt.Errorf("%s: variable %q is not trainable", what, v.name)
 		}
 		seen[v], vars[i] = true, v
 	}
@@ -418,8 +420,8 @@ func (rc *replicaContext) applySparse(s *op.Scope, sp strategy.SparseOptimizer, 
 }
 
 // gradients returns the gradients of loss with respect to xs, from
-// TensorFlow's gradient registry.
-func (rc *replicaContext) gradients(loss tf.Output, xs []tf.Output, vars []*Variable) ([]tf.Output, error) {
+// TensorFlow's gradient registry; what names the call in errors.
+func (rc *replicaContext) gradients(what string, loss tf.Output, xs []tf.Output, vars []*Variable) ([]tf.Output, error) {
 	if err := rc.root.Err(); err != nil {
 		return nil, err
 	}
@@ -428,13 +430,13 @@ func (rc *replicaContext) gradients(loss tf.Output, xs []tf.Output, vars []*Vari
 	grads, err := rc.w.graph.AddGradients(prefix, []tf.Output{loss}, xs, nil)
 	if err != nil {
 		if strings.Contains(err.Error(), "unreachable from the output") {
-			return nil, fmt.Errorf("Minimize: gradients of %q: the loss does not depend on some of the variables %v", loss.Op.Name(), names(vars))
+			return nil, fmt.Errorf("%s: gradients of %q: the loss does not depend on some of the variables %v", what, loss.Op.Name(), names(vars))
 		}
-		return nil, fmt.Errorf("Minimize: gradients of %q: %w", loss.Op.Name(), err)
+		return nil, fmt.Errorf("%s: gradients of %q: %w", what, loss.Op.Name(), err)
 	}
 	for i, g := range grads {
 		if g.Op == nil {
-			return nil, fmt.Errorf("Minimize: gradients of %q: the loss does not depend on %q", loss.Op.Name(), xs[i].Op.Name())
+			return nil, fmt.Errorf("%s: gradients of %q: the loss does not depend on %q", what, loss.Op.Name(), xs[i].Op.Name())
 		}
 	}
 	return grads, nil

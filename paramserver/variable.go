@@ -95,7 +95,7 @@ func shardLayout(rows int64, n int) (offsets, sizes []int64) {
 // Variable is a variable of a parameter-server strategy: it lives on the ps
 // tasks, in one piece on one of them or split into shards along its first
 // axis, each shard on a ps task. A step reads it as one tensor
-// (ReplicaContext.Read) or looks rows of it up (ReplicaContext.Lookup), and
+// (Replica.Read) or looks rows of it up (Replica.Lookup), and
 // checkpoints hold it as one tensor.
 //
 // Shards hold consecutive rows; when the rows do not divide evenly, the

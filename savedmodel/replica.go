@@ -64,6 +64,14 @@ func (r *replica) Minimize(strategy.Optimizer, tf.Output, []strategy.Variable, .
 	return fmt.Errorf("Minimize: a signature computes outputs; it does not train")
 }
 
+func (r *replica) Gradients(tf.Output, []strategy.Variable) ([]tf.Output, error) {
+	return nil, fmt.Errorf("Gradients: a signature computes outputs; it does not train")
+}
+
+func (r *replica) ApplyGradients(strategy.Optimizer, []tf.Output, []strategy.Variable, ...strategy.MinimizeOption) error {
+	return fmt.Errorf("ApplyGradients: a signature computes outputs; it does not train")
+}
+
 // AllReduce returns value: combined across one replica, it is itself.
 func (r *replica) AllReduce(_ strategy.ReduceOp, value tf.Output) (tf.Output, error) {
 	return value, nil

@@ -82,6 +82,17 @@ type Replica interface {
 	// applies them with opt, as opts (WithSparseOptimizer,
 	// WithAccumulation) say.
 	Minimize(opt Optimizer, loss tf.Output, vars []Variable, opts ...MinimizeOption) error
+	// Gradients returns the gradients of loss with respect to vars, one of
+	// each variable's shape (tf.GradientTape.gradient): Minimize's first
+	// half, for a step that changes the gradients before it applies them.
+	// A looked-up variable's gradient is zero outside the rows looked up.
+	// Under a synchronous strategy the gradient passes through an
+	// AllReduce the loss depends on, as tf.distribute's does.
+	Gradients(loss tf.Output, vars []Variable) ([]tf.Output, error)
+	// ApplyGradients applies grads, one per variable of its shape, with
+	// opt (optimizer.apply_gradients): Minimize's second half. A
+	// synchronous strategy sums them across the replicas first.
+	ApplyGradients(opt Optimizer, grads []tf.Output, vars []Variable, opts ...MinimizeOption) error
 	// AllReduce combines value across all replicas in sync. A strategy
 	// whose replicas do not run in sync returns an error.
 	AllReduce(red ReduceOp, value tf.Output) (tf.Output, error)

@@ -81,7 +81,7 @@ func timeMLP(ctx context.Context, e engine, c Config, opt strategy.Optimizer, co
 					return nil, err
 				}
 			}
-			return strategy.Outputs{}, rc.(*strategy.ReplicaContext).ApplyGradients(opt, grads, m.Vars())
+			return strategy.Outputs{}, rc.ApplyGradients(opt, grads, m.Vars())
 		}
 		logits, err := m.Apply(rc, x["x"])
 		if err != nil {
