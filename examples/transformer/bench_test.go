@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"path/filepath"
 	"testing"
 	"time"
@@ -14,13 +12,14 @@ import (
 	"github.com/tfdist/tfdist/internal/kerasbench"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/mirrored"
+	"github.com/tfdist/tfdist/train"
 )
 
-// BenchmarkAgainstKeras measures the example's training step at its
-// defaults (2 blocks, width 64, 4 heads, global batch 32 × 64 characters,
-// Adam with warmup and cosine decay) under Mirrored on 2 logical CPUs
-// against the same model trained with Keras 3's model.fit under
-// tf.distribute.MirroredStrategy on 2 logical CPUs
+// BenchmarkAgainstKeras measures the example's train.Fit at its defaults
+// (2 blocks, width 64, 4 heads, global batch 32 × 64 characters, Adam
+// with warmup and cosine decay, the loss logged) under Mirrored on 2
+// logical CPUs against the same model trained with Keras 3's model.fit
+// under tf.distribute.MirroredStrategy on 2 logical CPUs
 // (testdata/keras_transformer.py), on the same training windows, with the
 // same TensorFlow thread pools on both sides (mirrored's defaults): -pairs
 // measurements of -seconds on each side, in -turns turns alternating
@@ -36,11 +35,13 @@ func BenchmarkAgainstKeras(b *testing.B) {
 	o.corpus = dir
 	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
 	require.NoError(b, err)
+	d, err := batches(text, o)
+	require.NoError(b, err)
 	intra, inter := tfrt.DefaultThreads()
 	s, err := mirrored.New(mirrored.WithLogicalCPUs(replicas), mirrored.WithThreads(intra, inter))
 	require.NoError(b, err)
 	defer s.Close()
-	t, err := newTrainer(s, o, io.Discard)
+	tr, err := compile(s, o)
 	require.NoError(b, err)
 
 	tmp := b.TempDir()
@@ -59,41 +60,32 @@ func BenchmarkAgainstKeras(b *testing.B) {
 			Script: filepath.Join("testdata", "keras_transformer.py"), Setup: setup,
 			Warmup:  5,
 			PerStep: float64(o.globalBatch * o.seqLen), Unit: "tokens/s",
-		}, t.measure(text.train))
+		}, measure(tr, d.train))
 	}
 }
 
-// measure returns a kerasbench.Measure of t's training step on shuffled
-// global batches of the windows of ids, as fit runs it (runTrain: each
-// step's loss read back).
-func (t *trainer) measure(ids []int32) kerasbench.Measure {
+// measure returns a kerasbench.Measure of tr.Fit on ds, the example's
+// shuffled and repeated training batches, as model.fit runs on the Keras
+// side: a callback starts the clock after the warm-up steps and stops
+// training once the seconds have passed.
+func measure(tr *train.Trainer, ds dataset.Dataset) kerasbench.Measure {
 	return func(seconds float64, warmup int) (int, time.Duration, error) {
-		ctx := context.Background()
-		ds, n, err := t.sequences(ids, "training text")
-		if err != nil {
-			return 0, 0, err
-		}
-		dist, err := t.s.DistributeDataset(dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, n, uint64(t.o.seed)), -1), t.o.globalBatch, true))
-		if err != nil {
-			return 0, 0, err
-		}
-		var rep report
 		var start time.Time
-		step := 0
-		for batch, err := range dist.All(ctx) {
-			if err != nil {
-				return 0, 0, err
-			}
-			if err := t.runTrain(ctx, &rep, batch); err != nil {
-				return 0, 0, fmt.Errorf("step %d: %w", step, err)
-			}
-			step++
-			if step == warmup {
+		var steps int
+		var elapsed time.Duration
+		clock := &train.LambdaCallback{BatchEnd: func(_ context.Context, r *train.Run, _ int, _ train.Logs) error {
+			switch n := int(r.Steps()); {
+			case n == warmup:
 				start = time.Now()
-			} else if elapsed := time.Since(start); step > warmup && elapsed.Seconds() >= seconds {
-				return step - warmup, elapsed, nil
+			case n > warmup && time.Since(start).Seconds() >= seconds:
+				steps, elapsed = n-warmup, time.Since(start)
+				r.StopTraining()
 			}
+			return nil
+		}}
+		if _, err := tr.Fit(context.Background(), ds, train.StepsPerEpoch(1<<30), train.WithCallbacks(clock)); err != nil {
+			return 0, 0, err
 		}
-		return 0, 0, fmt.Errorf("the training text ended")
+		return steps, elapsed, nil
 	}
 }

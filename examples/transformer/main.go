@@ -1,12 +1,14 @@
 // Command transformer trains a decoder-only character-level Transformer
 // language model on the Go standard library's source, the text every
-// machine that builds tfdist has, under any synchronous strategy, and
-// compares its held-out loss per character with the text's bigram
-// entropy; at the end it samples text from the model.
+// machine that builds tfdist has, with train.Fit under the strategy its
+// flags name, and compares its held-out loss per character with the
+// text's bigram entropy; at the end it samples text from the model. It
+// uses the public API only: copy it into a module of your own.
 //
 //	transformer -strategy mirrored -devices 2
 //	transformer -strategy default -steps 200 -json
 //	tfdist launch --workers 2 -- transformer -strategy multiworker
+//	tfdist launch --chief --workers 2 --ps 1 -- transformer -strategy ps
 //
 // The text: the .go files under $(go env GOROOT)/src (-corpus names
 // another directory), sorted by path; every tenth file is held out, the
@@ -17,12 +19,15 @@
 // The model (newModel) is a GPT-style decoder: token and position
 // embeddings, -layers blocks of pre-LayerNorm causal multi-head
 // self-attention and a GELU MLP, each with a residual connection, a final
-// LayerNorm and a Dense layer to the vocabulary's logits. Its loss is the
-// cross-entropy of every next character, averaged per character over the
-// global batch with tf.nn.compute_average_loss's rule
-// (nn.ComputeAverageLoss), so every strategy trains the same model: with
-// the same seed, data order and global batch, N replicas end with the
-// variables of one device, up to float summation order.
+// LayerNorm and a Dense layer to the vocabulary's logits. It is compiled
+// with Adam and Keras's sparse categorical cross-entropy of the logits
+// [batch, seq-len, vocabulary] against the next characters
+// [batch, seq-len]: the mean over each sequence, then over the global
+// batch, which is the mean per character. Fit trains -steps steps in
+// epochs of -log-every, printing each epoch's loss; Evaluate scores the
+// held-out text and Predict runs the model for the sample. With the same
+// seed, data order and global batch, every synchronous strategy trains
+// the model one device trains, up to float summation order.
 //
 // In Keras (keras_hub's layers), the model is:
 //
@@ -40,21 +45,29 @@
 //	model = keras.Model(ids, logits)
 //
 // Under multiworker every worker trains, scores its shard of the held-out
-// text and samples in step with the others; only the chief prints.
+// text and samples in step with the others; only the chief prints. Under
+// parameter servers (-strategy ps) the same program runs as every task:
+// the chief's coordinator schedules the steps, each on whichever worker
+// (one device each) is free, and the ps and worker tasks serve it until
+// the job ends.
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/tfdist/tfdist/distribute"
+	"github.com/tfdist/tfdist/paramserver"
 )
 
 // options are the command's flags.
@@ -111,7 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.lr, "lr", o.lr, "Adam's learning rate")
 	fs.IntVar(&o.warmup, "warmup", o.warmup, "steps of linear learning-rate warmup, then cosine decay to a tenth")
 	fs.Int64Var(&o.seed, "seed", o.seed, "seed of the initial values, the data order and the sampling")
-	fs.IntVar(&o.logEvery, "log-every", o.logEvery, "print the training loss every this many steps")
+	fs.IntVar(&o.logEvery, "log-every", o.logEvery, "steps of an epoch, after each of which the training loss is printed (dividing -steps)")
 	fs.IntVar(&o.sample, "sample", o.sample, "characters to sample from the trained model (0: none)")
 	fs.StringVar(&o.prompt, "prompt", o.prompt, "text the sample starts from")
 	fs.Float64Var(&o.temperature, "temperature", o.temperature, "sampling temperature")
@@ -139,6 +152,10 @@ func (o options) check() error {
 		return fmt.Errorf("-lr %g, -temperature %g: expected both positive", o.lr, o.temperature)
 	case o.logEvery < 1 || o.sample < 0 || o.warmup < 0:
 		return fmt.Errorf("-log-every %d, -sample %d, -warmup %d: expected -log-every at least 1, the others 0 or more", o.logEvery, o.sample, o.warmup)
+	case o.steps%o.logEvery != 0:
+		return fmt.Errorf("-steps %d: expected a multiple of -log-every %d, the steps of an epoch", o.steps, o.logEvery)
+	case o.dist.Strategy == "ps" && o.dist.Devices > 1:
+		return fmt.Errorf("-strategy ps -devices %d: each worker runs its steps on one device", o.dist.Devices)
 	}
 	return nil
 }
@@ -163,12 +180,17 @@ func (b *byteSize) Set(s string) error {
 	return nil
 }
 
-func main() { os.Exit(Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
 
 // Main runs the command with args and returns its exit status.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
-	if err == flag.ErrHelp {
+	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
@@ -182,7 +204,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// run makes the strategy the flags name and trains under it.
+// run makes the strategy the flags name and trains under it. On a ps or
+// worker task of a parameter-server cluster the strategy serves the chief
+// until the job ends, and run returns nil.
 func run(ctx context.Context, o options, stdout io.Writer) error {
 	if o.corpus == "" {
 		dir, err := goSource()
@@ -191,15 +215,18 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 		}
 		o.corpus = dir
 	}
-	s, err := distribute.New(ctx, o.dist)
+	s, err := distribute.Open(ctx, o.dist)
+	if errors.Is(err, paramserver.ErrNotChief) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
-	rep, err := train(ctx, s, o, stdout)
+	rep, err := fit(ctx, s, o, stdout)
 	if cerr := s.Close(); err == nil && cerr != nil {
 		return fmt.Errorf("close the strategy: %w", cerr)
 	}
-	if err != nil || !o.json || !distribute.IsChief(s) {
+	if err != nil || !o.json || !rep.chief {
 		return err
 	}
 	line, err := json.Marshal(rep)

@@ -6,75 +6,58 @@ import (
 	"math"
 	"math/rand/v2"
 
-	tf "github.com/wamuir/graft/tensorflow"
-
 	"github.com/tfdist/tfdist/dataset"
-	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/train"
 )
 
 // generate samples -sample characters after -prompt: each is drawn from
 // the softmax of the model's logits at the last position of the context
 // (the last -seq-len characters), divided by -temperature, with a Go
-// generator seeded by -seed. Every worker runs the same steps; since
-// every replica holds the same variables, all draw the same text.
-func (t *trainer) generate(ctx context.Context) (string, error) {
-	if t.o.sample == 0 {
+// generator seeded by -seed. Every worker of a synchronous strategy runs
+// the same predictions and gets the same logits, so all draw the same
+// text.
+func generate(ctx context.Context, tr *train.Trainer, o options) (string, error) {
+	if o.sample == 0 {
 		return "", nil
 	}
-	context := encode([]byte(t.o.prompt))
+	context := encode([]byte(o.prompt))
 	if len(context) == 0 {
 		context = []int32{newlineID}
 	}
-	rng := rand.New(rand.NewPCG(uint64(t.o.seed), 0x5eed))
+	rng := rand.New(rand.NewPCG(uint64(o.seed), 0x5eed))
 	out := []int32{}
-	for range t.o.sample {
-		window := context[max(len(context)-t.o.seqLen, 0):]
-		logits, err := t.nextLogits(ctx, window)
+	for range o.sample {
+		window := context[max(len(context)-o.seqLen, 0):]
+		logits, err := nextLogits(ctx, tr, o, window)
 		if err != nil {
 			return "", fmt.Errorf("sample character %d: %w", len(out)+1, err)
 		}
-		next := draw(logits, t.o.temperature, rng)
+		next := draw(logits, o.temperature, rng)
 		context, out = append(context, next), append(out, next)
 	}
-	return t.o.prompt + decode(out), nil
+	return o.prompt + decode(out), nil
 }
 
-// nextLogits runs the model on window, left-aligned in one sequence
-// (the causal mask keeps the padding after it from mattering), on every
-// replica, and returns the first local replica's logits at window's last
-// character.
-func (t *trainer) nextLogits(ctx context.Context, window []int32) ([]float32, error) {
-	row := make([]int32, t.o.seqLen)
+// nextLogits predicts the logits of window, left-aligned in one sequence
+// (the causal mask keeps the padding after it from mattering), and
+// returns those at its last character. The sequence is a partial global
+// batch of one, which divides among any number of replicas.
+func nextLogits(ctx context.Context, tr *train.Trainer, o options, window []int32) ([]float32, error) {
+	row := make([]int32, o.seqLen)
 	copy(row, window)
-	batch, err := t.oneRow(row)
+	ds, err := dataset.FromSlices(map[string]any{"x": [][]int32{row}})
 	if err != nil {
 		return nil, err
 	}
-	res, err := t.s.Run(ctx, t.logits, batch)
+	pred, err := tr.Predict(ctx, dataset.Batched(ds, o.globalBatch, false), 0)
 	if err != nil {
 		return nil, err
 	}
-	logits, ok := strategy.TensorValue(res["logits"][0]).([][][]float32)
-	if !ok || len(logits) != 1 || len(logits[0]) != t.o.seqLen {
-		return nil, fmt.Errorf("logits of type %T, expected [1][%d][%d]float32", strategy.TensorValue(res["logits"][0]), t.o.seqLen, vocabSize)
+	logits, ok := pred.Value().([][][]float32)
+	if !ok || len(logits) != 1 || len(logits[0]) != o.seqLen {
+		return nil, fmt.Errorf("logits of type %T shape %v, expected [1][%d][%d]float32", pred.Value(), pred.Shape(), o.seqLen, vocabSize)
 	}
 	return logits[0][len(window)-1], nil
-}
-
-// oneRow returns a step's input that gives every replica the sequence
-// row: a batch of one example per replica, so that it divides among
-// them.
-func (t *trainer) oneRow(row []int32) (*dataset.Batch, error) {
-	batch := &dataset.Batch{GlobalCount: t.s.NumReplicasInSync(), GlobalCountExact: true}
-	for range t.s.NumLocalReplicas() {
-		x, err := tf.NewTensor([][]int32{row})
-		if err != nil {
-			return nil, err
-		}
-		batch.Replicas = append(batch.Replicas, dataset.Element{"x": x})
-		batch.Counts = append(batch.Counts, 1)
-	}
-	return batch, nil
 }
 
 // draw returns an id drawn from softmax(logits / temperature).

@@ -10,111 +10,108 @@ import (
 
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/distribute"
-	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
+	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/train"
 )
 
-// report is what a run measured: the -json line.
+// report is what a run measured: the -json line. Losses are in nats per
+// character.
 type report struct {
 	Strategy      string                   `json:"strategy"`
-	Replicas      int                      `json:"replicas"`
+	Replicas      int                      `json:"replicas"` // in sync; under parameter servers, the workers
 	Steps         int                      `json:"steps"`
 	GlobalBatch   int                      `json:"global_batch"`
 	SeqLen        int                      `json:"seq_len"`
 	Params        int64                    `json:"params"`
-	TrainLoss     float64                  `json:"final_train_loss"` // nats per character, the mean of the last -log-every steps
-	HeldOutLoss   float64                  `json:"held_out_loss"`    // nats per character
+	TrainLosses   []float64                `json:"train_losses"`     // each epoch's training loss: the mean of its -log-every steps
+	TrainLoss     float64                  `json:"final_train_loss"` // the last epoch's
+	HeldOutLoss   float64                  `json:"held_out_loss"`
 	HeldOutBits   float64                  `json:"held_out_bits"`
 	HeldOutChars  int                      `json:"held_out_characters"` // the characters the held-out loss scores
-	BigramEntropy float64                  `json:"bigram_entropy"`      // H(next | previous) of the training text, nats
+	BigramEntropy float64                  `json:"bigram_entropy"`      // H(next | previous) of the training text
 	BigramEntBits float64                  `json:"bigram_entropy_bits"`
-	BigramHeldOut float64                  `json:"bigram_held_out"` // the smoothed bigram model's held-out loss, nats
+	BigramHeldOut float64                  `json:"bigram_held_out"` // the smoothed bigram model's held-out loss
 	TokensPerSec  float64                  `json:"tokens_per_sec"`  // training characters per second, after the first step
 	TrainSeconds  float64                  `json:"train_seconds"`
 	ParamL2       float64                  `json:"param_l2"` // the global norm of every variable of the model
 	Sample        string                   `json:"sample,omitempty"`
-	Losses        []float64                `json:"-"` // every step's training loss
 	Variables     []strategy.VariableValue `json:"-"` // the model's variables after training
+	chief         bool                     // this process prints
 }
 
-// trainer holds a run's model, metric and steps.
-type trainer struct {
-	s         strategy.Strategy
-	o         options
-	out       io.Writer // the chief's output; io.Discard on other workers
-	model     *nn.Model
-	heldOut   *metrics.Mean
-	trainStep *strategy.Step
-	evalStep  *strategy.Step
-	logits    *strategy.Step
-}
-
-// train trains a model on s as o says, scores it on the held-out text and
-// samples from it, printing progress to stdout on the chief.
-func train(ctx context.Context, s strategy.Strategy, o options, stdout io.Writer) (report, error) {
-	rep := report{Strategy: o.dist.Strategy, Replicas: s.NumReplicasInSync(), Steps: o.steps, GlobalBatch: o.globalBatch, SeqLen: o.seqLen}
+// fit trains a model on s as o says, scores it on the held-out text and
+// samples from it, printing its progress to stdout on the chief.
+func fit(ctx context.Context, s distribute.Strategy, o options, stdout io.Writer) (rep report, err error) {
+	rep = report{Strategy: o.dist.Strategy, Replicas: replicas(s), Steps: o.steps, GlobalBatch: o.globalBatch, SeqLen: o.seqLen}
 	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
 	if err != nil {
 		return rep, err
 	}
-	t, err := newTrainer(s, o, stdout)
+	d, err := batches(text, o)
 	if err != nil {
 		return rep, err
 	}
-	data, err := t.distribute(text)
+	tr, err := compile(s, o)
 	if err != nil {
 		return rep, err
 	}
-	t.describe(&rep, text)
-	if err := t.fit(ctx, &rep, data.train); err != nil {
+	defer func() {
+		if cerr := tr.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("close the trainer: %w", cerr)
+		}
+	}()
+	rep.chief, rep.HeldOutChars = tr.IsChief(), d.heldOutChars
+	out := stdout
+	if !rep.chief {
+		out = io.Discard
+	}
+	describe(out, &rep, tr, text, o)
+	if err := trainOn(ctx, tr, d.train, o, out, &rep); err != nil {
 		return rep, err
 	}
-	if err := t.evaluate(ctx, &rep, data); err != nil {
+	if err := evaluate(ctx, tr, d.heldOut, out, &rep); err != nil {
 		return rep, err
 	}
-	if rep.Sample, err = t.generate(ctx); err != nil {
+	if rep.Sample, err = generate(ctx, tr, o); err != nil {
 		return rep, err
 	}
 	if o.sample > 0 {
-		fmt.Fprintf(t.out, "sample (temperature %g):\n%s\n", o.temperature, rep.Sample)
+		fmt.Fprintf(out, "sample (temperature %g):\n%s\n", o.temperature, rep.Sample)
 	}
-	if rep.Variables, err = t.variables(ctx); err != nil {
+	if rep.Variables, err = variables(ctx, tr); err != nil {
 		return rep, err
 	}
 	rep.ParamL2 = strategy.GlobalNorm(rep.Variables)
 	return rep, nil
 }
 
-// newTrainer builds the model and the held-out metric in s's scope, and
-// the steps that train, score and sample.
-func newTrainer(s strategy.Strategy, o options, stdout io.Writer) (*trainer, error) {
-	t := &trainer{s: s, o: o, out: stdout}
-	if !distribute.IsChief(s) {
-		t.out = io.Discard
+// replicas returns the number of replicas s trains with: those in sync,
+// or under parameter servers its workers, one replica each.
+func replicas(s distribute.Strategy) int {
+	switch s := s.(type) {
+	case *paramserver.Strategy:
+		return s.NumWorkers()
+	case strategy.Strategy:
+		return s.NumReplicasInSync()
 	}
+	return 1
+}
+
+// compile builds the model in s's scope and compiles it with the
+// per-character cross-entropy of its logits and Adam.
+func compile(s distribute.Strategy, o options) (*train.Trainer, error) {
+	var model *nn.Model
 	err := s.Scope(func(sc strategy.Scope) (err error) {
-		if t.model, err = newModel(sc, o); err != nil {
-			return err
-		}
-		t.heldOut, err = metrics.NewMean(sc, "held_out_loss")
+		model, err = newModel(sc, o)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("build the model: %w", err)
 	}
-	spec := strategy.InputSpec{"x": {DType: tf.Int32, Shape: []int64{-1, int64(o.seqLen)}}, "y": {DType: tf.Int32, Shape: []int64{-1, int64(o.seqLen)}}}
-	if t.trainStep, err = s.Build(spec, t.trainFn(newOptimizer(o))); err != nil {
-		return nil, fmt.Errorf("build the training step: %w", err)
-	}
-	if t.evalStep, err = s.Build(spec, t.evalFn()); err != nil {
-		return nil, fmt.Errorf("build the evaluation step: %w", err)
-	}
-	if t.logits, err = s.Build(strategy.InputSpec{"x": spec["x"]}, t.logitsFn()); err != nil {
-		return nil, fmt.Errorf("build the sampling step: %w", err)
-	}
-	return t, nil
+	return train.Compile(s, model, train.SparseCategoricalCrossentropy{FromLogits: true}, newOptimizer(o))
 }
 
 // newModel is the Transformer language model: ids [batch, seqLen] to
@@ -142,138 +139,34 @@ func newOptimizer(o options) strategy.Optimizer {
 	return optimizer.NewAdam(optimizer.Warmup{Steps: int64(o.warmup), Initial: 0, Then: decay})
 }
 
-// perCharacter returns the model's cross-entropy of every next character
-// of in, flattened to [batch·seqLen].
-func (t *trainer) perCharacter(r strategy.Replica, in strategy.Inputs, training bool) (tf.Output, error) {
-	logits, err := t.model.Apply(r, in["x"], training)
-	if err != nil {
-		return tf.Output{}, err
-	}
-	b := nn.NewBuilder(r.Scope(), "loss")
-	flat, labels := b.Reshape(logits, -1, vocabSize), b.Reshape(in["y"], -1)
-	return nn.SparseSoftmaxCrossEntropy(b.Op(), flat, labels, vocabSize), b.Err()
-}
-
-// trainFn is the training step: the mean loss per character of the
-// global batch, minimised with opt.
-func (t *trainer) trainFn(opt strategy.Optimizer) strategy.ReplicaFn {
-	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		perChar, err := t.perCharacter(r, in, true)
-		if err != nil {
-			return nil, err
-		}
-		// tf.nn.compute_average_loss: the sum over this replica's
-		// characters divided by their number times the replicas in sync.
-		loss, err := nn.ComputeAverageLoss(r, perChar)
-		if err != nil {
-			return nil, err
-		}
-		if err := r.ReduceOutput("loss", strategy.Sum, loss); err != nil {
-			return nil, err
-		}
-		return nil, r.Minimize(opt, loss, t.model.Vars())
-	}
-}
-
-// evalFn adds every held-out character's loss to the held-out metric.
-func (t *trainer) evalFn() strategy.ReplicaFn {
-	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		perChar, err := t.perCharacter(r, in, false)
-		if err != nil {
-			return nil, err
-		}
-		return nil, t.heldOut.Update(r, perChar)
-	}
-}
-
-// logitsFn returns the model's logits, for sampling.
-func (t *trainer) logitsFn() strategy.ReplicaFn {
-	return func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		logits, err := t.model.Apply(r, in["x"], false)
-		return strategy.Outputs{"logits": logits}, err
-	}
-}
-
-// describe prints the run's setting and the text's bigram statistics.
-func (t *trainer) describe(rep *report, text corpus) {
-	for _, v := range t.model.Vars() {
-		n := int64(1)
-		for _, d := range v.Shape() {
-			n *= d
-		}
-		rep.Params += n
-	}
-	bg := bigram(text.train, text.eval)
-	rep.BigramEntropy, rep.BigramEntBits, rep.BigramHeldOut = bg.Entropy, bits(bg.Entropy), bg.HeldOut
-	if t.o.printSummary {
-		fmt.Fprintln(t.out, t.model.Summary())
-	}
-	fmt.Fprintf(t.out, "corpus %s: %d training characters (%d files), %d held-out (%d files)\n",
-		text.dir, len(text.train), text.trainFiles, len(text.eval), text.evalFiles)
-	fmt.Fprintf(t.out, "bigram entropy H(next|previous) %.4f nats (%.4f bits) per character; smoothed bigram model on held-out text %.4f nats (%.4f bits); unigram %.4f nats\n",
-		bg.Entropy, bits(bg.Entropy), bg.HeldOut, bits(bg.HeldOut), bg.Unigram)
-	fmt.Fprintf(t.out, "model: %d blocks, width %d, %d heads, %d parameters; strategy %s, %d replicas; global batch %d × %d characters\n",
-		t.o.layers, t.o.width, t.o.heads, rep.Params, t.o.dist.Strategy, rep.Replicas, t.o.globalBatch, t.o.seqLen)
-}
-
-// data is a run's input, divided among the workers and replicas.
+// data is a run's input, in global batches of "x" and "y".
 type data struct {
-	train     *dataset.Distributed // -steps global batches of shuffled training windows
-	eval      *dataset.Distributed // every held-out window once, the last batch partial
-	evalChars int                  // the held-out characters scored
+	train        dataset.Dataset // the training windows, shuffled every pass, repeated
+	heldOut      dataset.Dataset // every held-out window once, the last batch partial
+	heldOutChars int             // the held-out characters scored
 }
 
-// distribute divides the windows of the text among s's workers and
-// replicas.
-func (t *trainer) distribute(text corpus) (data, error) {
+// batches returns the windows of the text in global batches.
+func batches(text corpus, o options) (data, error) {
 	var d data
-	ds, n, err := t.sequences(text.train, "training text")
+	ds, n, err := sequences(text.train, o.seqLen, "training text")
 	if err != nil {
 		return d, err
 	}
-	ds = dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, n, uint64(t.o.seed)), -1), t.o.globalBatch, true)
-	if d.train, err = t.s.DistributeDataset(dataset.Take(ds, t.o.steps)); err != nil {
-		return d, fmt.Errorf("training text: %w", err)
-	}
-	if ds, n, err = t.sequences(text.eval, "held-out text"); err != nil {
+	d.train = dataset.Batched(dataset.Repeat(dataset.Shuffle(ds, n, uint64(o.seed)), -1), o.globalBatch, true)
+	if ds, n, err = sequences(text.eval, o.seqLen, "held-out text"); err != nil {
 		return d, err
 	}
-	if d.eval, err = t.s.DistributeDataset(dataset.Batched(ds, t.o.globalBatch, false)); err != nil {
-		return d, fmt.Errorf("held-out text: %w", err)
-	}
-	d.evalChars = n * t.o.seqLen
+	d.heldOut, d.heldOutChars = dataset.Batched(ds, o.globalBatch, false), n*o.seqLen
 	return d, nil
 }
 
-// fit trains on every batch of dist, printing the loss.
-func (t *trainer) fit(ctx context.Context, rep *report, dist *dataset.Distributed) error {
-	var start, first time.Time
-	step := 0
-	for batch, err := range dist.All(ctx) {
-		if err != nil {
-			return fmt.Errorf("training text: step %d: %w", step+1, err)
-		}
-		if step == 0 {
-			start = time.Now()
-		}
-		if err := t.runTrain(ctx, rep, batch); err != nil {
-			return fmt.Errorf("step %d: %w", step+1, err)
-		}
-		if step++; step == 1 {
-			first = time.Now()
-		}
-		t.progress(rep, step, first)
-	}
-	rep.TrainSeconds = time.Since(start).Seconds()
-	return nil
-}
-
-// sequences returns the windows of ids (see windows) as a dataset of
-// "x" and "y", and their number; text too short for one is an error.
-func (t *trainer) sequences(ids []int32, what string) (dataset.Dataset, int, error) {
-	x, y := windows(ids, t.o.seqLen)
+// sequences returns the windows of ids (see windows) as a dataset of "x"
+// and "y", and their number; text too short for one is an error.
+func sequences(ids []int32, seqLen int, what string) (dataset.Dataset, int, error) {
+	x, y := windows(ids, seqLen)
 	if len(x) == 0 {
-		return nil, 0, fmt.Errorf("%s: %d characters, fewer than one sequence of %d", what, len(ids), t.o.seqLen+1)
+		return nil, 0, fmt.Errorf("%s: %d characters, fewer than one sequence of %d", what, len(ids), seqLen+1)
 	}
 	ds, err := dataset.FromSlices(map[string]any{"x": x, "y": y})
 	if err != nil {
@@ -282,61 +175,92 @@ func (t *trainer) sequences(ids []int32, what string) (dataset.Dataset, int, err
 	return ds, len(x), nil
 }
 
-// runTrain runs one training step and records its loss.
-func (t *trainer) runTrain(ctx context.Context, rep *report, batch *dataset.Batch) error {
-	res, err := t.s.Run(ctx, t.trainStep, batch)
+// describe prints the run's setting and the text's bigram statistics.
+func describe(out io.Writer, rep *report, tr *train.Trainer, text corpus, o options) {
+	for _, v := range tr.Model().Vars() {
+		n := int64(1)
+		for _, d := range v.Shape() {
+			n *= d
+		}
+		rep.Params += n
+	}
+	bg := bigram(text.train, text.eval)
+	rep.BigramEntropy, rep.BigramEntBits, rep.BigramHeldOut = bg.Entropy, bits(bg.Entropy), bg.HeldOut
+	if o.printSummary {
+		fmt.Fprintln(out, tr.Model().Summary())
+	}
+	fmt.Fprintf(out, "corpus %s: %d training characters (%d files), %d held-out (%d files)\n",
+		text.dir, len(text.train), text.trainFiles, len(text.eval), text.evalFiles)
+	fmt.Fprintf(out, "bigram entropy H(next|previous) %.4f nats (%.4f bits) per character; smoothed bigram model on held-out text %.4f nats (%.4f bits); unigram %.4f nats\n",
+		bg.Entropy, bits(bg.Entropy), bg.HeldOut, bits(bg.HeldOut), bg.Unigram)
+	fmt.Fprintf(out, "model: %d blocks, width %d, %d heads, %d parameters; strategy %s, %d replicas; global batch %d × %d characters\n",
+		o.layers, o.width, o.heads, rep.Params, o.dist.Strategy, rep.Replicas, o.globalBatch, o.seqLen)
+}
+
+// trainOn trains tr on ds for -steps steps, in epochs of -log-every.
+func trainOn(ctx context.Context, tr *train.Trainer, ds dataset.Dataset, o options, out io.Writer, rep *report) error {
+	h, err := tr.Fit(ctx, ds, train.Epochs(o.steps/o.logEvery), train.StepsPerEpoch(o.logEvery),
+		train.WithCallbacks(progress(out, o, rep)))
 	if err != nil {
 		return err
 	}
-	loss, ok := strategy.TensorValue(res.Reduced("loss")).(float32)
-	if !ok {
-		return fmt.Errorf("the loss is %T, expected a float32 scalar", strategy.TensorValue(res.Reduced("loss")))
-	}
-	rep.Losses = append(rep.Losses, float64(loss))
+	rep.TrainLosses = h.Values["loss"]
+	rep.TrainLoss = rep.TrainLosses[len(rep.TrainLosses)-1]
 	return nil
 }
 
-// progress prints the mean training loss of the last -log-every steps,
-// and the characters per second since the first step, when due.
-func (t *trainer) progress(rep *report, step int, first time.Time) {
-	if step%t.o.logEvery != 0 && step != t.o.steps {
-		return
+// progress prints each epoch's training loss and the characters per
+// second since the first step, which it records in rep with the training
+// time.
+func progress(out io.Writer, o options, rep *report) train.Callback {
+	var start, first time.Time
+	return &train.LambdaCallback{
+		Label:      "progress",
+		TrainBegin: func(context.Context, *train.Run) error { start = time.Now(); return nil },
+		BatchEnd: func(_ context.Context, r *train.Run, _ int, _ train.Logs) error {
+			if r.Steps() == 1 {
+				first = time.Now()
+			}
+			return nil
+		},
+		EpochEnd: func(_ context.Context, r *train.Run, _ int, logs train.Logs) error {
+			step, loss := int(r.Steps()), logs["loss"]
+			rep.TrainSeconds = time.Since(start).Seconds()
+			rate := ""
+			if step > 1 {
+				rep.TokensPerSec = float64((step-1)*o.globalBatch*o.seqLen) / time.Since(first).Seconds()
+				rate = fmt.Sprintf("  %.0f characters/s", rep.TokensPerSec)
+			}
+			fmt.Fprintf(out, "step %4d/%d  loss %.4f nats (%.4f bits) per character%s\n", step, o.steps, loss, bits(loss), rate)
+			return nil
+		},
 	}
-	last := rep.Losses[max(len(rep.Losses)-t.o.logEvery, 0):]
-	mean := 0.0
-	for _, l := range last {
-		mean += l / float64(len(last))
-	}
-	rep.TrainLoss = mean
-	rate := ""
-	if step > 1 {
-		rep.TokensPerSec = float64((step-1)*t.o.globalBatch*t.o.seqLen) / time.Since(first).Seconds()
-		rate = fmt.Sprintf("  %.0f characters/s", rep.TokensPerSec)
-	}
-	fmt.Fprintf(t.out, "step %4d/%d  loss %.4f nats (%.4f bits) per character%s\n", step, t.o.steps, mean, bits(mean), rate)
 }
 
-// evaluate scores every character of the held-out text once, each worker
-// its own shard.
-func (t *trainer) evaluate(ctx context.Context, rep *report, d data) error {
-	res, err := metrics.Evaluate(ctx, t.s, t.evalStep, d.eval, t.heldOut)
+// evaluate scores every character of the held-out text once.
+func evaluate(ctx context.Context, tr *train.Trainer, heldOut dataset.Dataset, out io.Writer, rep *report) error {
+	logs, err := tr.Evaluate(ctx, heldOut, 0)
 	if err != nil {
-		return fmt.Errorf("evaluate: %w", err)
+		return err
 	}
-	rep.HeldOutLoss = res[t.heldOut.Name()]
-	rep.HeldOutBits, rep.HeldOutChars = bits(rep.HeldOutLoss), d.evalChars
+	rep.HeldOutLoss = logs["loss"]
+	rep.HeldOutBits = bits(rep.HeldOutLoss)
 	verdict := "below"
 	if rep.HeldOutLoss >= rep.BigramEntropy {
 		verdict = "NOT below"
 	}
-	fmt.Fprintf(t.out, "held-out loss %.4f nats (%.4f bits) per character over %d characters: %s the bigram entropy %.4f nats (%.4f bits)\n",
+	fmt.Fprintf(out, "held-out loss %.4f nats (%.4f bits) per character over %d characters: %s the bigram entropy %.4f nats (%.4f bits)\n",
 		rep.HeldOutLoss, rep.HeldOutBits, rep.HeldOutChars, verdict, rep.BigramEntropy, rep.BigramEntBits)
 	return nil
 }
 
-// variables reads every variable of the model.
-func (t *trainer) variables(ctx context.Context) ([]strategy.VariableValue, error) {
-	vals, err := strategy.ReadVariables(ctx, t.s, t.model.Variables())
+// variables reads every variable of tr's model.
+func variables(ctx context.Context, tr *train.Trainer) ([]strategy.VariableValue, error) {
+	s, ok := tr.Strategy().(strategy.ValueReader)
+	if !ok {
+		return nil, fmt.Errorf("read the variables: strategy %T cannot read them", tr.Strategy())
+	}
+	vals, err := strategy.ReadVariables(ctx, s, tr.Model().Variables())
 	if err != nil {
 		return nil, fmt.Errorf("read the variables: %w", err)
 	}
