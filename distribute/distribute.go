@@ -68,6 +68,19 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // which checkpoint.NewManager and savedmodel.Export decide who writes.
 func IsChief(s strategy.Strategy) bool { return role.IsChief(s) }
 
+// NumReplicas returns the replicas whose steps train s's model: the
+// replicas in sync of a synchronous strategy, or the workers of the
+// parameter-server strategy, one replica each.
+func NumReplicas(s Strategy) int {
+	switch s := s.(type) {
+	case *paramserver.Strategy:
+		return s.NumWorkers()
+	case strategy.Strategy:
+		return s.NumReplicasInSync()
+	}
+	return 1
+}
+
 // Strategy is a strategy Open makes: a strategy.Strategy, or the
 // parameter-server strategy of the chief (*paramserver.Strategy). Both
 // are what train.Compile takes.

@@ -16,7 +16,8 @@ import (
 )
 
 // The flags name the strategy and its devices; New makes it, with as many
-// replicas as asked, and a strategy of one process is its own chief.
+// replicas as asked (NumReplicas too), and a strategy of one process is
+// its own chief.
 func TestFlagsMakeTheStrategy(t *testing.T) {
 	for args, replicas := range map[string]int{"": 1, "mirrored": 2} {
 		var c distribute.Config
@@ -30,6 +31,7 @@ func TestFlagsMakeTheStrategy(t *testing.T) {
 		s, err := distribute.New(context.Background(), c)
 		require.NoError(t, err, args)
 		assert.Equal(t, replicas, s.NumReplicasInSync(), args)
+		assert.Equal(t, replicas, distribute.NumReplicas(s), args)
 		assert.True(t, distribute.IsChief(s))
 		require.NoError(t, s.Close())
 	}
@@ -58,7 +60,8 @@ func TestBadConfig(t *testing.T) {
 }
 
 // Under "ps" Open joins the cluster TF_CONFIG names and returns its
-// chief's parameter-server strategy, which train.Compile takes.
+// chief's parameter-server strategy, which train.Compile takes and which
+// trains with a replica per worker.
 func TestOpenMakesTheParameterServerChief(t *testing.T) {
 	cl, err := paramserver.StartInProcessCluster(1, 1)
 	require.NoError(t, err)
@@ -73,6 +76,7 @@ func TestOpenMakesTheParameterServerChief(t *testing.T) {
 	ps, ok := s.(*paramserver.Strategy)
 	require.True(t, ok, "%T", s)
 	assert.Equal(t, 1, ps.NumWorkers())
+	assert.Equal(t, 1, distribute.NumReplicas(s), "one replica per worker")
 
 	_, err = distribute.Open(ctx, distribute.Config{Strategy: "ps", Devices: 2})
 	assert.ErrorContains(t, err, "Devices 2 asks for more")

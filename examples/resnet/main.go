@@ -148,15 +148,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// replicas returns the replicas whose steps train the model: those in sync,
-// or the parameter-server job's workers.
-func replicas(s distribute.Strategy) int {
-	if ps, ok := s.(*paramserver.Strategy); ok {
-		return ps.NumWorkers()
-	}
-	return s.(strategy.Strategy).NumReplicasInSync()
-}
-
 // result is what a run reports.
 type result struct {
 	FinalLoss      float64 `json:"final_loss"`
@@ -238,7 +229,7 @@ func fit(ctx context.Context, s distribute.Strategy, o options, out io.Writer) (
 	return result{
 		FinalLoss:      h.Values["loss"][last],
 		Accuracy:       h.Values["val_accuracy"][last],
-		Replicas:       replicas(s),
+		Replicas:       distribute.NumReplicas(s),
 		ExamplesPerSec: float64(o.epochs*o.stepsPerEpoch*o.globalBatch) / time.Since(start).Seconds(),
 		model:          tr.Model(),
 		chief:          tr.IsChief(),

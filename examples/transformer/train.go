@@ -12,7 +12,6 @@ import (
 	"github.com/tfdist/tfdist/distribute"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
-	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/train"
 )
@@ -45,7 +44,7 @@ type report struct {
 // fit trains a model on s as o says, scores it on the held-out text and
 // samples from it, printing its progress to stdout on the chief.
 func fit(ctx context.Context, s distribute.Strategy, o options, stdout io.Writer) (rep report, err error) {
-	rep = report{Strategy: o.dist.Strategy, Replicas: replicas(s), Steps: o.steps, GlobalBatch: o.globalBatch, SeqLen: o.seqLen}
+	rep = report{Strategy: o.dist.Strategy, Replicas: distribute.NumReplicas(s), Steps: o.steps, GlobalBatch: o.globalBatch, SeqLen: o.seqLen}
 	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
 	if err != nil {
 		return rep, err
@@ -86,18 +85,6 @@ func fit(ctx context.Context, s distribute.Strategy, o options, stdout io.Writer
 	}
 	rep.ParamL2 = strategy.GlobalNorm(rep.Variables)
 	return rep, nil
-}
-
-// replicas returns the number of replicas s trains with: those in sync,
-// or under parameter servers its workers, one replica each.
-func replicas(s distribute.Strategy) int {
-	switch s := s.(type) {
-	case *paramserver.Strategy:
-		return s.NumWorkers()
-	case strategy.Strategy:
-		return s.NumReplicasInSync()
-	}
-	return 1
 }
 
 // compile builds the model in s's scope and compiles it with the
