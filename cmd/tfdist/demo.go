@@ -20,7 +20,7 @@ var demoCommand = &command{
 	summary: "train the digits classifier (Mirrored, 2 logical CPUs by default)",
 	help: `Demo trains a multi-layer perceptron on the UCI handwritten digits that
 ship with tfdist, prints falling loss, and reports the held-out accuracy
-(about 94% with the defaults). It is the program of internal/cmd/digits,
+(90% or more with the defaults). It is the program of internal/cmd/digits,
 tfdist's test bed, in the tfdist command: every flag of that program works
 here. examples/classifier trains the same MLP with the public API alone
 (train.Fit), as a program to copy; 'make demo' runs it.
