@@ -15,6 +15,7 @@ import (
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/internal/pyenv"
 	"github.com/tfdist/tfdist/internal/tensorutil"
+	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/paramserver"
@@ -334,10 +335,7 @@ func TestPerTokenLossIsTheMeanPerToken(t *testing.T) {
 	t.Run("paramserver_2_workers", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		cl, err := paramserver.StartInProcessCluster(2, 1, paramserver.WithThreads(1, 2))
-		require.NoError(t, err)
-		s, err := paramserver.New(ctx, cl.Resolver(), paramserver.WithStepTimeout(30*time.Second), paramserver.WithThreads(1, 2))
-		require.NoError(t, err)
+		s := testcluster.ParameterServers(t, ctx, 2, 1)
 		defer s.Close()
 		fn, err := s.Build(tokenSpec, tokenStep)
 		require.NoError(t, err)

@@ -19,7 +19,6 @@ import (
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
-	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/savedmodel"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -123,10 +122,7 @@ func TestReplicasTrainTheDefaultModel(t *testing.T) {
 func TestParameterServersReachNinetyFivePercent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cl, err := paramserver.StartInProcessCluster(2, 1, paramserver.WithThreads(1, 2))
-	require.NoError(t, err)
-	s, err := paramserver.New(ctx, cl.Resolver(), paramserver.WithStepTimeout(30*time.Second), paramserver.WithThreads(1, 2))
-	require.NoError(t, err)
+	s := testcluster.ParameterServers(t, ctx, 2, 1)
 	defer s.Close()
 	dir := filepath.Join(t.TempDir(), "digits")
 	res, err := fit(ctx, s, flagsOf(t, "-strategy", "ps", "-epochs", "30", "-lr", "0.02", "-export-dir", dir), io.Discard)

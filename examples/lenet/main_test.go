@@ -19,7 +19,6 @@ import (
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
-	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/savedmodel"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -146,10 +145,7 @@ func exportAccuracy(t *testing.T, dir string) float64 {
 func TestParameterServers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cl, err := paramserver.StartInProcessCluster(2, 1, paramserver.WithThreads(1, 2))
-	require.NoError(t, err)
-	s, err := paramserver.New(ctx, cl.Resolver(), paramserver.WithStepTimeout(30*time.Second), paramserver.WithThreads(1, 2))
-	require.NoError(t, err)
+	s := testcluster.ParameterServers(t, ctx, 2, 1)
 	defer s.Close()
 	o := options{dist: distribute.Config{Strategy: "ps"}, epochs: 15, globalBatch: 32, optimizer: "sgd", lr: 0.02, seed: 1}
 	res, err := fit(ctx, s, o, io.Discard)

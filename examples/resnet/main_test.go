@@ -14,7 +14,6 @@ import (
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
-	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -72,10 +71,7 @@ func TestReplicasMatchOneDevice(t *testing.T) {
 func TestParameterServers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cl, err := paramserver.StartInProcessCluster(2, 1, paramserver.WithThreads(1, 2))
-	require.NoError(t, err)
-	s, err := paramserver.New(ctx, cl.Resolver(), paramserver.WithStepTimeout(30*time.Second), paramserver.WithThreads(1, 2))
-	require.NoError(t, err)
+	s := testcluster.ParameterServers(t, ctx, 2, 1)
 	defer s.Close()
 	o := options{dist: distribute.Config{Strategy: "ps"}, epochs: 6, stepsPerEpoch: 100, globalBatch: 64, filters: 8, lr: 0.05, seed: 1}
 	res, err := fit(ctx, s, o, io.Discard)

@@ -19,7 +19,6 @@ import (
 	"github.com/tfdist/tfdist/distribute"
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/multiworker"
-	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -242,10 +241,7 @@ func crossEntropy(logits []float32, label int32) float64 {
 func TestParameterServers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cl, err := paramserver.StartInProcessCluster(2, 1, paramserver.WithThreads(1, 2))
-	require.NoError(t, err)
-	s, err := paramserver.New(ctx, cl.Resolver(), paramserver.WithStepTimeout(30*time.Second), paramserver.WithThreads(1, 2))
-	require.NoError(t, err)
+	s := testcluster.ParameterServers(t, ctx, 2, 1)
 	defer s.Close()
 	o := tiny(t)
 	o.dist = distribute.Config{Strategy: "ps"}
