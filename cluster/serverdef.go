@@ -24,10 +24,10 @@ func (c ClusterSpec) ClusterDef() *pb.ClusterDef {
 }
 
 // ServerDef returns the ServerDef that starts the TensorFlow server of one
-// task of the cluster over gRPC (for internal/tfrt.NewServer). config, which
-// may be nil, becomes the server's default session config (logical CPU
-// devices, thread pools, …); it is copied. A task that is not part of the
-// cluster is an error wrapping ErrNoSuchTask.
+// task of the cluster over gRPC. config, which may be nil, becomes the
+// server's default session config (logical CPU devices, thread pools, …);
+// it is copied. A task that is not part of the cluster is an error
+// wrapping ErrNoSuchTask.
 func (c ClusterSpec) ServerDef(taskType TaskType, index int, config *pb.ConfigProto) (*pb.ServerDef, error) {
 	if _, err := c.TaskAddress(taskType, index); err != nil {
 		return nil, fmt.Errorf("server def: %w", err)

@@ -168,6 +168,10 @@ func New(opts ...Option) (*Strategy, error) {
 	if err != nil {
 		return nil, err
 	}
+	so, err := tfrt.SessionOptions("", sessOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("mirrored: %w", err)
+	}
 	voter, reducer, unregister, err := newVoter(c, full)
 	if err != nil {
 		return nil, err
@@ -177,7 +181,7 @@ func New(opts ...Option) (*Strategy, error) {
 		Devices:         full,
 		CrossDeviceOps:  cdo,
 		GradientReducer: reducer,
-		SessionOptions:  sessOpts,
+		Session:         so,
 		Logger:          c.log,
 	})
 	if err != nil {

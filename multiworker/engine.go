@@ -206,21 +206,25 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	if s.residuals != nil {
 		pendingInit = s.residuals.pending
 	}
-	e, err := strategy.NewInGraph(strategy.Config{
-		Name:              "multiworker",
-		Devices:           devices,
-		NumReplicasInSync: w.nLocal * len(w.workers),
-		FirstReplicaID:    w.workerID * w.nLocal,
-		NumWorkers:        len(w.workers),
-		WorkerID:          w.workerID,
-		CrossDeviceOps:    cross,
-		GradientReducer:   reducer,
-		SessionOptions:    w.sessionOptions(c, engineSessionOptions(c, w.nLocal)...),
-		Logger:            w.log,
-		DiagnoseRunError:  s.diagnose,
-		AbortPeers:        g.Abort,
-		PendingInit:       pendingInit,
-	})
+	so, err := tfrt.SessionOptions("", w.sessionOptions(c, engineSessionOptions(c, w.nLocal)...)...)
+	var e *strategy.InGraph
+	if err == nil {
+		e, err = strategy.NewInGraph(strategy.Config{
+			Name:              "multiworker",
+			Devices:           devices,
+			NumReplicasInSync: w.nLocal * len(w.workers),
+			FirstReplicaID:    w.workerID * w.nLocal,
+			NumWorkers:        len(w.workers),
+			WorkerID:          w.workerID,
+			CrossDeviceOps:    cross,
+			GradientReducer:   reducer,
+			Session:           so,
+			Logger:            w.log,
+			DiagnoseRunError:  s.diagnose,
+			AbortPeers:        g.Abort,
+			PendingInit:       pendingInit,
+		})
+	}
 	if err != nil {
 		s.unregister()
 		cctx, cancel := context.WithTimeout(context.Background(), s.closeTimeout)

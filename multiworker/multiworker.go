@@ -312,6 +312,11 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 	if c.bytesPerPack > 0 {
 		cross = strategy.Packed{Inner: ring, BytesPerPack: c.bytesPerPack}
 	}
+	so, err := tfrt.SessionOptions(srv.Target(), append(slices.Clip(sessOpts), tfrt.WithOperationTimeout(c.timeout))...)
+	if err != nil {
+		srv.Close()
+		return nil, fmt.Errorf("multiworker: %w", err)
+	}
 	s := &Strategy{resolver: c.resolver, task: task, workerID: workerID, workers: workers, server: srv, log: log}
 	e, err := strategy.NewInGraph(strategy.Config{
 		Name:              "multiworker",
@@ -322,8 +327,7 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 		NumWorkers:        len(workers),
 		WorkerID:          workerID,
 		CrossDeviceOps:    cross,
-		Target:            srv.Target(),
-		SessionOptions:    append(slices.Clip(sessOpts), tfrt.WithOperationTimeout(c.timeout)),
+		Session:           so,
 		Logger:            log,
 		DiagnoseRunError:  s.diagnose,
 	})
@@ -354,9 +358,12 @@ func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
 		cross = strategy.Packed{Inner: ring, BytesPerPack: c.bytesPerPack}
 	}
 	intra, inter := tfrt.DefaultThreads()
+	so, err := tfrt.SessionOptions("", tfrt.WithLogicalCPUs(n), tfrt.WithThreads(intra, inter))
+	if err != nil {
+		return nil, fmt.Errorf("multiworker: %w", err)
+	}
 	e, err := strategy.NewInGraph(strategy.Config{
-		Name: "multiworker", Devices: devices, CrossDeviceOps: cross, Logger: log,
-		SessionOptions: []tfrt.ConfigOption{tfrt.WithLogicalCPUs(n), tfrt.WithThreads(intra, inter)},
+		Name: "multiworker", Devices: devices, CrossDeviceOps: cross, Logger: log, Session: so,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: %w", err)

@@ -43,11 +43,11 @@ type Config struct {
 	// CrossDeviceOps (a robust aggregation rule); a step that accumulates
 	// gradients (WithAccumulation) then fails to build.
 	GradientReducer GradientReducer
-	// Target is the session target: "" for the in-process runtime, or a
-	// server's target such as grpc://localhost:2222.
-	Target string
-	// SessionOptions configure the session's ConfigProto.
-	SessionOptions []tfrt.ConfigOption
+	// Session is the session's target ("" for the in-process runtime, or a
+	// server's, such as grpc://localhost:2222) and its serialized
+	// ConfigProto; nil is the in-process runtime with TensorFlow's
+	// defaults.
+	Session *tf.SessionOptions
 	// Logger receives structured logs (default: none).
 	Logger *zap.Logger
 	// DiagnoseRunError, when set, rewrites an error of a session run, e.g. to
@@ -135,9 +135,9 @@ func NewInGraph(cfg Config) (*InGraph, error) {
 		}
 		seen[d] = true
 	}
-	so, err := tfrt.SessionOptions(cfg.Target, cfg.SessionOptions...)
-	if err != nil {
-		return nil, err
+	so := cfg.Session
+	if so == nil {
+		so = &tf.SessionOptions{}
 	}
 	g := tf.NewGraph()
 	sess, err := tfrt.NewSession(g, so)

@@ -29,8 +29,9 @@ func local(t *testing.T, n int, cdo strategy.CrossDeviceOps) *strategy.InGraph {
 	if cdo == nil {
 		cdo = strategy.ReductionToOneDevice{}
 	}
-	e, err := strategy.NewInGraph(strategy.Config{Name: "test", Devices: devs, CrossDeviceOps: cdo,
-		SessionOptions: []tfrt.ConfigOption{tfrt.WithLogicalCPUs(n), tfrt.WithThreads(2, 4)}})
+	so, err := tfrt.SessionOptions("", tfrt.WithLogicalCPUs(n), tfrt.WithThreads(2, 4))
+	require.NoError(t, err)
+	e, err := strategy.NewInGraph(strategy.Config{Name: "test", Devices: devs, CrossDeviceOps: cdo, Session: so})
 	require.NoError(t, err)
 	t.Cleanup(func() { e.Close() })
 	return e
@@ -425,9 +426,10 @@ func TestAssignRules(t *testing.T) {
 }
 
 func TestUnknownDeviceListsDevices(t *testing.T) {
-	_, err := strategy.NewInGraph(strategy.Config{Devices: []string{strategy.LocalCPU(0), strategy.LocalCPU(7)},
-		CrossDeviceOps: strategy.ReductionToOneDevice{},
-		SessionOptions: []tfrt.ConfigOption{tfrt.WithLogicalCPUs(2)}})
+	so, err := tfrt.SessionOptions("", tfrt.WithLogicalCPUs(2))
+	require.NoError(t, err)
+	_, err = strategy.NewInGraph(strategy.Config{Devices: []string{strategy.LocalCPU(0), strategy.LocalCPU(7)},
+		CrossDeviceOps: strategy.ReductionToOneDevice{}, Session: so})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "CPU:7")
 	assert.Contains(t, err.Error(), "/job:localhost/replica:0/task:0/device:CPU:1")
