@@ -20,6 +20,7 @@ import (
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -128,7 +129,7 @@ func TestMultiWorkerOnlyChiefWritesByDefault(t *testing.T) {
 		assert.Empty(t, names(t, scratch[w]), "worker %d's temporary directory", w)
 	}
 
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	var model *nn.Sequential

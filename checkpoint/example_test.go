@@ -8,6 +8,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 
 	"github.com/tfdist/tfdist/checkpoint"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -23,7 +24,7 @@ func ExampleManager() {
 	defer os.RemoveAll(dir)
 
 	train := func(until int64) error {
-		s, err := strategy.Default()
+		s, err := onedevice.New()
 		if err != nil {
 			return err
 		}

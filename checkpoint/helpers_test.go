@@ -14,6 +14,7 @@ import (
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -40,7 +41,7 @@ func newEngine(t *testing.T, n int) engine {
 	t.Helper()
 	var e engine
 	if n == 0 {
-		d, err := strategy.Default()
+		d, err := onedevice.New()
 		require.NoError(t, err)
 		e = d
 	} else {

@@ -12,6 +12,7 @@ import (
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/pyenv"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -27,9 +28,9 @@ type kerasCheckpoints struct {
 
 // mlpWithLogits builds the same MLP in the default strategy and a step
 // that outputs its logits.
-func mlpWithLogits(t *testing.T) (*strategy.InGraph, *nn.MLP, *strategy.Step) {
+func mlpWithLogits(t *testing.T) (*onedevice.Strategy, *nn.MLP, *strategy.Step) {
 	t.Helper()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	var m *nn.MLP
@@ -46,7 +47,7 @@ func mlpWithLogits(t *testing.T) (*strategy.InGraph, *nn.MLP, *strategy.Step) {
 	return s, m, step
 }
 
-func logits(t *testing.T, s *strategy.InGraph, step *strategy.Step, x [][]float32) [][]float32 {
+func logits(t *testing.T, s *onedevice.Strategy, step *strategy.Step, x [][]float32) [][]float32 {
 	t.Helper()
 	xt, err := tf.NewTensor(x)
 	require.NoError(t, err)

@@ -25,6 +25,7 @@ import (
 	"github.com/tfdist/tfdist/internal/role"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -128,7 +129,7 @@ func New(ctx context.Context, c Config) (strategy.Strategy, error) {
 		if c.Devices > 1 {
 			return nil, fmt.Errorf("distribute: strategy default runs one replica; Devices %d asks for more (use mirrored)", c.Devices)
 		}
-		return made(strategy.Default())
+		return made(onedevice.New(onedevice.WithLogger(log)))
 	case "mirrored":
 		opts := []mirrored.Option{mirrored.WithLogger(log)}
 		if c.Devices > 0 {

@@ -43,7 +43,7 @@ type Reader interface {
 }
 
 // Assigner writes a variable outside any replica: the in-graph strategies
-// (*strategy.InGraph, mirrored, multiworker).
+// (*onedevice.Strategy, mirrored, multiworker).
 type Assigner interface {
 	Assign(ctx context.Context, v strategy.Variable, value *tf.Tensor) error
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/tfdist/tfdist/metrics"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -82,7 +83,7 @@ func evaluate(ctx context.Context, s strategy.Strategy, test digits.Data, fromFu
 func TestEvaluateDefault(t *testing.T) {
 	ctx := context.Background()
 	test := evalSet(t)
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	step, acc, err := build(s)
@@ -115,7 +116,7 @@ func TestEvaluateDefault(t *testing.T) {
 func TestEvaluateMultiWorkerMatchesDefault(t *testing.T) {
 	ctx := context.Background()
 	test := evalSet(t)
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	want, err := evaluate(ctx, s, test, false)
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/mirrored"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -109,7 +110,7 @@ func TestAccumulationSurvivesCheckpoint(t *testing.T) {
 	require.NoError(t, err)
 	assert.InDeltaSlice(t, want, finish(l), 1e-6, "restored into the same strategy")
 
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	ld, err := testmodel.NewLinear(def, 0.1, strategy.WithAccumulation(4))

@@ -18,6 +18,7 @@ import (
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -134,7 +135,7 @@ func BenchmarkClassifierStep(b *testing.B) {
 	xt, _ := tf.NewTensor(x)
 	yt, _ := tf.NewTensor(y)
 	raw := newRawLoop(b)
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(b, err)
 	loops := []*engineLoop{newEngineLoop(b, "default", def, x, y)}
 	for _, n := range []int{1, 2, 4} {

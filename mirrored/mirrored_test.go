@@ -10,6 +10,7 @@ import (
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/mirrored"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -42,7 +43,7 @@ func TestMirroredMatchesDefault(t *testing.T) {
 	const steps, gb = 200, 32
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			def, err := strategy.Default()
+			def, err := onedevice.New()
 			require.NoError(t, err)
 			defer def.Close()
 			want, err := testmodel.Train(ctx, def, c.opt(), steps, gb, 0)
@@ -114,7 +115,7 @@ func TestGlobalBatchMustDivide(t *testing.T) {
 func TestCNNMatchesDefault(t *testing.T) {
 	const steps, gb = 200, 32
 	sgd := func() strategy.Optimizer { return optimizer.NewSGD(optimizer.Constant(0.1)) }
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	want, err := testmodel.TrainModel(ctx, def, "lenet", sgd(), steps, gb, 0)

@@ -17,6 +17,7 @@ import (
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -73,7 +74,7 @@ func matchDefault(t *testing.T, model string, steps int) {
 func matchDefaultPlan(t *testing.T, p testmodel.Plan) {
 	ctx := context.Background()
 	p.MicroBatches = []int{32}
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	want, err := testmodel.TrainPlan(ctx, def, optimizer.NewSGD(optimizer.Constant(0.1)), p)

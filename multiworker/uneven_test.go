@@ -20,6 +20,7 @@ import (
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -144,7 +145,7 @@ func digitsRecords(pattern string, batch int) (dataset.Dataset, error) {
 func trainUnionOnDefault(t *testing.T, d digits.Data, sizes [2]int) map[string][]float32 {
 	t.Helper()
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	m, step, err := mlpStep(s)

@@ -18,6 +18,7 @@ import (
 	"github.com/tfdist/tfdist/internal/pyenv"
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -182,7 +183,7 @@ func (c *mhaCase) build(sc strategy.Scope) (*nn.Model, []strategy.Variable, erro
 
 // setWeights gives the layer's variables random values, recorded in
 // c.Weights under Keras' names.
-func (c *mhaCase) setWeights(t *testing.T, s *strategy.InGraph, m *nn.Model, rng *rand.Rand) {
+func (c *mhaCase) setWeights(t *testing.T, s *onedevice.Strategy, m *nn.Model, rng *rand.Rand) {
 	c.Weights = map[string]jsonTensor{}
 	for _, v := range m.Vars() {
 		w := randomTensor(rng, 0.5, v.Shape()...)
@@ -198,7 +199,7 @@ const mhaPrefix = "m/multi_head_attention_0/"
 
 // run computes the case's output and gradients with tfdist.
 func (c *mhaCase) run(t *testing.T) mhaResult {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	var m *nn.Model
@@ -394,7 +395,7 @@ func TestMultiHeadAttentionMatchesKeras(t *testing.T) {
 // checkInitScale checks that a layer of the init request's configuration
 // starts with kernels of the scale of Keras', want, and zero biases.
 func checkInitScale(t *testing.T, want map[string]weightScale) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	var m *nn.Model
@@ -431,7 +432,7 @@ func checkInitScale(t *testing.T, want map[string]weightScale) {
 // too.
 func runAttention(t *testing.T, build func(sc strategy.Scope) (*nn.Model, error), training bool, xs ...[][][]float32) [][]float32 {
 	t.Helper()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	var m *nn.Model
@@ -567,7 +568,7 @@ func TestMultiHeadAttentionBuildErrors(t *testing.T) {
 		{"unknown width", []*nn.Tensor{seq(5, -1)}, func(x []*nn.Tensor) *nn.Tensor { return mha.Call(x[0], x[0]) },
 			"query shape [-1 5 -1], expected [batch, time, features] with features known"},
 	} {
-		s, err := strategy.Default()
+		s, err := onedevice.New()
 		require.NoError(t, err)
 		err = s.Scope(func(sc strategy.Scope) error {
 			_, err := nn.NewModel(sc, "m", c.ins, []*nn.Tensor{c.call(c.ins)})

@@ -18,6 +18,7 @@ import (
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/paramserver"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -309,7 +310,7 @@ var tokenSpec = strategy.InputSpec{"loss": {DType: tf.Float, Shape: []int64{-1, 
 // worker, whose update is its own although two workers run; AverageLoss of
 // the flattened loss, which divides by the examples, is T times larger.
 func TestPerTokenLossIsTheMeanPerToken(t *testing.T) {
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	two, err := mirrored.New(mirrored.WithLogicalCPUs(2))
@@ -363,7 +364,7 @@ func assertTokenMeans(t *testing.T, out map[string]*tf.Tensor) {
 // A loss or option the reductions cannot take is a build error naming it
 // and what was expected.
 func TestLossBadInput(t *testing.T) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	spec := strategy.InputSpec{"loss": {DType: tf.Float, Shape: []int64{-1, 3}}, "ids": {DType: tf.Int32, Shape: []int64{-1}},

@@ -11,6 +11,7 @@ import (
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -71,12 +72,12 @@ func trainBatchNorm(t *testing.T, e testmodel.Engine, sync bool) []strategy.Vari
 // statistics included,
 // ends within 1e-4 of the one-device run's, at its variable's scale.
 func TestSynchronizedBatchNormTrainsAsOneDevice(t *testing.T) {
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	want := trainBatchNorm(t, def, false)
 	// On one replica the all-reduce is the identity: its gradient too.
-	one, err := strategy.Default()
+	one, err := onedevice.New()
 	require.NoError(t, err)
 	defer one.Close()
 	diff, name, i := strategy.MaxDiff(want, trainBatchNorm(t, one, true))

@@ -11,6 +11,7 @@ import (
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -30,10 +31,10 @@ func BenchmarkMixedPrecisionStep(b *testing.B) {
 	require.NoError(b, err)
 	feeds := []map[string]*tf.Tensor{{"x": x, "y": y}}
 	policies := []nn.Policy{nn.Float32, nn.MixedBfloat16, nn.MixedFloat16}
-	strategies := make([]*strategy.InGraph, len(policies))
+	strategies := make([]*onedevice.Strategy, len(policies))
 	steps := make([]*strategy.Step, len(policies))
 	for i, p := range policies {
-		s, err := strategy.Default()
+		s, err := onedevice.New()
 		require.NoError(b, err)
 		defer s.Close()
 		var m *nn.MLP

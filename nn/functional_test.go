@@ -10,12 +10,13 @@ import (
 
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
 // runModel builds m on s for float32 inputs of the given widths and
 // returns its outputs on xs (one [batch][width] slice per input).
-func runModel(t *testing.T, s *strategy.InGraph, m *nn.Model, xs ...[][]float32) [][]float32 {
+func runModel(t *testing.T, s *onedevice.Strategy, m *nn.Model, xs ...[][]float32) [][]float32 {
 	t.Helper()
 	spec := strategy.InputSpec{}
 	names := []string{"a", "b", "c"}
@@ -60,7 +61,7 @@ func dense(x []float32, w, b []float32) []float32 {
 	return out
 }
 
-func values(t *testing.T, s *strategy.InGraph, vs []strategy.Variable) map[string][]float32 {
+func values(t *testing.T, s *onedevice.Strategy, vs []strategy.Variable) map[string][]float32 {
 	t.Helper()
 	vals, err := strategy.ReadVariables(context.Background(), s, vs)
 	require.NoError(t, err)
@@ -74,7 +75,7 @@ func values(t *testing.T, s *strategy.InGraph, vs []strategy.Variable) map[strin
 // A model with a skip connection computes x + relu(x·W + b), its
 // variables are the dense layer's, and Summary counts them.
 func TestFunctionalSkipConnection(t *testing.T) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	var m *nn.Model
@@ -110,7 +111,7 @@ func TestFunctionalSkipConnection(t *testing.T) {
 // same function on both inputs; a model of two inputs and two outputs
 // returns them in order.
 func TestFunctionalSharedLayer(t *testing.T) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	var m *nn.Model
@@ -136,7 +137,7 @@ func TestFunctionalSharedLayer(t *testing.T) {
 // model has no variables of its own, and applying it twice is applying
 // the inner model twice.
 func TestFunctionalNestedModel(t *testing.T) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	var inner, outer *nn.Model
@@ -181,7 +182,7 @@ func TestFunctionalBuildErrors(t *testing.T) {
 		{"no outputs", []*nn.Tensor{x}, nil, "1 inputs and 0 outputs"},
 	}
 	for _, c := range cases {
-		s, err := strategy.Default()
+		s, err := onedevice.New()
 		require.NoError(t, err)
 		err = s.Scope(func(sc strategy.Scope) error {
 			_, err := nn.NewModel(sc, "m", c.in, c.out)

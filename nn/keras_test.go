@@ -18,6 +18,7 @@ import (
 	"github.com/tfdist/tfdist/internal/pyenv"
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -264,7 +265,7 @@ func kerasDiff(a, b []float64) float64 {
 func runKerasCase(t *testing.T, i int, c kerasLayerCase) (kerasLayerRequest, kerasLayerResult) {
 	t.Helper()
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	rng := rand.New(rand.NewPCG(uint64(i), 40))
@@ -337,7 +338,7 @@ func kerasInputs(t *testing.T, rng *rand.Rand, c kerasLayerCase, req *kerasLayer
 // buildKerasModel builds the one-layer model of c on syms and, for each
 // float input, a zero variable of its shape, which the step adds to the
 // input so that its gradient is the input's.
-func buildKerasModel(t *testing.T, s *strategy.InGraph, c kerasLayerCase, syms []*nn.Tensor, i int) (*nn.Model, map[int]strategy.Variable) {
+func buildKerasModel(t *testing.T, s *onedevice.Strategy, c kerasLayerCase, syms []*nn.Tensor, i int) (*nn.Model, map[int]strategy.Variable) {
 	dxs := map[int]strategy.Variable{}
 	var m *nn.Model
 	require.NoError(t, s.Scope(func(sc strategy.Scope) error {
@@ -403,7 +404,7 @@ func kerasStep(t *testing.T, c kerasLayerCase, m *nn.Model, dxs map[int]strategy
 }
 
 // readFloats reads vs's float32 values.
-func readFloats(t *testing.T, s *strategy.InGraph, vs []strategy.Variable) [][]float32 {
+func readFloats(t *testing.T, s *onedevice.Strategy, vs []strategy.Variable) [][]float32 {
 	vals, err := strategy.ReadVariables(context.Background(), s, vs)
 	require.NoError(t, err)
 	out := make([][]float32, len(vals))

@@ -13,6 +13,7 @@ import (
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -89,7 +90,7 @@ func maxDiff(a, b []float32) float64 {
 // unsynchronized, each replica uses its own quarter and the results
 // differ.
 func TestSynchronizedBatchNormMatchesOneDevice(t *testing.T) {
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	want := runBatchNorm(t, def, false)
@@ -117,7 +118,7 @@ func TestSynchronizedBatchNormMatchesOneDevice(t *testing.T) {
 // A layer given an input it cannot take fails at build time, naming the
 // layer, the input's shape and the shape it expected.
 func TestLayerBuildErrors(t *testing.T) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	cases := []struct {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -90,7 +91,7 @@ func digitsLike(n int) [][]float32 {
 // statistics.
 func TestMixedPolicyComputesIn16BitsOnFloat32Variables(t *testing.T) {
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	var m *nn.Sequential

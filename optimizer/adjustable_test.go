@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/checkpoint"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -97,7 +98,7 @@ func TestAdjustableSetsEveryReplica(t *testing.T) {
 // Before a step that applies the optimizer is built, Value is and Set
 // sets the rate the variable starts at.
 func TestAdjustableBeforeItsVariableExists(t *testing.T) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	lr := optimizer.NewAdjustable(0.1)
@@ -134,7 +135,7 @@ func TestAdjustableErrors(t *testing.T) {
 	_, err = optimizer.AdjustableOf(optimizer.NewAdam(optimizer.ExponentialDecay{Initial: 0.1, DecaySteps: 10, Rate: 0.5}))
 	assert.ErrorContains(t, err, "the schedule optimizer.ExponentialDecay{Initial:0.1 DecaySteps:10 Rate:0.5 Staircase:false}, which the program cannot set")
 
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	for _, bad := range []float32{-1, float32(math.NaN()), float32(math.Inf(1))} {

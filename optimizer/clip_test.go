@@ -10,6 +10,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -20,7 +21,7 @@ import (
 // and gb; it returns a and b concatenated after each step.
 func trainPair(t *testing.T, opt strategy.Optimizer, grads [][]float32) [][]float32 {
 	t.Helper()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	var vars []strategy.Variable

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/mirrored"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -101,7 +102,7 @@ func randomBatches(steps, size, n int) [][][]float32 {
 func TestDPSGDClipsEachExample(t *testing.T) {
 	const n, lr, expected = 5, 0.5, 10.0
 	batches := randomBatches(4, 7, n)
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	got := dpRun(t, def, dpsgd(t, optimizer.DPConfig{ClipNorm: 1, ExpectedBatch: expected, MaxExamples: 9}, lr), n, batches)
@@ -149,7 +150,7 @@ func TestDPSGDNoise(t *testing.T) {
 		}
 	}
 	run := func(seed int64) [][]float32 {
-		def, err := strategy.Default()
+		def, err := onedevice.New()
 		require.NoError(t, err)
 		defer def.Close()
 		cfg := optimizer.DPConfig{ClipNorm: clip, NoiseMultiplier: sigma, ExpectedBatch: expected, MaxExamples: 3, Seed: seed}
@@ -185,7 +186,7 @@ func TestDPSGDMirroredMatchesDefault(t *testing.T) {
 	batches = append(batches, randomBatches(1, 7, n)...)
 	for _, sigma := range []float32{0, 1.5} {
 		cfg := optimizer.DPConfig{ClipNorm: 1, NoiseMultiplier: sigma, ExpectedBatch: 8, MaxExamples: 8, Seed: 11}
-		def, err := strategy.Default()
+		def, err := onedevice.New()
 		require.NoError(t, err)
 		want := dpRun(t, def, dpsgd(t, cfg, 0.3), n, batches)
 		def.Close()
@@ -233,7 +234,7 @@ func TestDPSGDBadInput(t *testing.T) {
 // a loss that is not one value per example, and accumulation, fail the
 // build.
 func TestDPSGDRefusesWhatItCannotHonour(t *testing.T) {
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	opt := dpsgd(t, optimizer.DPConfig{ClipNorm: 1, ExpectedBatch: 4, MaxExamples: 3}, 0.1)

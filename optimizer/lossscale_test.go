@@ -13,6 +13,7 @@ import (
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/mirrored"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -168,9 +169,9 @@ func TestLossScaleStateIsCheckpointed(t *testing.T) {
 
 // scalarVariable returns the default strategy with one variable w [1] of
 // zeros.
-func scalarVariable(t *testing.T) (*strategy.InGraph, strategy.Variable) {
+func scalarVariable(t *testing.T) (*onedevice.Strategy, strategy.Variable) {
 	t.Helper()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	var w strategy.Variable

@@ -13,6 +13,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -95,7 +96,7 @@ func (r *run) values(t *testing.T) [][]float32 {
 // newDefaultRun builds the run on a new default strategy.
 func newDefaultRun(t *testing.T, opt strategy.Optimizer, vars []variable) *run {
 	t.Helper()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	r := &run{s: s}

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
 
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -85,7 +86,7 @@ func TestBuildRefusesBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s, err := strategy.Default()
+			s, err := onedevice.New()
 			require.NoError(t, err)
 			defer s.Close()
 			var w strategy.Variable

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -121,7 +122,7 @@ func TestFunctionalModelOnShardedVariables(t *testing.T) {
 // strategy and returns its variables.
 func trainLMOnOneDevice(t *testing.T, opt strategy.Optimizer, sparse strategy.SparseOptimizer) []strategy.VariableValue {
 	ctx := testContext(t, 2*time.Minute)
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	var m *nn.Model

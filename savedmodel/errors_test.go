@@ -11,14 +11,15 @@ import (
 
 	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/savedmodel"
 	"github.com/tfdist/tfdist/strategy"
 )
 
 // newModel returns the default strategy with the digits MLP.
-func newModel(t *testing.T) (*strategy.InGraph, *nn.Sequential) {
-	s, err := strategy.Default()
+func newModel(t *testing.T) (*onedevice.Strategy, *nn.Sequential) {
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	var m *nn.Sequential
@@ -94,7 +95,7 @@ func TestExportRefusesBadSignatures(t *testing.T) {
 // function, before its variables are initialised, fails at once saying
 // so, rather than waiting for Scope to return.
 func TestExportInsideScopeFails(t *testing.T) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	err = s.Scope(func(sc strategy.Scope) error {

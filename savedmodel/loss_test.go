@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
 
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/savedmodel"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -15,7 +16,7 @@ import (
 // dimension, as every strategy's does: a per-token loss of 2 sequences
 // of 3 tokens averages to its sum over 2.
 func TestSignatureAverageLossDividesByExamples(t *testing.T) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	sig := savedmodel.Signature{

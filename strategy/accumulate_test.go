@@ -9,6 +9,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/testmodel"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -69,7 +70,7 @@ func TestAccumulationDiffersFromSmallSteps(t *testing.T) {
 // Bad uses of accumulation are build errors naming what is wrong.
 func TestAccumulationMisuse(t *testing.T) {
 	for _, k := range []int{0, -3} {
-		e, err := strategy.Default()
+		e, err := onedevice.New()
 		require.NoError(t, err)
 		defer e.Close()
 		_, err = testmodel.NewLinear(e, 0.1, strategy.WithAccumulation(k))
@@ -78,7 +79,7 @@ func TestAccumulationMisuse(t *testing.T) {
 		assert.Contains(t, err.Error(), "expected at least 1")
 	}
 
-	e, err := strategy.Default()
+	e, err := onedevice.New()
 	require.NoError(t, err)
 	defer e.Close()
 	var a, b strategy.Variable

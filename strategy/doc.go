@@ -35,7 +35,7 @@
 // which alone returns the reduced outputs, averaged over all k runs.
 //
 // InGraph is the in-graph replication engine behind the default strategy
-// (Default), mirrored.Strategy and, with collective ops as its
+// (onedevice.Strategy), mirrored.Strategy and, with collective ops as its
 // CrossDeviceOps, the multi-worker strategy. All compute runs in TensorFlow's
 // runtime; the engine only builds and runs graphs. State is the one
 // extension point through which other packages (checkpoint) extend a

@@ -10,6 +10,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/reducedtest"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -29,7 +30,7 @@ func checkReduced(t *testing.T, got map[string]reducedtest.Values) {
 // per-replica outputs: on the default strategy, on 3 replicas reducing on
 // one device, and on 2 replicas whose reductions are packed.
 func TestReducedOutputsEqualReduce(t *testing.T) {
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	got, err := reducedtest.Run(ctx, def, 0, 3)

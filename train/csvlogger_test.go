@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/train"
 )
 
@@ -52,7 +52,7 @@ func checkRow(t *testing.T, header, row []string, h *train.History, i, v int) {
 // CSVAppend continues the file under the same header.
 func TestCSVLoggerRowsPerEpoch(t *testing.T) {
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)

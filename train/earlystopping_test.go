@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/mirrored"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/train"
 )
@@ -18,7 +19,7 @@ import (
 // it scores that epoch's val_loss, on one device and on two replicas.
 func TestEarlyStoppingRestoresBestEpoch(t *testing.T) {
 	strategies := map[string]func() (strategy.Strategy, error){
-		"default":     func() (strategy.Strategy, error) { return strategy.Default() },
+		"default":     func() (strategy.Strategy, error) { return onedevice.New() },
 		"mirrored x2": func() (strategy.Strategy, error) { return mirrored.New(mirrored.WithLogicalCPUs(2)) },
 	}
 	for name, newStrategy := range strategies {
@@ -67,7 +68,7 @@ func TestEarlyStoppingRestoresBestEpoch(t *testing.T) {
 // do not validate.
 func TestEarlyStoppingRefusesWhatWouldDisableIt(t *testing.T) {
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)

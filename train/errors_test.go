@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
-	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/train"
 )
 
@@ -34,7 +34,7 @@ func (f failing) OnEpochEnd(context.Context, *train.Run, int, train.Logs) error 
 func TestFitRefusesBadInput(t *testing.T) {
 	ctx := context.Background()
 	d, _ := digitsData(t)
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)
@@ -82,7 +82,7 @@ func TestFitRefusesBadInput(t *testing.T) {
 func TestCompileRefusesBadMetrics(t *testing.T) {
 	ctx := context.Background()
 	d, _ := digitsData(t)
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s, train.WithMetrics(train.NamedMetric("binary", train.BinaryAccuracy{})))

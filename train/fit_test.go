@@ -15,6 +15,7 @@ import (
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/train"
@@ -91,7 +92,7 @@ func TestFitEqualsHandWrittenLoop(t *testing.T) {
 	ctx := context.Background()
 	d, _ := digitsData(t)
 
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)
@@ -103,7 +104,7 @@ func TestFitEqualsHandWrittenLoop(t *testing.T) {
 	assert.Greater(t, h.Values["accuracy"][2], h.Values["accuracy"][0])
 	got := readModel(t, s)
 
-	ref, err := strategy.Default()
+	ref, err := onedevice.New()
 	require.NoError(t, err)
 	defer ref.Close()
 	var m *nn.Model
@@ -150,7 +151,7 @@ func TestFitReplicasMatchOneDevice(t *testing.T) {
 		require.NoError(t, err)
 		return readModel(t, s), h, logs
 	}
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	want, wantH, wantLogs := fit(def)

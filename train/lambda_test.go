@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/train"
 )
 
@@ -17,7 +17,7 @@ import (
 // epoch's logs at its end; unset functions are skipped.
 func TestLambdaCallbackCallsItsFunctions(t *testing.T) {
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)

@@ -17,6 +17,7 @@ import (
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/train"
@@ -90,7 +91,7 @@ func TestLearningRateSchedulerEqualsPiecewiseConstant(t *testing.T) {
 	d, _ := digitsData(t)
 	const epochs, steps = 4, 5 // 300 examples in batches of 64
 
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := adjustable(t, s, 0.05)
@@ -117,7 +118,7 @@ func TestLearningRateSchedulerEqualsPiecewiseConstant(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, logged[epochs-1], lr)
 
-	ref, err := strategy.Default()
+	ref, err := onedevice.New()
 	require.NoError(t, err)
 	defer ref.Close()
 	want := compiledWith(t, ref, optimizer.NewKerasMomentum(sched, 0.9, false))
@@ -167,7 +168,7 @@ func TestReduceLROnPlateauFollowsKeras(t *testing.T) {
 		reduceAt: []int{2, 4, 7},
 	}} {
 		t.Run(c.name, func(t *testing.T) {
-			s, err := strategy.Default()
+			s, err := onedevice.New()
 			require.NoError(t, err)
 			defer s.Close()
 			tr := adjustable(t, s, c.initial)
@@ -197,7 +198,7 @@ func TestReduceLROnPlateauOnValidationLoss(t *testing.T) {
 	ctx := context.Background()
 	d, held := digitsData(t)
 	val := dataset.Batched(sliceDS(t, held, 100), 50, false)
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := adjustable(t, s, 0.2)
@@ -242,7 +243,7 @@ func TestLearningRateUnderReplicas(t *testing.T) {
 		require.NoError(t, err)
 		return out{readModel(t, s), probe.after}
 	}
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	want := fit(def)
@@ -311,7 +312,7 @@ func TestReducedRateIsCheckpointed(t *testing.T) {
 	ctx := context.Background()
 	d, _ := digitsData(t)
 	one := dataset.Batched(sliceDS(t, d, 64), 64, false)
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := adjustable(t, s, 0.05)
@@ -326,7 +327,7 @@ func TestReducedRateIsCheckpointed(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, sv.Save(ctx, prefix, nil))
 
-	fresh, err := strategy.Default()
+	fresh, err := onedevice.New()
 	require.NoError(t, err)
 	defer fresh.Close()
 	tr2 := adjustable(t, fresh, 0.05)
@@ -388,12 +389,12 @@ func TestLearningRateErrors(t *testing.T) {
 	ctx := context.Background()
 	d, _ := digitsData(t)
 	one := dataset.Batched(sliceDS(t, d, 64), 64, false)
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 
 	fixed := compiled(t, s)
-	other, err := strategy.Default()
+	other, err := onedevice.New()
 	require.NoError(t, err)
 	defer other.Close()
 	const notSet = "optimizer: *optimizer.Momentum's learning rate is the constant optimizer.Constant(0.05), which the program cannot set: expected an optimizer.NewAdjustable(rate)"

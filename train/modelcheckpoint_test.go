@@ -14,7 +14,7 @@ import (
 
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
-	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/train"
 )
 
@@ -24,7 +24,7 @@ import (
 func restoredLogs(t *testing.T, prefix string, val dataset.Dataset, opts ...checkpoint.Option) (train.Logs, checkpoint.Metadata) {
 	t.Helper()
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)
@@ -57,7 +57,7 @@ func checkpointVars(t *testing.T, prefix string) []string {
 // scores the best epoch's validation logs.
 func TestModelCheckpointSavesBestOnly(t *testing.T) {
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiledLR(t, s, 0.1)
@@ -102,7 +102,7 @@ func TestModelCheckpointSavesBestOnly(t *testing.T) {
 // into a fresh model that scores the validation logs of its epoch.
 func TestPanickingCallbackLeavesCheckpoints(t *testing.T) {
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)
@@ -133,7 +133,7 @@ func TestPanickingCallbackLeavesCheckpoints(t *testing.T) {
 // validation key is then an error, as batches have no validation logs.
 func TestModelCheckpointEveryNBatches(t *testing.T) {
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)

@@ -13,6 +13,7 @@ import (
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/train"
 )
@@ -34,7 +35,7 @@ func TestPredictKeepsTheDataOrder(t *testing.T) {
 		require.NoError(t, err)
 		return p
 	}
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	want := predict(def)

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/dataset"
-	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/train"
 )
 
@@ -61,7 +61,7 @@ func logsText(h *train.History, epoch int) string {
 // carriage return.
 func TestProgressBarPlainLines(t *testing.T) {
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)
@@ -84,7 +84,7 @@ func TestProgressBarPlainLines(t *testing.T) {
 // each epoch with its full bar, time and logs.
 func TestProgressBarTerminalRedraws(t *testing.T) {
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
 
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/train"
 )
@@ -19,7 +20,7 @@ func TestCustomTrainStep(t *testing.T) {
 	ctx := context.Background()
 	d, _ := digitsData(t)
 	fit := func(opts ...train.Option) ([]strategy.VariableValue, *train.History) {
-		s, err := strategy.Default()
+		s, err := onedevice.New()
 		require.NoError(t, err)
 		defer s.Close()
 		tr := compiled(t, s, opts...)
@@ -45,7 +46,7 @@ func TestCustomTrainStep(t *testing.T) {
 
 	// A step that does not minimize leaves the model as it was, and its
 	// logs are the untrained model's.
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s, train.WithTrainStep(func(r strategy.Replica, in strategy.Inputs, c *train.StepContext) (loss, yPred tf.Output, err error) {

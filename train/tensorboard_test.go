@@ -10,7 +10,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 
 	"github.com/tfdist/tfdist/nn"
-	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/summary"
 	"github.com/tfdist/tfdist/train"
 )
@@ -63,7 +63,7 @@ func eventValue(v float64) float64 { return float64(float32(v)) }
 // value is History's (or the batch's logs).
 func TestTensorBoardWritesKerasLayout(t *testing.T) {
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)
@@ -141,7 +141,7 @@ func assertModelGraph(t *testing.T, dir string, m *nn.Model) {
 
 // TensorBoardWriteGraph(false) writes no graph.
 func TestTensorBoardWriteGraphFalse(t *testing.T) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	ds, _ := overfitting(t)

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/dataset"
-	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/train"
 )
 
@@ -27,7 +27,7 @@ func TestTerminateOnNaNStopsAtFirstNaNBatch(t *testing.T) {
 	require.NoError(t, err)
 	ds = dataset.Batched(ds, 20, false)
 
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr := compiled(t, s)

@@ -19,6 +19,7 @@ import (
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/savedmodel"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -79,7 +80,7 @@ func TestDefaultReachesNinetyFivePercent(t *testing.T) {
 func TestReplicasTrainTheDefaultModel(t *testing.T) {
 	ctx := context.Background()
 	args := []string{"-epochs", "3"}
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	want, err := fitOn(ctx, def, flagsOf(t, args...), io.Discard)
@@ -194,7 +195,7 @@ func (s stopAfter) Write(p []byte) (int, error) {
 
 // fitDefault trains under a default strategy of its own.
 func fitDefault(ctx context.Context, o options, out io.Writer) (trained, error) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	if err != nil {
 		return trained{}, err
 	}

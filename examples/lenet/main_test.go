@@ -19,6 +19,7 @@ import (
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/savedmodel"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -41,7 +42,7 @@ func fitOn(t *testing.T, s strategy.Strategy) ([]strategy.VariableValue, result)
 // device trains, every element of every variable within 1e-4, and report
 // its loss and held-out accuracy.
 func TestReplicasMatchOneDevice(t *testing.T) {
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	want, wantRes := fitOn(t, def)

@@ -14,6 +14,7 @@ import (
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -36,7 +37,7 @@ func trainOn(t *testing.T, s strategy.Strategy) []strategy.VariableValue {
 // every variable (the batch normalisation's moving statistics included)
 // within 1e-4 of its variable's scale.
 func TestReplicasMatchOneDevice(t *testing.T) {
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	want := trainOn(t, def)

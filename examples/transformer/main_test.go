@@ -19,6 +19,7 @@ import (
 	"github.com/tfdist/tfdist/distribute"
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -156,7 +157,7 @@ func TestEveryVariableTrains(t *testing.T) {
 	require.NoError(t, err)
 	d, err := batches(text, o)
 	require.NoError(t, err)
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr, err := compile(s, o)
@@ -197,7 +198,7 @@ func TestLossIsPerCharacterMean(t *testing.T) {
 	require.NoError(t, err)
 	d, err := batches(text, o)
 	require.NoError(t, err)
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	tr, err := compile(s, o)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -35,7 +36,7 @@ type engine interface {
 // bytes alone (the same packs, no compute), and the distributed step on s.
 // The peers measure the same at the same time.
 func overlap(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timing, error) {
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -32,7 +33,7 @@ func newStrategy(ctx context.Context, o Options) (engine, bool, int, error) {
 		if o.Devices != 1 {
 			return nil, false, 0, fmt.Errorf("-strategy default runs one replica; -devices %d asks for more (use -strategy mirrored)", o.Devices)
 		}
-		s, err := strategy.Default()
+		s, err := onedevice.New()
 		return s, true, 1, err
 	case "mirrored":
 		log, err := o.logger()

@@ -11,6 +11,7 @@ import (
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -20,7 +21,7 @@ import (
 func trainDigits(t *testing.T, model string, p nn.Policy, steps int, train, test digits.Data) float64 {
 	t.Helper()
 	ctx := context.Background()
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	var m *nn.Sequential
@@ -83,7 +84,7 @@ func TestMixedPrecisionMatchesFloat32Accuracy(t *testing.T) {
 // The float16 step of an optimizer without loss scaling fails to build,
 // naming the policy.
 func TestFloat16WithoutLossScalingIsRefused(t *testing.T) {
-	s, err := strategy.Default()
+	s, err := onedevice.New()
 	require.NoError(t, err)
 	defer s.Close()
 	var m *nn.Sequential

@@ -8,14 +8,14 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/role"
-	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/onedevice"
 )
 
 // A source with an IsChief method is the chief as it says; any other
 // source is; an explicit choice overrides both. (A multiworker.Strategy's
 // case runs in checkpoint's TestMultiWorkerOnlyChiefWritesByDefault.)
 func TestRule(t *testing.T) {
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	require.NoError(t, err)
 	defer def.Close()
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{

@@ -16,6 +16,7 @@ import (
 	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/internal/trainloop"
 	"github.com/tfdist/tfdist/nn"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -274,7 +275,7 @@ func OneStep(p Plan) Plan {
 
 // TrainDefault is TrainPlan on a default strategy of its own.
 func TrainDefault(ctx context.Context, opt strategy.Optimizer, p Plan) (Outcome, error) {
-	def, err := strategy.Default()
+	def, err := onedevice.New()
 	if err != nil {
 		return Outcome{}, err
 	}
