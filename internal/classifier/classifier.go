@@ -5,11 +5,15 @@
 // or ps — with the same flags everywhere, by the one training loop of
 // package trainloop. With the same seed, data order and global batch,
 // every synchronous strategy ends with the default strategy's model, up to
-// float summation order: compare FinalLoss and ParamL2.
+// float summation order: compare FinalLoss, and Variables element by
+// element (strategy.MaxDiff).
 package classifier
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
@@ -85,6 +89,11 @@ type Result struct {
 	ParamL2        float64 `json:"param_l2"`
 	ExamplesPerSec float64 `json:"examples_per_sec"`
 	Chief          bool    `json:"chief"`
+	// ParamsSHA256 fingerprints every element of every variable of the
+	// model (paramsSHA256): tasks that hold the same model, bit for bit,
+	// report the same. ParamL2, the variables' global norm, is a summary,
+	// blind to elements permuted or negated.
+	ParamsSHA256 string `json:"params_sha256"`
 	// Epsilon and Delta are, under -dp-clip, the privacy the run spent,
 	// and NoiseMultiplier the noise it trained with.
 	Epsilon         float64 `json:"epsilon,omitempty"`
@@ -99,6 +108,8 @@ type Result struct {
 	// ExportDir is, under -export-dir, the directory of the SavedModel
 	// this task wrote ("" on a worker other than the chief).
 	ExportDir string `json:"export_dir,omitempty"`
+	// Variables are the values of the model's variables after training.
+	Variables []strategy.VariableValue `json:"-"`
 }
 
 // RegisterFlags defines the classifier's flags on fs, storing into o.
@@ -236,9 +247,24 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	if res.ExportDir, err = export(ctx, o, sess); err != nil {
 		return res, err
 	}
-	vals, err := strategy.ReadVariables(ctx, sess.strategy(), sess.model().Vars())
-	res.ParamL2 = strategy.GlobalNorm(vals)
-	return res, err
+	if res.Variables, err = strategy.ReadVariables(ctx, sess.strategy(), sess.model().Vars()); err != nil {
+		return res, fmt.Errorf("reading the trained model: %w", err)
+	}
+	res.ParamL2, res.ParamsSHA256 = strategy.GlobalNorm(res.Variables), paramsSHA256(res.Variables)
+	return res, nil
+}
+
+// paramsSHA256 returns the SHA-256, in hex, of vals in their order: each
+// variable's name and shape, then its elements in little-endian order.
+func paramsSHA256(vals []strategy.VariableValue) string {
+	h := sha256.New()
+	for _, v := range vals {
+		fmt.Fprintf(h, "%q %v\n", v.Name, v.Shape)
+		// Writing float slices to a hash cannot fail.
+		_ = binary.Write(h, binary.LittleEndian, v.Float32)
+		_ = binary.Write(h, binary.LittleEndian, v.Float64)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // export writes the trained model as a SavedModel, under -export-dir.

@@ -111,11 +111,10 @@ func exportedVariables(t *testing.T, dir string) []strategy.VariableValue {
 	return out
 }
 
-// requireSameExport asserts that the SavedModels in dirs a and b hold the
-// same variables, element by element within tol of each variable's
+// assertSameExport asserts that the SavedModels in dirs want and got hold
+// the same variables, element by element within tol of each variable's
 // largest magnitude.
-func requireSameExport(t *testing.T, a, b string, tol float64) {
+func assertSameExport(t *testing.T, want, got string, tol float64) {
 	t.Helper()
-	d, name, i := strategy.MaxDiff(exportedVariables(t, a), exportedVariables(t, b))
-	require.Less(t, d, tol, "variable %s element %d differs by %v (relative to the variable's scale)", name, i, d)
+	assertSameVariables(t, exportedVariables(t, want), exportedVariables(t, got), tol, "export "+got)
 }

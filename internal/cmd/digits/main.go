@@ -22,7 +22,11 @@
 //
 // With the same seed, data order and global batch, every synchronous
 // strategy ends with the same model as the default strategy, up to float
-// summation order: compare final_loss and param_l2 of the -json output.
+// summation order: compare final_loss of the -json output, and the
+// variables of -export-dir's SavedModels element by element. The workers
+// of one job end with one model, bit for bit: their -json lines report the
+// same params_sha256, a fingerprint of every element of every variable
+// (param_l2, the variables' global norm, is only a summary).
 package main
 
 import (

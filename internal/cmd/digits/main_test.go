@@ -17,6 +17,7 @@ import (
 	"github.com/tfdist/tfdist/accountant"
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/testmodel"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 func options(t *testing.T, args ...string) classifier.Options {
@@ -24,6 +25,18 @@ func options(t *testing.T, args ...string) classifier.Options {
 	o, err := classifier.ParseFlags(args, io.Discard)
 	require.NoError(t, err)
 	return o
+}
+
+// assertSameVariables asserts that got holds want's variables, every
+// element within tol of want's, relative to its variable's largest
+// magnitude (tol 0: exactly); what names the comparison.
+func assertSameVariables(t *testing.T, want, got []strategy.VariableValue, tol float64, what string) {
+	t.Helper()
+	if !assert.NotEmpty(t, want, "%s: no variables to compare", what) {
+		return
+	}
+	d, name, i := strategy.MaxDiff(want, got)
+	assert.LessOrEqual(t, d, tol, "%s: variable %s element %d differs by %v of the variable's scale", what, name, i, d)
 }
 
 // What `make demo` runs reaches 90% held-out accuracy.
@@ -39,15 +52,17 @@ func TestDemoReachesNinetyPercent(t *testing.T) {
 
 // The large-batch flags train together under the in-graph strategies, and
 // a strategy spread over replicas ends with the model of the default one:
-// in float32 to 1e-5; under mixed_bfloat16, whose 8-bit significand
-// rounds every product and sum to about 4e-3 (and the replicas' halves of
-// a batch differently from the whole, in a way that depends on the CPU's
-// bfloat16 kernels), both reach 90% and agree to 1e-2.
+// in float32, every element within 1e-5 of its variable's scale. Under
+// mixed_bfloat16, whose 8-bit significand rounds every product and sum to
+// about 4e-3 (and the replicas' halves of a batch differently from the
+// whole, in a way that depends on the CPU's bfloat16 kernels), the two
+// runs drift apart over the 200 steps (an element by 0.44 of its
+// variable's scale, measured on x86-64) and both reach 90%.
 func TestLargeBatchFlags(t *testing.T) {
 	ctx := context.Background()
 	base := []string{"-steps", "200", "-global-batch", "128", "-optimizer", "lamb", "-lr", "0.02", "-warmup-steps", "10",
 		"-clip-norm", "1", "-accumulate", "2", "-log-every", "0"}
-	for policy, tol := range map[string]float64{"float32": 1e-5, "mixed_bfloat16": 1e-2} {
+	for _, policy := range []string{"float32", "mixed_bfloat16"} {
 		args := append(base[:len(base):len(base)], "-mixed-precision", policy)
 		want, err := classifier.Run(ctx, options(t, append(args, "-strategy", "default")...), io.Discard)
 		require.NoError(t, err)
@@ -55,7 +70,9 @@ func TestLargeBatchFlags(t *testing.T) {
 		got, err := classifier.Run(ctx, options(t, append(args, "-strategy", "mirrored", "-devices", "2")...), io.Discard)
 		require.NoError(t, err)
 		assert.GreaterOrEqual(t, got.Accuracy, 0.90, policy)
-		assert.Less(t, testmodel.RelDiff(want.ParamL2, got.ParamL2), tol, "%s: param_l2 %v vs %v", policy, got.ParamL2, want.ParamL2)
+		if policy == "float32" {
+			assertSameVariables(t, want.Variables, got.Variables, 1e-5, policy)
+		}
 	}
 }
 
@@ -70,7 +87,7 @@ func TestAccuracyIsExactAcrossWorkers(t *testing.T) {
 	for _, extra := range [][]string{{"-strategy", "mirrored", "-devices", "3"}, {"-strategy", "multiworker", "-devices", "2"}} {
 		got, err := classifier.Run(ctx, options(t, append(base, extra...)...), io.Discard)
 		require.NoError(t, err, "%v", extra)
-		assert.Equal(t, want.ParamL2, got.ParamL2, "%v: the same model", extra)
+		assertSameVariables(t, want.Variables, got.Variables, 0, fmt.Sprintf("%v: the same model", extra))
 		assert.Equal(t, want.Accuracy, got.Accuracy, "%v", extra)
 	}
 }
@@ -96,7 +113,7 @@ func TestStrategiesAgree(t *testing.T) {
 			got, err := classifier.Run(ctx, options(t, append(base, extra...)...), io.Discard)
 			require.NoError(t, err, "%v", extra)
 			assert.Less(t, testmodel.RelDiff(want.FinalLoss, got.FinalLoss), tol, "%s %v: final_loss %v vs %v", optName, extra, got.FinalLoss, want.FinalLoss)
-			assert.Less(t, testmodel.RelDiff(want.ParamL2, got.ParamL2), tol, "%s %v: param_l2 %v vs %v", optName, extra, got.ParamL2, want.ParamL2)
+			assertSameVariables(t, want.Variables, got.Variables, tol, fmt.Sprintf("%s %v", optName, extra))
 			assert.InDelta(t, want.Accuracy, got.Accuracy, 0.01, "%s %v", optName, extra)
 		}
 	}
@@ -160,7 +177,7 @@ func TestDifferentialPrivacy(t *testing.T) {
 	assert.Regexp(t, `step 20/20  loss [\d.]+  ε [\d.]+ `, log.String())
 	got, err := classifier.Run(ctx, options(t, append(base, "-strategy", "mirrored", "-devices", "2", "-log-every", "0")...), io.Discard)
 	require.NoError(t, err)
-	assert.Less(t, testmodel.RelDiff(want.ParamL2, got.ParamL2), 1e-5, "param_l2 %v vs %v", got.ParamL2, want.ParamL2)
+	assertSameVariables(t, want.Variables, got.Variables, 1e-5, "mirrored on 2 devices")
 
 	target, err := classifier.Run(ctx, options(t, "-dp-clip", "1", "-dp-epsilon", "2", "-steps", "20", "-log-every", "0", "-global-batch", "16"), io.Discard)
 	require.NoError(t, err)
@@ -244,6 +261,6 @@ func TestDPSGDResumesItsNoiseStream(t *testing.T) {
 	got, err := classifier.Run(ctx, options(t, append(base, "-steps", "30", "-checkpoint-dir", dir)...), &log)
 	require.NoError(t, err)
 	assert.Contains(t, log.String(), "resuming after step 20")
-	assert.Equal(t, want.ParamL2, got.ParamL2, "the resumed run's model")
+	assertSameVariables(t, want.Variables, got.Variables, 0, "the resumed run's model")
 	assert.Equal(t, want.Epsilon, got.Epsilon)
 }

@@ -7,11 +7,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -74,6 +76,20 @@ func results(t testing.TB, out string) map[string]classifier.Result {
 	return res
 }
 
+// assertOneModel asserts that the results, by task, hold one model: every
+// element of every variable the same, bit for bit (equal params_sha256);
+// what names the comparison.
+func assertOneModel(t *testing.T, byTask map[string]classifier.Result, what string) {
+	t.Helper()
+	tasks := map[string][]string{} // by params_sha256
+	for _, task := range slices.Sorted(maps.Keys(byTask)) {
+		sum := byTask[task].ParamsSHA256
+		require.NotEmpty(t, sum, "%s: %s reports no params_sha256", what, task)
+		tasks[sum] = append(tasks[sum], task)
+	}
+	assert.Len(t, tasks, 1, "%s (tasks by params_sha256)", what)
+}
+
 func defaultRun(t *testing.T, args ...string) classifier.Result {
 	t.Helper()
 	res, err := classifier.Run(context.Background(), options(t, append(args, "-strategy", "default", "-log-every", "0")...), io.Discard)
@@ -121,8 +137,9 @@ func launchFaulty(t testing.TB, f classifier.Faults, timeout time.Duration, laun
 }
 
 // tfdist launch --workers 2, two logical devices each (4 replicas), ends
-// with the default strategy's model after 200 SGD steps, and reports its
-// accuracy.
+// with the default strategy's model after 200 SGD steps (the chief's
+// export, element by element; the other worker's model is the chief's, bit
+// for bit), and reports its accuracy.
 func TestLaunchTwoWorkersMatchesDefault(t *testing.T) {
 	needBinaries(t)
 	args := []string{"-steps", "200", "-global-batch", "32", "-lr", "0.1"}
@@ -134,6 +151,7 @@ func TestLaunchTwoWorkersMatchesDefault(t *testing.T) {
 	require.NoError(t, err, out)
 	got := results(t, out)
 	require.Len(t, got, 2, out)
+	assertOneModel(t, got, "every worker holds the same model")
 	for task, r := range got {
 		assert.Equal(t, 4, r.Replicas, task)
 		assert.Less(t, testmodel.RelDiff(want.FinalLoss, r.FinalLoss), 1e-4, "%s final_loss %v vs %v", task, r.FinalLoss, want.FinalLoss)
@@ -144,7 +162,7 @@ func TestLaunchTwoWorkersMatchesDefault(t *testing.T) {
 	assert.Equal(t, filepath.Join(export, "7"), got["worker:0"].ExportDir, "the chief exports")
 	assert.Empty(t, got["worker:1"].ExportDir)
 	assert.Equal(t, want.Accuracy, exportAccuracy(t, filepath.Join(export, "7"), 297, 1), "the export is the trained model")
-	requireSameExport(t, wantExport, filepath.Join(export, "7"), 1e-4)
+	assertSameExport(t, wantExport, filepath.Join(export, "7"), 1e-4)
 }
 
 // A worker dies between two checkpoints: the survivor fails within the
@@ -202,7 +220,8 @@ func TestDeadPeerFailsTheSurvivorWithinTimeout(t *testing.T) {
 }
 
 // With --max-restarts 1 the job survives a worker's death between two
-// checkpoints and its result equals the uninterrupted run's.
+// checkpoints, its workers hold one model and it equals the uninterrupted
+// run's.
 func TestRestartResumesFromCheckpoint(t *testing.T) {
 	needBinaries(t)
 	args := []string{"-steps", "120", "-global-batch", "32", "-lr", "0.1"}
@@ -217,10 +236,11 @@ func TestRestartResumesFromCheckpoint(t *testing.T) {
 	assert.Contains(t, out, "resuming after step 40")
 	got := results(t, out)
 	require.Len(t, got, 2, out)
+	assertOneModel(t, got, "every worker holds the same model")
 	for task, r := range got {
 		assert.Less(t, testmodel.RelDiff(want.FinalLoss, r.FinalLoss), 1e-4, "%s final_loss %v vs %v", task, r.FinalLoss, want.FinalLoss)
 	}
-	requireSameExport(t, wantExport, export, 1e-4)
+	assertSameExport(t, wantExport, export, 1e-4)
 }
 
 // A worker that stops responding (SIGSTOP: its connections stay open) makes
