@@ -70,7 +70,7 @@ func loadDigits(t *testing.T) digits.Data {
 type trainer struct {
 	e    engine
 	mlp  *nn.MLP
-	step *strategy.Step
+	step strategy.Step
 	data digits.Data
 }
 

@@ -28,7 +28,7 @@ type kerasCheckpoints struct {
 
 // mlpWithLogits builds the same MLP in the default strategy and a step
 // that outputs its logits.
-func mlpWithLogits(t *testing.T) (*onedevice.Strategy, *nn.MLP, *strategy.Step) {
+func mlpWithLogits(t *testing.T) (*onedevice.Strategy, *nn.MLP, strategy.Step) {
 	t.Helper()
 	s, err := onedevice.New()
 	require.NoError(t, err)
@@ -47,7 +47,7 @@ func mlpWithLogits(t *testing.T) (*onedevice.Strategy, *nn.MLP, *strategy.Step) 
 	return s, m, step
 }
 
-func logits(t *testing.T, s *onedevice.Strategy, step *strategy.Step, x [][]float32) [][]float32 {
+func logits(t *testing.T, s *onedevice.Strategy, step strategy.Step, x [][]float32) [][]float32 {
 	t.Helper()
 	xt, err := tf.NewTensor(x)
 	require.NoError(t, err)

@@ -222,7 +222,7 @@ var ErrNoAssign = errors.New("metrics: the strategy cannot reset metrics: it has
 // same metrics and gets the same results; a pass whose workers' inputs end
 // at different steps (FILE sharding, DistributeDatasetsFromFunction) ends
 // on every worker together, the ones that ran out scoring empty batches.
-func Evaluate(ctx context.Context, s strategy.Strategy, step *strategy.Step, dist *dataset.Distributed, ms ...Metric) (map[string]float64, error) {
+func Evaluate(ctx context.Context, s strategy.Strategy, step strategy.Step, dist *dataset.Distributed, ms ...Metric) (map[string]float64, error) {
 	a, ok := s.(Assigner)
 	if !ok {
 		return nil, fmt.Errorf("%w (strategy of type %T)", ErrNoAssign, s)

@@ -33,7 +33,7 @@ func evalSet(t *testing.T) digits.Data {
 
 // build creates the digits MLP (seed 3, untrained) and an accuracy metric
 // in s, and builds the eval step that updates it.
-func build(s strategy.Strategy) (*strategy.Step, *metrics.Accuracy, error) {
+func build(s strategy.Strategy) (strategy.Step, *metrics.Accuracy, error) {
 	var m *nn.Sequential
 	var acc *metrics.Accuracy
 	if err := s.Scope(func(sc strategy.Scope) (err error) {

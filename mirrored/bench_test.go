@@ -92,7 +92,7 @@ func (r *rawLoop) step(t testing.TB, x, y *tf.Tensor) {
 type engineLoop struct {
 	name  string
 	e     testmodel.Engine
-	step  *strategy.Step
+	step  strategy.Step
 	feeds []map[string]*tf.Tensor
 }
 

@@ -126,7 +126,7 @@ func (p *peerProcess) kill() {
 // runs that first step: it returns this worker's strategy and step, and
 // the peer. The peer is resumed and killed, and the strategy closed, when
 // the test ends.
-func withPeer(t *testing.T, comm multiworker.Communication, behaviour string, opts ...multiworker.Option) (*multiworker.Strategy, *strategy.Step, *peerProcess) {
+func withPeer(t *testing.T, comm multiworker.Communication, behaviour string, opts ...multiworker.Option) (*multiworker.Strategy, strategy.Step, *peerProcess) {
 	t.Helper()
 	ports, err := freeport.Loopback(2)
 	require.NoError(t, err)

@@ -175,7 +175,7 @@ func trainUnionOnDefault(t *testing.T, d digits.Data, sizes [2]int) map[string][
 	return params
 }
 
-func mlpStep(s strategy.Strategy) (*nn.Sequential, *strategy.Step, error) {
+func mlpStep(s strategy.Strategy) (*nn.Sequential, strategy.Step, error) {
 	var m *nn.Sequential
 	err := s.Scope(func(sc strategy.Scope) (err error) {
 		m, err = models.New(sc, "mlp", 32, 1)

@@ -25,8 +25,8 @@ import (
 
 // stepEngine is what the loss tests need of an in-graph strategy.
 type stepEngine interface {
-	Build(strategy.InputSpec, strategy.ReplicaFn) (*strategy.Step, error)
-	RunReplicas(context.Context, *strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
+	Build(strategy.InputSpec, strategy.ReplicaFn) (strategy.Step, error)
+	RunReplicas(context.Context, strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
 	NumLocalReplicas() int
 }
 

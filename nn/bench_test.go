@@ -32,7 +32,7 @@ func BenchmarkMixedPrecisionStep(b *testing.B) {
 	feeds := []map[string]*tf.Tensor{{"x": x, "y": y}}
 	policies := []nn.Policy{nn.Float32, nn.MixedBfloat16, nn.MixedFloat16}
 	strategies := make([]*onedevice.Strategy, len(policies))
-	steps := make([]*strategy.Step, len(policies))
+	steps := make([]strategy.Step, len(policies))
 	for i, p := range policies {
 		s, err := onedevice.New()
 		require.NoError(b, err)

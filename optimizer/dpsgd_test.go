@@ -244,7 +244,7 @@ func TestDPSGDRefusesWhatItCannotHonour(t *testing.T) {
 		return err
 	}))
 	spec := strategy.InputSpec{"g": {DType: tf.Float, Shape: []int64{-1, 2}}}
-	build := func(scalar bool, opts ...strategy.MinimizeOption) (*strategy.Step, error) {
+	build := func(scalar bool, opts ...strategy.MinimizeOption) (strategy.Step, error) {
 		return def.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 			s := rc.Scope().SubScope("loss")
 			loss := op.Sum(s, op.Mul(s.SubScope("mul"), strategy.MustRead(rc, a), in["g"]), op.Const(s.SubScope("axis"), int32(1)))

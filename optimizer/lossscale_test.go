@@ -24,7 +24,7 @@ import (
 type mirroredRun struct {
 	s    *mirrored.Strategy
 	w    strategy.Variable
-	step *strategy.Step
+	step strategy.Step
 }
 
 func newMirroredRun(t *testing.T, opt strategy.Optimizer) *mirroredRun {

@@ -28,8 +28,8 @@ func testContext(t *testing.T) context.Context {
 type inGraph interface {
 	strategy.ValueReader
 	Scope(func(strategy.Scope) error) error
-	Build(strategy.InputSpec, strategy.ReplicaFn) (*strategy.Step, error)
-	RunReplicas(context.Context, *strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
+	Build(strategy.InputSpec, strategy.ReplicaFn) (strategy.Step, error)
+	RunReplicas(context.Context, strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
 	NumLocalReplicas() int
 }
 

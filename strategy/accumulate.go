@@ -244,7 +244,7 @@ type stepAccum struct {
 // else it runs is done, zeroes every accumulator, the count and the
 // micro-step count. Cross-replica calls that communicate in every run are
 // a build error, since micro-steps do not communicate.
-func (e *InGraph) finishAccumulation(root *op.Scope, st *Step, ab *accumBuild, globals []tf.Output) error {
+func (e *InGraph) finishAccumulation(root *op.Scope, st *step, ab *accumBuild, globals []tf.Output) error {
 	if !ab.accumulates() {
 		return nil
 	}
@@ -286,7 +286,7 @@ func (e *InGraph) finishAccumulation(root *op.Scope, st *Step, ab *accumBuild, g
 // runPlan returns what a run of st fetches and runs, and whether it
 // applies an update: the whole step, or for a step that accumulates, the
 // micro-step that the engine's micro-step count calls for. e.mu is held.
-func (e *InGraph) runPlan(ctx context.Context, st *Step) ([]tf.Output, []*tf.Operation, bool, error) {
+func (e *InGraph) runPlan(ctx context.Context, st *step) ([]tf.Output, []*tf.Operation, bool, error) {
 	if st.acc == nil {
 		return st.fetches, st.targets, true, nil
 	}
@@ -302,7 +302,7 @@ func (e *InGraph) runPlan(ctx context.Context, st *Step) ([]tf.Output, []*tf.Ope
 
 // Accumulation returns the number of runs (micro-steps) whose gradients
 // one update of the step applies: its WithAccumulation, or 1.
-func (st *Step) Accumulation() int {
+func (st *step) Accumulation() int {
 	if st.acc == nil {
 		return 1
 	}

@@ -18,9 +18,9 @@ import (
 	"github.com/tfdist/tfdist/internal/tensorutil"
 )
 
-// Step is a replica function compiled for every local replica into the
-// strategy's graph. Run executes it once per global batch.
-type Step struct {
+// step is the engine's Step: a replica function compiled for every local
+// replica into the engine's graph.
+type step struct {
 	e           *InGraph
 	spec        InputSpec
 	names       []string        // input names, sorted
@@ -38,9 +38,16 @@ type Step struct {
 	acc         *stepAccum  // set when the step accumulates gradients
 }
 
+// stepOf returns s as this engine's step; nil, which runReplicas refuses,
+// when s is not one.
+func (e *InGraph) stepOf(s Step) *step {
+	st, _ := s.(*step)
+	return st
+}
+
 // OutputNames returns the names of the step's outputs, sorted: the keys of
 // the Result a run returns, reduced outputs included.
-func (st *Step) OutputNames() []string {
+func (st *step) OutputNames() []string {
 	names := append(append([]string(nil), st.outNames...), st.redNames...)
 	sort.Strings(names)
 	return names
@@ -51,7 +58,7 @@ func (st *Step) OutputNames() []string {
 // shape. Every problem — a replica function's error, an op without a
 // gradient, a variable of another strategy, replicas that disagree — is
 // reported here, never at run time.
-func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
+func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (Step, error) {
 	if fn == nil {
 		return nil, &BuildError{Replica: -1, Err: fmt.Errorf("nil replica function")}
 	}
@@ -66,7 +73,7 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 	start := time.Now()
 	n := len(e.cfg.Devices)
 	root, ns := e.newScope("step")
-	st := &Step{e: e, spec: spec, names: sortedKeys(spec), inputs: make([][]tf.Output, n), outputs: make([][]tf.Output, n)}
+	st := &step{e: e, spec: spec, names: sortedKeys(spec), inputs: make([][]tf.Output, n), outputs: make([][]tf.Output, n)}
 	globals, weights, err := e.stepCounts(root, st)
 	if err != nil {
 		return nil, &BuildError{Replica: -1, Err: fmt.Errorf("global batch size: %w", err)}
@@ -154,7 +161,7 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (*Step, error) {
 // no worker knows the others' share of a partial batch — or, in a step that
 // accumulates, fed with the run's global count, since its micro-steps do
 // not communicate.
-func (e *InGraph) stepCounts(root *op.Scope, st *Step) (globals, weights []tf.Output, err error) {
+func (e *InGraph) stepCounts(root *op.Scope, st *step) (globals, weights []tf.Output, err error) {
 	n := len(e.cfg.Devices)
 	globals, weights = make([]tf.Output, n), make([]tf.Output, n)
 	if e.cfg.NumReplicasInSync == n {
@@ -237,8 +244,8 @@ func firstLine(err error) string {
 // In a step that accumulates, a run that does not apply the update returns
 // no reduced outputs; the run that applies returns them averaged over the
 // examples of every run of the update (see ReplicaContext.ReduceOutput).
-func (e *InGraph) RunReplicas(ctx context.Context, st *Step, feeds []map[string]*tf.Tensor, globalCount int) (Result, error) {
-	res, _, err := e.runReplicas(ctx, st, feeds, globalCount, true, "")
+func (e *InGraph) RunReplicas(ctx context.Context, st Step, feeds []map[string]*tf.Tensor, globalCount int) (Result, error) {
+	res, _, err := e.runReplicas(ctx, e.stepOf(st), feeds, globalCount, true, "")
 	return res, err
 }
 
@@ -247,7 +254,7 @@ func (e *InGraph) RunReplicas(ctx context.Context, st *Step, feeds []map[string]
 // whose replicas span workers and that does not accumulate; otherwise it
 // returns more. An input that does not fit the step fails every worker's
 // step, naming it; at prefixes its error ("step 7: ").
-func (e *InGraph) runReplicas(ctx context.Context, st *Step, feeds []map[string]*tf.Tensor, globalCount int, more bool, at string) (Result, bool, error) {
+func (e *InGraph) runReplicas(ctx context.Context, st *step, feeds []map[string]*tf.Tensor, globalCount int, more bool, at string) (Result, bool, error) {
 	if st == nil || st.e != e {
 		return nil, false, fmt.Errorf("strategy: Run: the step was built by another strategy")
 	}
@@ -293,7 +300,7 @@ func (e *InGraph) runReplicas(ctx context.Context, st *Step, feeds []map[string]
 }
 
 // result maps a run's fetched values to the step's outputs.
-func (st *Step) result(out []*tf.Tensor, replicas int, applies bool) Result {
+func (st *step) result(out []*tf.Tensor, replicas int, applies bool) Result {
 	res := make(Result, len(st.outNames)+len(st.redNames))
 	k := len(st.outNames)
 	for j, name := range st.outNames {
@@ -315,7 +322,7 @@ func (st *Step) result(out []*tf.Tensor, replicas int, applies bool) Result {
 // every replica's inputs, and the global count — one scalar, or
 // each replica's batch size when the engine spans workers, with the
 // scalar too in a step that accumulates.
-func (st *Step) feedMap(feeds []map[string]*tf.Tensor, globalCount int, more bool) (map[tf.Output]*tf.Tensor, error) {
+func (st *step) feedMap(feeds []map[string]*tf.Tensor, globalCount int, more bool) (map[tf.Output]*tf.Tensor, error) {
 	fm := make(map[tf.Output]*tf.Tensor, len(feeds)*(len(st.names)+2)+1)
 	for r, feed := range feeds {
 		for i, name := range st.names {
@@ -356,7 +363,7 @@ func (st *Step) feedMap(feeds []map[string]*tf.Tensor, globalCount int, more boo
 
 // checkInputs reports the first input of feeds that is missing or does not
 // fit the step's spec, naming the replica and the input.
-func (st *Step) checkInputs(feeds []map[string]*tf.Tensor) error {
+func (st *step) checkInputs(feeds []map[string]*tf.Tensor) error {
 	for r, feed := range feeds {
 		for _, name := range st.names {
 			t, ok := feed[name]
@@ -374,7 +381,7 @@ func (st *Step) checkInputs(feeds []map[string]*tf.Tensor) error {
 // withEmptyInputs returns el with every input it lacks fed with no rows:
 // the spec's dtype and shape with a batch dimension of 0. Every other
 // dimension of such an input must be known.
-func (st *Step) withEmptyInputs(el map[string]*tf.Tensor) (map[string]*tf.Tensor, error) {
+func (st *step) withEmptyInputs(el map[string]*tf.Tensor) (map[string]*tf.Tensor, error) {
 	out := make(map[string]*tf.Tensor, len(st.names))
 	for _, name := range st.names {
 		if t, ok := el[name]; ok {

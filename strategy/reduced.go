@@ -99,7 +99,7 @@ func (rc *ReplicaContext) ReduceOutput(name string, red ReduceOp, value tf.Outpu
 
 // ReducedOutputNames returns the names of the outputs the step declared
 // with Replica.ReduceOutput, sorted.
-func (st *Step) ReducedOutputNames() []string { return append([]string(nil), st.redNames...) }
+func (st *step) ReducedOutputNames() []string { return append([]string(nil), st.redNames...) }
 
 // buildReduced checks that every replica declared the same reduced outputs
 // as replica 0 and builds them: one BatchReduce (Sum) of every declared
@@ -107,7 +107,7 @@ func (st *Step) ReducedOutputNames() []string { return append([]string(nil), st.
 // results are fetched after the per-replica outputs; the other replicas'
 // run as targets, since a collective completes only when every member
 // joins.
-func (e *InGraph) buildReduced(root *op.Scope, st *Step, rcs []*ReplicaContext, ab *accumBuild) error {
+func (e *InGraph) buildReduced(root *op.Scope, st *step, rcs []*ReplicaContext, ab *accumBuild) error {
 	first := rcs[0].reduced.List()
 	if len(first) == 0 {
 		for r := range rcs {

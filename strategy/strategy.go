@@ -30,9 +30,9 @@ type Strategy interface {
 	// batched by the per-replica batch size.
 	DistributeDatasetsFromFunction(fn func(dataset.InputContext) (dataset.Dataset, error), opts ...dataset.DistributeOption) (*dataset.Distributed, error)
 	// Build traces fn once per replica into a Step.
-	Build(spec InputSpec, fn ReplicaFn) (*Step, error)
+	Build(spec InputSpec, fn ReplicaFn) (Step, error)
 	// Run runs a Step on one distributed batch.
-	Run(ctx context.Context, step *Step, batch *dataset.Batch) (Result, error)
+	Run(ctx context.Context, step Step, batch *dataset.Batch) (Result, error)
 	// Reduce combines a per-replica value across all replicas.
 	Reduce(ctx context.Context, red ReduceOp, v PerReplica) (*tf.Tensor, error)
 	// Gather concatenates a per-replica value along axis 0 across all
@@ -46,6 +46,20 @@ type Strategy interface {
 	Variables() []Variable
 	// Close releases the strategy's session.
 	Close() error
+}
+
+// Step is a replica function a strategy traced into its graph for every
+// replica (Build's result); Run executes it once per global batch.
+type Step interface {
+	// OutputNames returns the names of the step's outputs, sorted: the
+	// keys of the Result a run returns, reduced outputs included.
+	OutputNames() []string
+	// ReducedOutputNames returns the names of the outputs the step
+	// declared with Replica.ReduceOutput, sorted.
+	ReducedOutputNames() []string
+	// Accumulation returns the number of runs (micro-steps) whose
+	// gradients one update of the step applies: its WithAccumulation, or 1.
+	Accumulation() int
 }
 
 var _ Strategy = (*InGraph)(nil)
@@ -89,7 +103,8 @@ func (e *InGraph) DistributeDatasetsFromFunction(fn func(dataset.InputContext) (
 // see dataset.Batch.NeedsAgreement) is fed that input with no rows. In a
 // pass whose workers must agree on its end, the step's own run tells the
 // batch whether any worker has another (Batch.Agree).
-func (e *InGraph) Run(ctx context.Context, step *Step, batch *dataset.Batch) (Result, error) {
+func (e *InGraph) Run(ctx context.Context, s Step, batch *dataset.Batch) (Result, error) {
+	step := e.stepOf(s)
 	if batch == nil {
 		return nil, fmt.Errorf("strategy: Run: nil batch")
 	}

@@ -435,13 +435,13 @@ func TestUnknownDeviceListsDevices(t *testing.T) {
 	assert.Contains(t, err.Error(), "/job:localhost/replica:0/task:0/device:CPU:1")
 }
 
+// RunReplicas refuses, naming what is wrong, inputs that do not fit the
+// step, a global count that is not positive, an ended context, and a step
+// another strategy built (or none).
 func TestRunChecksInputs(t *testing.T) {
 	e := local(t, 2, nil)
-	step, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		return strategy.Outputs{"x": op.Identity(rc.Scope().SubScope("id"), in["x"])}, nil
-	})
-	require.NoError(t, err)
-	_, err = e.RunReplicas(ctx, step, feeds(t, 1, 1), 1)
+	step := buildOn(t, e)
+	_, err := e.RunReplicas(ctx, step, feeds(t, 1, 1), 1)
 	assert.ErrorContains(t, err, "1 per-replica inputs, expected 2")
 	bad := feeds(t, 2, 1)
 	delete(bad[1], "x")
@@ -461,6 +461,20 @@ func TestRunChecksInputs(t *testing.T) {
 	cancel()
 	_, err = e.RunReplicas(cctx, step, feeds(t, 2, 1), 2)
 	assert.ErrorIs(t, err, context.Canceled)
+	for name, foreign := range map[string]strategy.Step{"another engine's step": buildOn(t, local(t, 2, nil)), "no step": nil} {
+		_, err = e.RunReplicas(ctx, foreign, feeds(t, 2, 1), 2)
+		assert.ErrorContains(t, err, "the step was built by another strategy", name)
+	}
+}
+
+// buildOn builds an identity step on e.
+func buildOn(t *testing.T, e *strategy.InGraph) strategy.Step {
+	t.Helper()
+	step, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		return strategy.Outputs{"x": op.Identity(rc.Scope().SubScope("id"), in["x"])}, nil
+	})
+	require.NoError(t, err)
+	return step
 }
 
 func TestNCCLOnCPUIsAnError(t *testing.T) {

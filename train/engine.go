@@ -108,7 +108,7 @@ func (e *syncEngine) evaluate(ctx context.Context, step any, ds dataset.Dataset,
 		if steps > 0 && n == steps {
 			break
 		}
-		res, err := e.s.Run(ctx, step.(*strategy.Step), b)
+		res, err := e.s.Run(ctx, step.(strategy.Step), b)
 		if err != nil {
 			return fmt.Errorf("batch %d: %w", n, err)
 		}
@@ -148,7 +148,7 @@ func (e *syncEngine) predict(ctx context.Context, step any, ds dataset.Dataset, 
 		if steps > 0 && len(out) == steps {
 			break
 		}
-		res, err := e.s.Run(ctx, step.(*strategy.Step), b)
+		res, err := e.s.Run(ctx, step.(strategy.Step), b)
 		if err != nil {
 			return nil, fmt.Errorf("batch %d: %w", len(out), err)
 		}
@@ -271,7 +271,7 @@ func (f *syncFeed) run(ctx context.Context, step any, n int, each func([]float64
 		if err != nil {
 			return i, err
 		}
-		res, err := f.e.s.Run(ctx, step.(*strategy.Step), b)
+		res, err := f.e.s.Run(ctx, step.(strategy.Step), b)
 		if err != nil {
 			return i, err
 		}

@@ -121,7 +121,7 @@ type trainer struct {
 	perReplica    int // examples per replica and step
 	model         *nn.Model
 	correct, seen strategy.Variable // the metric: summed over replicas when read
-	step          *strategy.Step
+	step          strategy.Step
 }
 
 // newTrainer creates the model and the metric in s and builds the

@@ -26,8 +26,8 @@ const (
 // engine is what an overlap measurement needs of a strategy.
 type engine interface {
 	Scope(func(strategy.Scope) error) error
-	Build(strategy.InputSpec, strategy.ReplicaFn) (*strategy.Step, error)
-	RunReplicas(context.Context, *strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
+	Build(strategy.InputSpec, strategy.ReplicaFn) (strategy.Step, error)
+	RunReplicas(context.Context, strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
 }
 
 // overlap times, in this worker, the training step of an MLP of c.Model's

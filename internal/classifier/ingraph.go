@@ -79,7 +79,7 @@ type inGraph struct {
 	s           engine
 	m           *nn.Sequential
 	acc         *metrics.Accuracy // the eval step's
-	train, eval *strategy.Step
+	train, eval strategy.Step
 	data        dataset.Dataset // the training batches, shuffled and repeated
 	backup      *checkpoint.BackupAndRestore
 	input       *dataset.DistIterator

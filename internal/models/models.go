@@ -143,7 +143,7 @@ func ServingSignature(m *nn.Sequential) savedmodel.Signature {
 // (the last one smaller), each worker scoring its shard (DATA sharding),
 // acc summing the counts over all replicas and workers, so that every
 // example counts once and every worker gets the same accuracy.
-func Accuracy(ctx context.Context, s strategy.Strategy, eval *strategy.Step, acc *metrics.Accuracy, test digits.Data, batch int) (float64, error) {
+func Accuracy(ctx context.Context, s strategy.Strategy, eval strategy.Step, acc *metrics.Accuracy, test digits.Data, batch int) (float64, error) {
 	if acc == nil {
 		return 0, fmt.Errorf("models: Accuracy: nil metric, expected the one eval updates")
 	}

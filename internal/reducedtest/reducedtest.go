@@ -16,8 +16,8 @@ import (
 
 // Engine is what the check needs of a strategy.
 type Engine interface {
-	Build(strategy.InputSpec, strategy.ReplicaFn) (*strategy.Step, error)
-	RunReplicas(context.Context, *strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
+	Build(strategy.InputSpec, strategy.ReplicaFn) (strategy.Step, error)
+	RunReplicas(context.Context, strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
 	Reduce(context.Context, strategy.ReduceOp, strategy.PerReplica) (*tf.Tensor, error)
 	NumLocalReplicas() int
 	NumReplicasInSync() int

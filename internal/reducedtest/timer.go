@@ -39,7 +39,7 @@ func SumLoss(fn strategy.ReplicaFn) strategy.ReplicaFn {
 // by Reduce after the run.
 type LossTimer struct {
 	e                 Engine
-	inRun, perReplica *strategy.Step
+	inRun, perReplica strategy.Step
 	feeds             []map[string]*tf.Tensor
 	global            int
 	// InRun and RunReduce add up the time of each way's steps.

@@ -18,7 +18,7 @@ import (
 // minimised by SGD, on examples computed from their index.
 type Linear struct {
 	W    strategy.Variable
-	Step *strategy.Step
+	Step strategy.Step
 	e    Engine
 }
 

@@ -23,8 +23,8 @@ import (
 // Engine is what the tests need of a strategy.
 type Engine interface {
 	Scope(func(strategy.Scope) error) error
-	Build(strategy.InputSpec, strategy.ReplicaFn) (*strategy.Step, error)
-	RunReplicas(context.Context, *strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
+	Build(strategy.InputSpec, strategy.ReplicaFn) (strategy.Step, error)
+	RunReplicas(context.Context, strategy.Step, []map[string]*tf.Tensor, int) (strategy.Result, error)
 	Reduce(context.Context, strategy.ReduceOp, strategy.PerReplica) (*tf.Tensor, error)
 	Value(context.Context, strategy.Variable) (*tf.Tensor, error)
 	Variables() []strategy.Variable
@@ -149,7 +149,7 @@ func TrainPlan(ctx context.Context, e Engine, opt strategy.Optimizer, p Plan) (O
 
 // runMicroBatch runs step on the mb examples from start, split evenly
 // among the replicas in sync.
-func runMicroBatch(ctx context.Context, e Engine, step *strategy.Step, d digits.Data, start, mb, firstReplica int) (strategy.Result, error) {
+func runMicroBatch(ctx context.Context, e Engine, step strategy.Step, d digits.Data, start, mb, firstReplica int) (strategy.Result, error) {
 	per := mb / e.NumReplicasInSync()
 	feeds := make([]map[string]*tf.Tensor, e.NumLocalReplicas())
 	for r := range feeds {
