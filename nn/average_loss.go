@@ -37,12 +37,11 @@ func GlobalBatchSize(n int) LossOption {
 // element of perExample (rank 1 or more, times its SampleWeight) divided
 // by the global batch size, and 0 when that is 0. The global batch size
 // is GlobalBatchSize(n) when given, else perExample's leading dimension
-// times the replicas in sync: r.NumReplicasInSync() under the in-graph
-// engine (the default strategy, Mirrored, MultiWorkerMirrored), whose
-// replicas' gradients one update sums, and 1 under any other Replica — a
-// parameter-server worker, which applies its own update (tf.distribute's
-// ParameterServerStrategy has one replica in sync per CPU worker), or a
-// SavedModel signature.
+// times the replicas in sync, r.NumReplicasInSync(): the replicas whose
+// gradients one update sums under the default strategy, Mirrored and
+// MultiWorkerMirrored, and 1 for a parameter-server worker, which applies
+// its own update (as tf.distribute's ParameterServerStrategy has one
+// replica in sync per CPU worker), or a SavedModel signature.
 //
 // The leading dimension is what it averages over. A per-example loss
 // [batch] gives the global batch's mean when every replica's batch has
@@ -102,7 +101,7 @@ func averageLoss(b *Builder, r strategy.Replica, x tf.Output, c lossConfig) (tf.
 	if c.global {
 		n = b.Const(int64(c.globalBatch))
 	} else {
-		n = b.Mul(b.Count(x, tf.Int32), b.Const(int32(replicasInSync(r))))
+		n = b.Mul(b.Count(x, tf.Int32), b.Const(int32(r.NumReplicasInSync())))
 	}
 	out := b.DivNoNan(b.SumAll(x), b.Cast(n, dtype))
 	return out, b.Err()
@@ -181,16 +180,6 @@ func checkLoss(loss tf.Output, c lossConfig) error {
 		return fmt.Errorf("SampleWeight is a zero tf.Output; expected a tensor")
 	}
 	return nil
-}
-
-// replicasInSync returns tf.distribute's num_replicas_in_sync for r: the
-// replicas whose gradients one update sums. They are r.NumReplicasInSync()
-// under the in-graph engine; any other Replica's updates are its own.
-func replicasInSync(r strategy.Replica) int {
-	if _, ok := r.(*strategy.ReplicaContext); ok {
-		return r.NumReplicasInSync()
-	}
-	return 1
 }
 
 // Reduction is how ReduceLoss reduces a loss tensor: a Keras loss's
@@ -287,7 +276,7 @@ func reduceLoss(b *Builder, r strategy.Replica, x tf.Output, red Reduction, c lo
 	loss := b.SumAll(x)
 	if red == SumOverBatchSize {
 		loss = b.DivNoNan(loss, b.Cast(b.numElements(x), dtype))
-		if n := replicasInSync(r); n > 1 {
+		if n := r.NumReplicasInSync(); n > 1 {
 			loss = b.Mul(loss, b.Scalar(1/float64(n), dtype))
 		}
 	}

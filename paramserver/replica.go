@@ -65,8 +65,10 @@ type guard struct {
 // ReplicaID returns the index of the worker this copy of the step runs on.
 func (rc *replicaContext) ReplicaID() int { return rc.w.index }
 
-// NumReplicasInSync returns the number of workers.
-func (rc *replicaContext) NumReplicasInSync() int { return len(rc.s.workers) }
+// NumReplicasInSync returns 1: each worker applies its own update, as
+// tf.distribute's ParameterServerStrategy counts one replica in sync per
+// CPU worker.
+func (rc *replicaContext) NumReplicasInSync() int { return 1 }
 
 // Scope returns a graph scope pinned to the worker.
 func (rc *replicaContext) Scope() *op.Scope { return rc.scope }

@@ -53,9 +53,13 @@ type Replica interface {
 	// Scope returns a graph scope pinned to the replica's device. Ops built
 	// on it need names of their own: use Scope().SubScope, or an nn.Builder.
 	Scope() *op.Scope
-	// ReplicaID returns the replica's id among all replicas in sync.
+	// ReplicaID returns the replica's id among all replicas in sync; under
+	// the parameter-server strategy, the index of its worker.
 	ReplicaID() int
-	// NumReplicasInSync returns the number of replicas across all workers.
+	// NumReplicasInSync returns the number of replicas whose gradients one
+	// update combines (tf.distribute's num_replicas_in_sync): every
+	// replica of every worker under a synchronous strategy, 1 under the
+	// parameter-server strategy, whose workers each apply their own.
 	NumReplicasInSync() int
 	// Read returns the value of v as this step sees it; every Read of v in
 	// one step gives the same tensor.
