@@ -23,12 +23,13 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/aggregate"
+	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/internal/voting"
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// Strategy is MirroredStrategy: the in-graph engine (strategy.InGraph)
+// Strategy is MirroredStrategy: the in-graph engine (ingraph.Engine)
 // configured with this machine's devices. Its methods are those of the
 // strategy.Strategy interface, plus State for checkpoints and the
 // engine's cross-replica reads and writes (Copies, Assign, Err).
@@ -46,7 +47,7 @@ func (s *Strategy) Close() error {
 }
 
 // engine names the embedded engine without exporting it as a field.
-type engine = strategy.InGraph
+type engine = ingraph.Engine
 
 // Communication chooses the CrossDeviceOps.
 type Communication int
@@ -176,7 +177,7 @@ func New(opts ...Option) (*Strategy, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := strategy.NewInGraph(strategy.Config{
+	e, err := ingraph.New(ingraph.Config{
 		Name:            "mirrored",
 		Devices:         full,
 		CrossDeviceOps:  cdo,

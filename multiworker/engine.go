@@ -13,6 +13,7 @@ import (
 	"github.com/tfdist/tfdist/collective"
 	"github.com/tfdist/tfdist/internal/engineops"
 	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/internal/voting"
 	"github.com/tfdist/tfdist/strategy"
@@ -207,9 +208,9 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		pendingInit = s.residuals.pending
 	}
 	so, err := tfrt.SessionOptions("", w.sessionOptions(c, engineSessionOptions(c, w.nLocal)...)...)
-	var e *strategy.InGraph
+	var e *ingraph.Engine
 	if err == nil {
-		e, err = strategy.NewInGraph(strategy.Config{
+		e, err = ingraph.New(ingraph.Config{
 			Name:              "multiworker",
 			Devices:           devices,
 			NumReplicasInSync: w.nLocal * len(w.workers),

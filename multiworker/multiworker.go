@@ -32,6 +32,7 @@ import (
 	"github.com/tfdist/tfdist/aggregate"
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/internal/voting"
@@ -40,7 +41,7 @@ import (
 )
 
 // Strategy is MultiWorkerMirroredStrategy: the in-graph engine
-// (strategy.InGraph) whose CrossDeviceOps are collectives spanning the
+// (ingraph.Engine) whose CrossDeviceOps are collectives spanning the
 // cluster. Its methods are those of the strategy.Strategy interface, plus
 // State for checkpoints, the engine's cross-replica reads and writes
 // (Copies, Assign, Err) and the worker's place in the cluster.
@@ -318,7 +319,7 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}
 	s := &Strategy{resolver: c.resolver, task: task, workerID: workerID, workers: workers, server: srv, log: log}
-	e, err := strategy.NewInGraph(strategy.Config{
+	e, err := ingraph.New(ingraph.Config{
 		Name:              "multiworker",
 		Devices:           devices,
 		HostDevice:        cluster.DeviceName(string(task.Type), task.Index, "CPU", 0),
@@ -362,7 +363,7 @@ func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}
-	e, err := strategy.NewInGraph(strategy.Config{
+	e, err := ingraph.New(ingraph.Config{
 		Name: "multiworker", Devices: devices, CrossDeviceOps: cross, Logger: log, Session: so,
 	})
 	if err != nil {
@@ -546,4 +547,4 @@ func (s *Strategy) closingRounds() error {
 }
 
 // engine names the embedded engine without exporting it as a field.
-type engine = strategy.InGraph
+type engine = ingraph.Engine

@@ -50,7 +50,7 @@ func (rs *residuals) add(s *op.Scope, name string, n int64) *residual {
 
 // pending returns the initialisers of the residuals that hold no value
 // yet, which zero them, and a function that records that they ran: the
-// engine runs them with its variables' (strategy.Config.PendingInit).
+// engine runs them with its variables' (ingraph.Config.PendingInit).
 func (rs *residuals) pending() ([]*tf.Operation, func()) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
@@ -100,7 +100,7 @@ func (c *engineOps) sparseSize(v tf.Output) int64 {
 	return compressible(v)
 }
 
-// State returns the engine's checkpoint state (see strategy.InGraph.State)
+// State returns the engine's checkpoint state (see ingraph.Engine.State)
 // and, under TopK, every worker's residuals: saved as one [workers, n]
 // tensor per residual, gathered from the workers at the save (every worker
 // saves), each worker restoring its own row. Restored into another number

@@ -11,6 +11,7 @@ package onedevice
 import (
 	"go.uber.org/zap"
 
+	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -23,28 +24,31 @@ type Strategy struct {
 }
 
 // engine names the embedded engine without exporting it as a field.
-type engine = strategy.InGraph
+type engine = ingraph.Engine
 
 // Option configures the strategy.
-type Option func(*strategy.Config)
+type Option func(*config)
+
+type config struct {
+	logger *zap.Logger
+	device string
+}
 
 // WithLogger sets the strategy's logger (default: none).
-func WithLogger(l *zap.Logger) Option { return func(c *strategy.Config) { c.Logger = l } }
+func WithLogger(l *zap.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithDevice runs the strategy on device, spelled in full (default this
 // process's CPU:0, strategy.LocalCPU(0)).
-func WithDevice(device string) Option {
-	return func(c *strategy.Config) { c.Devices = []string{device} }
-}
+func WithDevice(device string) Option { return func(c *config) { c.device = device } }
 
 // New returns a one-device strategy. Each is an engine of its own, with
 // its own graph and session.
 func New(opts ...Option) (*Strategy, error) {
-	cfg := strategy.Config{Name: "default", Devices: []string{strategy.LocalCPU(0)}, CrossDeviceOps: strategy.ReductionToOneDevice{}}
+	c := config{device: strategy.LocalCPU(0)}
 	for _, o := range opts {
-		o(&cfg)
+		o(&c)
 	}
-	e, err := strategy.NewInGraph(cfg)
+	e, err := ingraph.New(ingraph.Config{Name: "default", Devices: []string{c.device}, CrossDeviceOps: strategy.ReductionToOneDevice{}, Logger: c.logger})
 	if err != nil {
 		return nil, err
 	}

@@ -123,6 +123,12 @@ type Replica interface {
 	ReduceOutput(name string, red ReduceOp, value tf.Output) error
 }
 
+// ReplicaFn is a training or evaluation step written for one replica. Build
+// calls it once per local replica, with inputs of that replica's shape; it
+// returns the tensors to fetch each step. The same function builds the step
+// of every strategy.
+type ReplicaFn func(r Replica, in Inputs) (Outputs, error)
+
 // ApplyContext gives an Optimizer what it needs to update one copy of the
 // variables: a scope on their device, their handles, and slot variables
 // that follow them. Each strategy implements it.

@@ -5,9 +5,10 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
-	"github.com/tfdist/tfdist/internal/graphutil"
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/internal/graphutil"
 )
 
 // CrossDeviceOps combines values across replicas, as tf.distribute's

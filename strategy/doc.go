@@ -34,10 +34,11 @@
 // communicating for k-1 runs and all-reduces and applies them in the k-th,
 // which alone returns the reduced outputs, averaged over all k runs.
 //
-// InGraph is the in-graph replication engine behind the default strategy
-// (onedevice.Strategy), mirrored.Strategy and, with collective ops as its
-// CrossDeviceOps, the multi-worker strategy. All compute runs in TensorFlow's
-// runtime; the engine only builds and runs graphs. State is the one
+// The strategies implement this contract in their own packages: the
+// in-graph replication engine (internal) behind onedevice.Strategy,
+// mirrored.Strategy and, with collective ops as its CrossDeviceOps,
+// multiworker.Strategy; and paramserver. All compute runs in TensorFlow's
+// runtime; the strategies only build and run graphs. State is the one
 // extension point through which other packages (checkpoint) extend a
 // strategy's graph and run it.
 //

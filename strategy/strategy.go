@@ -2,7 +2,6 @@ package strategy
 
 import (
 	"context"
-	"fmt"
 
 	tf "github.com/wamuir/graft/tensorflow"
 
@@ -11,7 +10,7 @@ import (
 
 // Strategy is what a training program calls, whatever the distribution:
 // the default strategy, mirrored.Strategy and multiworker.Strategy all
-// implement it (they are InGraph engines).
+// implement it (each embeds the in-graph engine).
 type Strategy interface {
 	// Scope runs fn with a Scope that creates variables the strategy's way.
 	// The in-graph strategies initialise them by the next call that takes
@@ -60,94 +59,4 @@ type Step interface {
 	// Accumulation returns the number of runs (micro-steps) whose
 	// gradients one update of the step applies: its WithAccumulation, or 1.
 	Accumulation() int
-}
-
-var _ Strategy = (*InGraph)(nil)
-
-// InputContext describes this process's input pipeline: the number of
-// workers, this worker's index and the replicas in sync.
-func (e *InGraph) InputContext() dataset.InputContext {
-	return dataset.InputContext{
-		NumInputPipelines: e.cfg.NumWorkers,
-		InputPipelineID:   e.cfg.WorkerID,
-		NumReplicasInSync: e.cfg.NumReplicasInSync,
-	}
-}
-
-// DistributeDataset divides ds, batched by the global batch size, among the
-// workers (by the shard policy, AUTO by default) and splits each worker's
-// share into per-replica batches. The global batch must divide by the
-// number of replicas in sync.
-func (e *InGraph) DistributeDataset(ds dataset.Dataset, opts ...dataset.DistributeOption) (*dataset.Distributed, error) {
-	d, err := dataset.Distribute(ds, e.InputContext(), e.NumLocalReplicas(), opts...)
-	if err != nil {
-		return nil, fmt.Errorf("strategy %s: %w", e.cfg.Name, err)
-	}
-	return d, nil
-}
-
-// DistributeDatasetsFromFunction calls fn once per local replica with the
-// replica's InputContext; each dataset it returns must be batched by the
-// per-replica batch size (InputContext.PerReplicaBatchSize).
-func (e *InGraph) DistributeDatasetsFromFunction(fn func(dataset.InputContext) (dataset.Dataset, error), opts ...dataset.DistributeOption) (*dataset.Distributed, error) {
-	d, err := dataset.DistributeFromFunction(fn, e.InputContext(), e.NumLocalReplicas(), opts...)
-	if err != nil {
-		return nil, fmt.Errorf("strategy %s: %w", e.cfg.Name, err)
-	}
-	return d, nil
-}
-
-// Run runs step on one distributed batch: replica i gets batch.Replicas[i],
-// and average losses divide by the examples in the whole global step. A
-// replica with no examples whose element lacks an input (a padding batch,
-// see dataset.Batch.NeedsAgreement) is fed that input with no rows. In a
-// pass whose workers must agree on its end, the step's own run tells the
-// batch whether any worker has another (Batch.Agree).
-func (e *InGraph) Run(ctx context.Context, s Step, batch *dataset.Batch) (Result, error) {
-	step := e.stepOf(s)
-	if batch == nil {
-		return nil, fmt.Errorf("strategy: Run: nil batch")
-	}
-	if err := batch.Err(); err != nil {
-		return nil, e.abortPeers(fmt.Errorf("strategy: Run: step %d: the input of worker %d failed: %w", batch.Step, e.cfg.WorkerID, err))
-	}
-	if batch.NeedsAgreement() && step != nil && step.acc != nil {
-		return nil, fmt.Errorf("strategy: Run: a step that accumulates gradients cannot run a pass whose workers' inputs may end at different steps " +
-			"(FILE sharding or DistributeDatasetsFromFunction over several workers): use DATA sharding")
-	}
-	feeds := make([]map[string]*tf.Tensor, len(batch.Replicas))
-	for i, el := range batch.Replicas {
-		feeds[i] = el
-		if len(batch.Counts) > i && batch.Counts[i] == 0 && step != nil {
-			var err error
-			if feeds[i], err = step.withEmptyInputs(el); err != nil {
-				return nil, fmt.Errorf("strategy: Run: replica %d: %w", i, err)
-			}
-		}
-	}
-	global := batch.GlobalCount
-	if global <= 0 {
-		global = batch.LocalCount()
-	}
-	res, more, err := e.runReplicas(ctx, step, feeds, max(global, 1), batch.HasNext(), fmt.Sprintf("step %d: ", batch.Step))
-	if err == nil {
-		batch.Agree(more)
-	}
-	return res, err
-}
-
-// abortPeers hands err to the peers waiting for this worker's step, when
-// the strategy spans workers, and refuses every later run; it returns err.
-func (e *InGraph) abortPeers(err error) error {
-	if e.cfg.AbortPeers == nil {
-		return err
-	}
-	e.cfg.AbortPeers(err)
-	err = fmt.Errorf("%w; %w", err, ErrCannotContinue)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.failed == nil {
-		e.failed = err
-	}
-	return err
 }

@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/tfdist/tfdist/internal/graphutil"
 	tf "github.com/wamuir/graft/tensorflow"
+
+	"github.com/tfdist/tfdist/internal/graphutil"
 )
 
 // ReduceOp says how values from replicas are combined.

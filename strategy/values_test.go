@@ -1,6 +1,7 @@
 package strategy_test
 
 import (
+	"context"
 	"math"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -16,7 +18,10 @@ import (
 // strategy as Go slices with their shapes, in the order asked, and their
 // global norm; other types are refused by name.
 func TestReadVariables(t *testing.T) {
-	e := local(t, 2, nil)
+	ctx := context.Background()
+	e, err := mirrored.New(mirrored.WithLogicalCPUs(2))
+	require.NoError(t, err)
+	defer e.Close()
 	var w, d, n strategy.Variable
 	require.NoError(t, e.Scope(func(sc strategy.Scope) error {
 		var err error
@@ -47,7 +52,9 @@ func TestReadVariables(t *testing.T) {
 // TensorValue reads a step's fetched outputs as Go values, and gives nil
 // for the nil tensor that Reduced returns for an unknown name.
 func TestTensorValue(t *testing.T) {
-	e := local(t, 2, nil)
+	e, err := mirrored.New(mirrored.WithLogicalCPUs(2))
+	require.NoError(t, err)
+	defer e.Close()
 	step, err := e.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, 2}}},
 		func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 			sc := r.Scope()
@@ -59,7 +66,7 @@ func TestTensorValue(t *testing.T) {
 		{"x": tensor(t, [][]float32{{1, 2}})},
 		{"x": tensor(t, [][]float32{{3, 4}, {5, 6}})},
 	}
-	out, err := e.RunReplicas(ctx, step, feeds, 3)
+	out, err := e.RunReplicas(context.Background(), step, feeds, 3)
 	require.NoError(t, err)
 	require.Equal(t, float32(21), strategy.TensorValue(out.Reduced("sum")))
 	require.Equal(t, [][]float32{{3, 4}, {5, 6}}, strategy.TensorValue(out["rows"][1]))
@@ -85,4 +92,11 @@ func TestMaxDiff(t *testing.T) {
 	nan := []strategy.VariableValue{a[0], {Name: "b", Float64: []float64{math.NaN(), 0.002}}}
 	diff, _, _ = strategy.MaxDiff(a, nan)
 	assert.True(t, math.IsInf(diff, 1))
+}
+
+func tensor(t *testing.T, v any) *tf.Tensor {
+	t.Helper()
+	x, err := tf.NewTensor(v)
+	require.NoError(t, err)
+	return x
 }

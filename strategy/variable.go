@@ -6,9 +6,10 @@ import (
 	"regexp"
 	"slices"
 
-	"github.com/tfdist/tfdist/internal/graphutil"
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/internal/graphutil"
 )
 
 // Initializer builds a variable's initial value on scope s, which is pinned to
@@ -137,67 +138,4 @@ func NewVariableConfig(name string, shape []int64, opts ...VariableOption) (Vari
 	return c, nil
 }
 
-// variable is a variable of the in-graph engine: one copy per local
-// replica (one in total under the default strategy), on the replicas'
-// devices as TensorFlow resource variables.
-type variable struct {
-	name      string
-	dtype     tf.DataType
-	shape     []int64
-	sync      Synchronization
-	agg       Aggregation
-	trainable bool
-	owner     *InGraph
-	handles   []tf.Output // one per local replica
-	init      *tf.Operation
-	inited    bool
-}
-
-var _ Variable = (*variable)(nil)
-
-// Name returns the variable's unique name, which is also its key in
-// checkpoints.
-func (v *variable) Name() string { return v.name }
-
-// DType returns the variable's element type.
-func (v *variable) DType() tf.DataType { return v.dtype }
-
-// Shape returns the variable's shape.
-func (v *variable) Shape() []int64 { return append([]int64(nil), v.shape...) }
-
-// Synchronization returns when the copies are kept in sync.
-func (v *variable) Synchronization() Synchronization { return v.sync }
-
-// Aggregation returns how replicas' writes are combined.
-func (v *variable) Aggregation() Aggregation { return v.agg }
-
-// Trainable reports whether optimizers train the variable.
-func (v *variable) Trainable() bool { return v.trainable }
-
-// String returns the name, type and shape.
-func (v *variable) String() string { return fmt.Sprintf("%s:%v%v", v.name, v.dtype, v.shape) }
-
-// scope is the in-graph engine's Scope.
-type scope struct {
-	g      *InGraph
-	closed bool
-}
-
 var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-/]*$`)
-
-// Variable creates a variable named name (unique within the strategy; it is
-// also the variable's checkpoint key) of the given type and shape, with one
-// copy per replica device, all initialised from one value built by init.
-func (sc *scope) Variable(name string, dtype tf.DataType, shape []int64, init Initializer, opts ...VariableOption) (Variable, error) {
-	if sc == nil || sc.closed {
-		return nil, ErrScopeClosed
-	}
-	v, err := sc.g.newVariable(name, dtype, shape, init, opts...)
-	if err != nil {
-		return nil, err
-	}
-	return v, nil
-}
-
-// NumReplicasInSync returns the number of replicas of the scope's strategy.
-func (sc *scope) NumReplicasInSync() int { return sc.g.NumReplicasInSync() }

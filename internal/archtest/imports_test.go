@@ -17,7 +17,7 @@ const module = "github.com/tfdist/tfdist/"
 // engines are the strategies and the in-graph engine's ops: what model
 // code, optimizers, data and checkpoints are written against only through
 // the strategy package's contract.
-var engines = []string{"onedevice", "mirrored", "multiworker", "paramserver", "internal/engineops"}
+var engines = []string{"onedevice", "mirrored", "multiworker", "paramserver", "internal/ingraph", "internal/engineops"}
 
 // above are the public packages that make or run strategies, and so may
 // import them.

@@ -1,4 +1,4 @@
-package strategy
+package ingraph
 
 import (
 	"errors"
@@ -6,6 +6,8 @@ import (
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // privateGradients returns the sums over this replica's examples of each
@@ -13,7 +15,7 @@ import (
 // vars, clipped by po. The loss is padded to po.MaxExamples() values, so
 // that each example's gradient is a graph of its own whatever the batch's
 // size; an assertion fails the step when the batch holds more.
-func (rc *ReplicaContext) privateGradients(po PrivateOptimizer, loss tf.Output, vars []Variable) ([]tf.Output, error) {
+func (rc *ReplicaContext) privateGradients(po strategy.PrivateOptimizer, loss tf.Output, vars []strategy.Variable) ([]tf.Output, error) {
 	n := po.MaxExamples()
 	if n < 1 {
 		return nil, fmt.Errorf("DP-SGD: at most %d examples per replica: expected at least 1", n)

@@ -1,13 +1,15 @@
-package strategy
+package ingraph
 
 import (
 	"context"
 	"errors"
 	"fmt"
 
-	"github.com/tfdist/tfdist/internal/graphutil"
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // hostReducer is a small graph, built once per kind of value, that feeds
@@ -22,7 +24,7 @@ type hostReducer struct {
 	all []*tf.Operation
 }
 
-func (e *InGraph) hostReducerLocked(kind string, dtype tf.DataType, rank int, build func(s *op.Scope, vals [][]tf.Output) ([][]tf.Output, error)) (*hostReducer, error) {
+func (e *Engine) hostReducerLocked(kind string, dtype tf.DataType, rank int, build func(s *op.Scope, vals [][]tf.Output) ([][]tf.Output, error)) (*hostReducer, error) {
 	key := fmt.Sprintf("%s/%v/%d", kind, dtype, rank)
 	if h, ok := e.reducers[key]; ok {
 		return h, nil
@@ -58,7 +60,7 @@ func (e *InGraph) hostReducerLocked(kind string, dtype tf.DataType, rank int, bu
 	return h, nil
 }
 
-func (e *InGraph) combine(ctx context.Context, kind string, v PerReplica, build func(s *op.Scope, vals [][]tf.Output) ([][]tf.Output, error)) (*tf.Tensor, error) {
+func (e *Engine) combine(ctx context.Context, kind string, v strategy.PerReplica, build func(s *op.Scope, vals [][]tf.Output) ([][]tf.Output, error)) (*tf.Tensor, error) {
 	if len(v) != len(e.cfg.Devices) {
 		return nil, fmt.Errorf("strategy: %s: %d values, expected one per local replica (%d)", kind, len(v), len(e.cfg.Devices))
 	}
@@ -98,7 +100,7 @@ func (e *InGraph) combine(ctx context.Context, kind string, v PerReplica, build 
 // Reduce combines a per-replica value across all replicas in sync (across
 // workers too, for multi-worker strategies, where every worker must call it
 // in the same order). The reduction runs in TensorFlow.
-func (e *InGraph) Reduce(ctx context.Context, red ReduceOp, v PerReplica) (*tf.Tensor, error) {
+func (e *Engine) Reduce(ctx context.Context, red strategy.ReduceOp, v strategy.PerReplica) (*tf.Tensor, error) {
 	kind := "reduce_" + red.String()
 	return e.combine(ctx, kind, v, func(s *op.Scope, vals [][]tf.Output) ([][]tf.Output, error) {
 		return e.cfg.CrossDeviceOps.BatchReduce(s, red, vals, e.cfg.Devices)
@@ -111,7 +113,7 @@ var errGatherScalar = errors.New("a gather concatenates along axis 0, so it need
 
 // Gather concatenates a per-replica value along axis 0 across all replicas in
 // sync, in replica order; a scalar is an error.
-func (e *InGraph) Gather(ctx context.Context, v PerReplica) (*tf.Tensor, error) {
+func (e *Engine) Gather(ctx context.Context, v strategy.PerReplica) (*tf.Tensor, error) {
 	if len(v) > 0 && v[0] != nil && len(v[0].Shape()) == 0 {
 		return nil, fmt.Errorf("strategy: gather: replica 0's value is a scalar of %s: %w", graphutil.DTypeName(v[0].DataType()), errGatherScalar)
 	}
@@ -121,4 +123,4 @@ func (e *InGraph) Gather(ctx context.Context, v PerReplica) (*tf.Tensor, error) 
 }
 
 // LocalResults returns the values of this process's replicas.
-func (e *InGraph) LocalResults(v PerReplica) []*tf.Tensor { return []*tf.Tensor(v) }
+func (e *Engine) LocalResults(v strategy.PerReplica) []*tf.Tensor { return []*tf.Tensor(v) }

@@ -1,4 +1,4 @@
-package strategy_test
+package ingraph_test
 
 import (
 	"testing"
@@ -8,6 +8,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
@@ -16,9 +17,9 @@ import (
 
 // countingDefault is the default strategy with its reductions counted (see
 // testmodel.CountingOps), and its counter.
-func countingDefault(t *testing.T) (*strategy.InGraph, strategy.Variable) {
+func countingDefault(t *testing.T) (*ingraph.Engine, strategy.Variable) {
 	t.Helper()
-	e, err := strategy.NewInGraph(strategy.Config{Name: "default", Devices: []string{strategy.LocalCPU(0)},
+	e, err := ingraph.New(ingraph.Config{Name: "default", Devices: []string{strategy.LocalCPU(0)},
 		CrossDeviceOps: testmodel.CountingOps{Inner: strategy.ReductionToOneDevice{}, Counter: "reductions"}})
 	require.NoError(t, err)
 	t.Cleanup(func() { e.Close() })

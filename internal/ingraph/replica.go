@@ -1,4 +1,4 @@
-package strategy
+package ingraph
 
 import (
 	"errors"
@@ -9,13 +9,8 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/strategy"
 )
-
-// ReplicaFn is a training or evaluation step written for one replica. Build
-// calls it once per local replica, with inputs of that replica's shape; it
-// returns the tensors to fetch each step. The same function builds the step
-// of every strategy.
-type ReplicaFn func(r Replica, in Inputs) (Outputs, error)
 
 // ReplicaContext is the in-graph engine's Replica: which replica it is, a
 // scope pinned to its device, and the cross-replica operations (AllReduce,
@@ -28,7 +23,7 @@ type ReplicaFn func(r Replica, in Inputs) (Outputs, error)
 // time and, at each merge point, builds the combined ops once all replicas
 // have reached it.
 type ReplicaContext struct {
-	e           *InGraph
+	e           *Engine
 	local       int
 	scope       *op.Scope
 	reads       map[*variable]tf.Output
@@ -37,7 +32,7 @@ type ReplicaContext struct {
 	globalCount tf.Output
 	merges      *merger
 	nGrad       int
-	reduced     ReducedOutputs
+	reduced     strategy.ReducedOutputs
 	acc         *accumBuild
 	taps        []tap // the replica's differentiable all-reduces
 }
@@ -67,7 +62,7 @@ func (rc *ReplicaContext) GlobalBatchSize() tf.Output { return rc.globalCount }
 // Read returns the value of this replica's copy of v. Within one step every
 // read of a variable gives the value it had when the step began, and Minimize
 // differentiates with respect to these reads.
-func (rc *ReplicaContext) Read(vv Variable) (tf.Output, error) {
+func (rc *ReplicaContext) Read(vv strategy.Variable) (tf.Output, error) {
 	v, err := rc.e.own(vv, "Read")
 	if err != nil {
 		return tf.Output{}, err
@@ -88,7 +83,7 @@ func (rc *ReplicaContext) Read(vv Variable) (tf.Output, error) {
 // Lookup returns the rows of v that ids name: a gather from this replica's
 // read of v, so that Minimize differentiates it like any read and updates
 // the whole variable.
-func (rc *ReplicaContext) Lookup(v Variable, ids tf.Output) (tf.Output, error) {
+func (rc *ReplicaContext) Lookup(v strategy.Variable, ids tf.Output) (tf.Output, error) {
 	val, err := rc.Read(v)
 	if err != nil {
 		return tf.Output{}, err
@@ -103,7 +98,7 @@ func (rc *ReplicaContext) AddTarget(o *tf.Operation) { rc.targets = append(rc.ta
 // on this replica's device. It is a merge point. The gradient of a loss
 // passes through a sum or a mean of floating-point values as
 // tf.distribute's does (see Gradients); not through Min or Max.
-func (rc *ReplicaContext) AllReduce(red ReduceOp, value tf.Output) (tf.Output, error) {
+func (rc *ReplicaContext) AllReduce(red strategy.ReduceOp, value tf.Output) (tf.Output, error) {
 	out, err := rc.allReduce(red, value, "AllReduce")
 	if err != nil {
 		return tf.Output{}, err
@@ -113,7 +108,7 @@ func (rc *ReplicaContext) AllReduce(red ReduceOp, value tf.Output) (tf.Output, e
 
 // allReduce is AllReduce, a merge point of the given kind, without its
 // gradient.
-func (rc *ReplicaContext) allReduce(red ReduceOp, value tf.Output, kind string) (tf.Output, error) {
+func (rc *ReplicaContext) allReduce(red strategy.ReduceOp, value tf.Output, kind string) (tf.Output, error) {
 	res, err := rc.merges.call(rc.local, kind, value, func(args []any) ([]any, error) {
 		vals := make([][]tf.Output, len(args))
 		for r, a := range args {
@@ -176,13 +171,13 @@ func perReplicaAny(out [][]tf.Output, pick func([]tf.Output) any) []any {
 // gradient passes through it as tf.distribute's does: the gradients with
 // respect to its result are all-reduced across the replicas and continue
 // into each replica's input, so Gradients is then a merge point.
-func (rc *ReplicaContext) Gradients(loss tf.Output, vars []Variable) ([]tf.Output, error) {
+func (rc *ReplicaContext) Gradients(loss tf.Output, vars []strategy.Variable) ([]tf.Output, error) {
 	return rc.gradients(loss, vars, true)
 }
 
 // gradients is Gradients; throughTaps false leaves out the all-reduces'
 // gradients, for a loss that does not depend on one.
-func (rc *ReplicaContext) gradients(loss tf.Output, vars []Variable, throughTaps bool) ([]tf.Output, error) {
+func (rc *ReplicaContext) gradients(loss tf.Output, vars []strategy.Variable, throughTaps bool) ([]tf.Output, error) {
 	if len(vars) == 0 {
 		return nil, errors.New("Gradients: no variables")
 	}
@@ -240,12 +235,12 @@ func (rc *ReplicaContext) scopeName() string {
 // WithAccumulation does. An opt that is a LossScaler has the loss it
 // differentiates scaled. An opt that is a PrivateOptimizer (DP-SGD) takes
 // loss as one unscaled value per example instead: see PrivateOptimizer.
-func (rc *ReplicaContext) Minimize(opt Optimizer, loss tf.Output, vars []Variable, opts ...MinimizeOption) error {
-	cfg, err := NewMinimizeConfig(opts...)
+func (rc *ReplicaContext) Minimize(opt strategy.Optimizer, loss tf.Output, vars []strategy.Variable, opts ...strategy.MinimizeOption) error {
+	cfg, err := strategy.NewMinimizeConfig(opts...)
 	if err != nil {
 		return fmt.Errorf("Minimize: %w", err)
 	}
-	if po, ok := opt.(PrivateOptimizer); ok {
+	if po, ok := opt.(strategy.PrivateOptimizer); ok {
 		if cfg.Accumulation > 1 {
 			return fmt.Errorf("Minimize: DP-SGD with WithAccumulation(%d): accumulation is not supported with DP-SGD; use a larger batch", cfg.Accumulation)
 		}
@@ -255,7 +250,7 @@ func (rc *ReplicaContext) Minimize(opt Optimizer, loss tf.Output, vars []Variabl
 		}
 		return rc.applyGradients(opt, grads, vars, cfg)
 	}
-	if ls, ok := opt.(LossScaler); ok {
+	if ls, ok := opt.(strategy.LossScaler); ok {
 		if loss, err = rc.scaleLoss(ls, loss); err != nil {
 			return err
 		}
@@ -268,7 +263,7 @@ func (rc *ReplicaContext) Minimize(opt Optimizer, loss tf.Output, vars []Variabl
 }
 
 // scaleLoss returns loss multiplied by ls's factor for this replica.
-func (rc *ReplicaContext) scaleLoss(ls LossScaler, loss tf.Output) (tf.Output, error) {
+func (rc *ReplicaContext) scaleLoss(ls strategy.LossScaler, loss tf.Output) (tf.Output, error) {
 	s := rc.scope.SubScope("loss_scale")
 	f, err := ls.LossScale(&applyContext{e: rc.e, scope: s, replica: rc.local})
 	if err != nil {
@@ -287,15 +282,15 @@ type applyArgs struct {
 // ApplyGradients sums grads across all replicas and applies the sums to vars
 // with opt on every replica. It is a merge point. Of opts, only
 // WithAccumulation applies: see Minimize.
-func (rc *ReplicaContext) ApplyGradients(opt Optimizer, grads []tf.Output, vars []Variable, opts ...MinimizeOption) error {
-	cfg, err := NewMinimizeConfig(opts...)
+func (rc *ReplicaContext) ApplyGradients(opt strategy.Optimizer, grads []tf.Output, vars []strategy.Variable, opts ...strategy.MinimizeOption) error {
+	cfg, err := strategy.NewMinimizeConfig(opts...)
 	if err != nil {
 		return fmt.Errorf("ApplyGradients: %w", err)
 	}
 	return rc.applyGradients(opt, grads, vars, cfg)
 }
 
-func (rc *ReplicaContext) applyGradients(opt Optimizer, grads []tf.Output, vars []Variable, cfg MinimizeConfig) error {
+func (rc *ReplicaContext) applyGradients(opt strategy.Optimizer, grads []tf.Output, vars []strategy.Variable, cfg strategy.MinimizeConfig) error {
 	if opt == nil {
 		return errors.New("ApplyGradients: nil optimizer")
 	}
@@ -308,7 +303,7 @@ func (rc *ReplicaContext) applyGradients(opt Optimizer, grads []tf.Output, vars 
 		if err != nil {
 			return err
 		}
-		if v.sync != OnWrite {
+		if v.sync != strategy.OnWrite {
 			return fmt.Errorf("ApplyGradients: variable %q is %v; only OnWrite variables are trained", v.name, v.sync)
 		}
 		own[i] = v
@@ -331,7 +326,7 @@ func (rc *ReplicaContext) applyGradients(opt Optimizer, grads []tf.Output, vars 
 	return nil
 }
 
-func (e *InGraph) mergeApply(opt Optimizer, all []any, ab *accumBuild) ([]any, error) {
+func (e *Engine) mergeApply(opt strategy.Optimizer, all []any, ab *accumBuild) ([]any, error) {
 	first := all[0].(applyArgs)
 	vals := make([][]tf.Output, len(all))
 	for r, a := range all {
@@ -356,7 +351,7 @@ func (e *InGraph) mergeApply(opt Optimizer, all []any, ab *accumBuild) ([]any, e
 		rs := s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]).
 			WithControlDependencies(all[r].(applyArgs).reads...)
 		ac := &applyContext{e: e, scope: rs, replica: r}
-		vars := make([]Variable, len(first.vars))
+		vars := make([]strategy.Variable, len(first.vars))
 		for i, v := range first.vars {
 			vars[i] = v
 		}
@@ -400,16 +395,16 @@ func sanitize(name string) string {
 // an aggregation (Sum or Mean combine the replicas' values, OnlyFirstReplica
 // takes replica 0's) and every copy receives the result — without one it is
 // an error. For OnWrite variables it is a merge point.
-func (rc *ReplicaContext) Assign(v Variable, value tf.Output) error {
+func (rc *ReplicaContext) Assign(v strategy.Variable, value tf.Output) error {
 	return rc.write("Assign", v, value, false)
 }
 
 // AssignAdd adds value to v from inside a replica, with Assign's rules.
-func (rc *ReplicaContext) AssignAdd(v Variable, value tf.Output) error {
+func (rc *ReplicaContext) AssignAdd(v strategy.Variable, value tf.Output) error {
 	return rc.write("AssignAdd", v, value, true)
 }
 
-func (rc *ReplicaContext) write(kind string, vv Variable, value tf.Output, add bool) error {
+func (rc *ReplicaContext) write(kind string, vv strategy.Variable, value tf.Output, add bool) error {
 	v, err := rc.e.own(vv, kind)
 	if err != nil {
 		return err
@@ -423,19 +418,19 @@ func (rc *ReplicaContext) write(kind string, vv Variable, value tf.Output, add b
 		}
 		return op.AssignVariableOp(s, h, val)
 	}
-	if v.sync == OnRead {
+	if v.sync == strategy.OnRead {
 		s := rc.scope.SubScope(sanitize(kind + "_" + v.name))
 		rc.targets = append(rc.targets, assign(s, v.handles[rc.local], value))
 		return s.Err()
 	}
-	if v.agg == AggregationNone {
+	if v.agg == strategy.AggregationNone {
 		return fmt.Errorf("%s %q in a replica: the variable is OnWrite with aggregation NONE, so replicas' writes cannot be combined; create it with WithAggregation(AggregationSum, AggregationMean or AggregationOnlyFirstReplica)", kind, v.name)
 	}
 	res, err := rc.merges.call(rc.local, kind, value, func(args []any) ([]any, error) {
 		s := rc.e.namespace(sanitize(kind + "_" + v.name))
 		var combined []tf.Output
-		if v.agg == AggregationOnlyFirstReplica {
-			if b, ok := rc.e.cfg.CrossDeviceOps.(Broadcaster); ok && rc.e.cfg.NumReplicasInSync > len(args) {
+		if v.agg == strategy.AggregationOnlyFirstReplica {
+			if b, ok := rc.e.cfg.CrossDeviceOps.(strategy.Broadcaster); ok && rc.e.cfg.NumReplicasInSync > len(args) {
 				// Global replica 0 lives on one worker: broadcast its value.
 				vals, err := b.Broadcast(s.SubScope("first"), args[0].(tf.Output), rc.e.cfg.Devices)
 				if err != nil {
@@ -474,4 +469,4 @@ func (rc *ReplicaContext) write(kind string, vv Variable, value tf.Output, add b
 	return nil
 }
 
-var _ Replica = (*ReplicaContext)(nil)
+var _ strategy.Replica = (*ReplicaContext)(nil)

@@ -1,4 +1,4 @@
-package strategy
+package ingraph
 
 import (
 	"bytes"
@@ -16,13 +16,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/internal/tensorutil"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // step is the engine's Step: a replica function compiled for every local
 // replica into the engine's graph.
 type step struct {
-	e           *InGraph
-	spec        InputSpec
+	e           *Engine
+	spec        strategy.InputSpec
 	names       []string        // input names, sorted
 	inputs      [][]tf.Output   // [replica][input]
 	globalCount tf.Output       // fed when the engine sees every replica
@@ -40,7 +41,7 @@ type step struct {
 
 // stepOf returns s as this engine's step; nil, which runReplicas refuses,
 // when s is not one.
-func (e *InGraph) stepOf(s Step) *step {
+func (e *Engine) stepOf(s strategy.Step) *step {
 	st, _ := s.(*step)
 	return st
 }
@@ -58,17 +59,17 @@ func (st *step) OutputNames() []string {
 // shape. Every problem — a replica function's error, an op without a
 // gradient, a variable of another strategy, replicas that disagree — is
 // reported here, never at run time.
-func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (Step, error) {
+func (e *Engine) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (strategy.Step, error) {
 	if fn == nil {
-		return nil, &BuildError{Replica: -1, Err: fmt.Errorf("nil replica function")}
+		return nil, &strategy.BuildError{Replica: -1, Err: fmt.Errorf("nil replica function")}
 	}
 	if len(spec) == 0 {
-		return nil, &BuildError{Replica: -1, Err: fmt.Errorf("empty input spec")}
+		return nil, &strategy.BuildError{Replica: -1, Err: fmt.Errorf("empty input spec")}
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return nil, &BuildError{Replica: -1, Err: fmt.Errorf("strategy closed")}
+		return nil, &strategy.BuildError{Replica: -1, Err: fmt.Errorf("strategy closed")}
 	}
 	start := time.Now()
 	n := len(e.cfg.Devices)
@@ -76,12 +77,12 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (Step, error) {
 	st := &step{e: e, spec: spec, names: sortedKeys(spec), inputs: make([][]tf.Output, n), outputs: make([][]tf.Output, n)}
 	globals, weights, err := e.stepCounts(root, st)
 	if err != nil {
-		return nil, &BuildError{Replica: -1, Err: fmt.Errorf("global batch size: %w", err)}
+		return nil, &strategy.BuildError{Replica: -1, Err: fmt.Errorf("global batch size: %w", err)}
 	}
 	ab := &accumBuild{divisors: globals, weights: weights}
 	m := newMerger(n, ns)
 	rcs := make([]*ReplicaContext, n)
-	outs := make([]Outputs, n)
+	outs := make([]strategy.Outputs, n)
 	for r := range n {
 		rs := root.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r])
 		rcs[r] = &ReplicaContext{e: e, local: r, scope: rs, reads: map[*variable]tf.Output{}, globalCount: globals[r], merges: m, acc: ab}
@@ -92,10 +93,10 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (Step, error) {
 		}
 	}
 	if err := root.Err(); err != nil {
-		return nil, &BuildError{Replica: -1, Err: err}
+		return nil, &strategy.BuildError{Replica: -1, Err: err}
 	}
 	err = m.run(func(r int) error {
-		in := Inputs{}
+		in := strategy.Inputs{}
 		for i, name := range st.names {
 			in[name] = st.inputs[r][i]
 		}
@@ -123,12 +124,12 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (Step, error) {
 	st.outNames = sortedKeys(outs[0])
 	for r := range n {
 		if len(outs[r]) != len(outs[0]) {
-			return nil, &BuildError{Replica: r, Err: fmt.Errorf("returns outputs %v, replica 0 returns %v", sortedKeys(outs[r]), st.outNames)}
+			return nil, &strategy.BuildError{Replica: r, Err: fmt.Errorf("returns outputs %v, replica 0 returns %v", sortedKeys(outs[r]), st.outNames)}
 		}
 		for _, name := range st.outNames {
 			o, ok := outs[r][name]
 			if !ok {
-				return nil, &BuildError{Replica: r, Err: fmt.Errorf("does not return output %q that replica 0 returns", name)}
+				return nil, &strategy.BuildError{Replica: r, Err: fmt.Errorf("does not return output %q that replica 0 returns", name)}
 			}
 			if o.Op.Type() == "Placeholder" {
 				// TensorFlow cannot fetch what it is fed.
@@ -161,7 +162,7 @@ func (e *InGraph) Build(spec InputSpec, fn ReplicaFn) (Step, error) {
 // no worker knows the others' share of a partial batch — or, in a step that
 // accumulates, fed with the run's global count, since its micro-steps do
 // not communicate.
-func (e *InGraph) stepCounts(root *op.Scope, st *step) (globals, weights []tf.Output, err error) {
+func (e *Engine) stepCounts(root *op.Scope, st *step) (globals, weights []tf.Output, err error) {
 	n := len(e.cfg.Devices)
 	globals, weights = make([]tf.Output, n), make([]tf.Output, n)
 	if e.cfg.NumReplicasInSync == n {
@@ -185,7 +186,7 @@ func (e *InGraph) stepCounts(root *op.Scope, st *step) (globals, weights []tf.Ou
 	}
 	// One reduction of the pair gives the divisor and whether any worker
 	// has another batch (see dataset.Batch.NeedsAgreement), packed or not.
-	sums, err := e.cfg.CrossDeviceOps.BatchReduce(root.SubScope("global_batch_size"), Sum, counts, e.cfg.Devices)
+	sums, err := e.cfg.CrossDeviceOps.BatchReduce(root.SubScope("global_batch_size"), strategy.Sum, counts, e.cfg.Devices)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -209,9 +210,9 @@ func withGraphReport(err, graphErr error) error {
 	if strings.Contains(report, "Duplicate node name") {
 		report += " (every op needs a name of its own: build ops with an nn.Builder, or each on r.Scope().SubScope(name))"
 	}
-	be := &BuildError{Replica: -1, Err: err}
+	be := &strategy.BuildError{Replica: -1, Err: err}
 	if errors.As(err, &be) {
-		be = &BuildError{Replica: be.Replica, Err: be.Err}
+		be = &strategy.BuildError{Replica: be.Replica, Err: be.Err}
 	}
 	if strings.HasPrefix(report, strings.TrimSpace(firstLine(be.Err))) {
 		be.Err = errors.New(report) // the cause is the graph's own error
@@ -244,7 +245,7 @@ func firstLine(err error) string {
 // In a step that accumulates, a run that does not apply the update returns
 // no reduced outputs; the run that applies returns them averaged over the
 // examples of every run of the update (see ReplicaContext.ReduceOutput).
-func (e *InGraph) RunReplicas(ctx context.Context, st Step, feeds []map[string]*tf.Tensor, globalCount int) (Result, error) {
+func (e *Engine) RunReplicas(ctx context.Context, st strategy.Step, feeds []map[string]*tf.Tensor, globalCount int) (strategy.Result, error) {
 	res, _, err := e.runReplicas(ctx, e.stepOf(st), feeds, globalCount, true, "")
 	return res, err
 }
@@ -254,7 +255,7 @@ func (e *InGraph) RunReplicas(ctx context.Context, st Step, feeds []map[string]*
 // whose replicas span workers and that does not accumulate; otherwise it
 // returns more. An input that does not fit the step fails every worker's
 // step, naming it; at prefixes its error ("step 7: ").
-func (e *InGraph) runReplicas(ctx context.Context, st *step, feeds []map[string]*tf.Tensor, globalCount int, more bool, at string) (Result, bool, error) {
+func (e *Engine) runReplicas(ctx context.Context, st *step, feeds []map[string]*tf.Tensor, globalCount int, more bool, at string) (strategy.Result, bool, error) {
 	if st == nil || st.e != e {
 		return nil, false, fmt.Errorf("strategy: Run: the step was built by another strategy")
 	}
@@ -300,11 +301,11 @@ func (e *InGraph) runReplicas(ctx context.Context, st *step, feeds []map[string]
 }
 
 // result maps a run's fetched values to the step's outputs.
-func (st *step) result(out []*tf.Tensor, replicas int, applies bool) Result {
-	res := make(Result, len(st.outNames)+len(st.redNames))
+func (st *step) result(out []*tf.Tensor, replicas int, applies bool) strategy.Result {
+	res := make(strategy.Result, len(st.outNames)+len(st.redNames))
 	k := len(st.outNames)
 	for j, name := range st.outNames {
-		pr := make(PerReplica, replicas)
+		pr := make(strategy.PerReplica, replicas)
 		for r := range replicas {
 			pr[r] = out[r*k+j]
 		}
@@ -312,7 +313,7 @@ func (st *step) result(out []*tf.Tensor, replicas int, applies bool) Result {
 	}
 	for j, name := range st.redNames {
 		if applies {
-			res[name] = PerReplica{out[replicas*k+j]}
+			res[name] = strategy.PerReplica{out[replicas*k+j]}
 		}
 	}
 	return res

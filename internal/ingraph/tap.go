@@ -1,4 +1,4 @@
-package strategy
+package ingraph
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // A tap is an all-reduce whose gradient Gradients takes itself:
@@ -16,14 +17,14 @@ import (
 // every replica's input (tf.distribute's all_reduce gradient). Min and
 // Max, and integer values, have no gradient.
 type tap struct {
-	red     ReduceOp
+	red     strategy.ReduceOp
 	in, out tf.Output
 }
 
 // tap returns the result out of the all-reduce of in, recorded as a tap
 // when it has a gradient.
-func (rc *ReplicaContext) tap(red ReduceOp, in, out tf.Output) (tf.Output, error) {
-	if red != Sum && red != Mean || !graphutil.IsFloat(in.DataType()) {
+func (rc *ReplicaContext) tap(red strategy.ReduceOp, in, out tf.Output) (tf.Output, error) {
+	if red != strategy.Sum && red != strategy.Mean || !graphutil.IsFloat(in.DataType()) {
 		return out, nil
 	}
 	s := rc.scope.SubScope("all_reduce_tap")
@@ -72,11 +73,11 @@ func (rc *ReplicaContext) reduceTapGradient(t tap, g tf.Output, i int) (tf.Outpu
 	if err := s.Err(); err != nil {
 		return tf.Output{}, err
 	}
-	sum, err := rc.allReduce(Sum, g, "GradientOfAllReduce")
+	sum, err := rc.allReduce(strategy.Sum, g, "GradientOfAllReduce")
 	if err != nil {
 		return tf.Output{}, err
 	}
-	if t.red == Mean {
+	if t.red == strategy.Mean {
 		n := op.Cast(s.SubScope("n"), op.Const(s.SubScope("replicas"), float32(rc.NumReplicasInSync())), sum.DataType())
 		sum = op.Div(s.SubScope("mean"), sum, n)
 	}

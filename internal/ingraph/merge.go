@@ -1,10 +1,11 @@
-package strategy
+package ingraph
 
 import (
 	"errors"
 	"fmt"
 
 	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // merger runs replica functions one at a time, tf.distribute's way: each
@@ -90,7 +91,7 @@ func (m *merger) run(body func(r int) error) error {
 			kind := pending[0].kind
 			for r, ev := range pending {
 				if ev.kind != kind {
-					err := &BuildError{Replica: r, Err: fmt.Errorf("calls %s where replica 0 calls %s; every replica must reach the same merge points in the same order", ev.kind, kind)}
+					err := &strategy.BuildError{Replica: r, Err: fmt.Errorf("calls %s where replica 0 calls %s; every replica must reach the same merge points in the same order", ev.kind, kind)}
 					if firstErr == nil {
 						firstErr = err
 					}
@@ -111,7 +112,7 @@ func (m *merger) run(body func(r int) error) error {
 				return err
 			})
 			if err != nil {
-				firstErr = &BuildError{Replica: -1, Err: fmt.Errorf("%s: %w", kind, err)}
+				firstErr = &strategy.BuildError{Replica: -1, Err: fmt.Errorf("%s: %w", kind, err)}
 				results = m.abort(pending, firstErr)
 				break
 			}
@@ -130,11 +131,11 @@ func (m *merger) run(body func(r int) error) error {
 	}
 	for r, err := range errs {
 		if err != nil && !errors.Is(err, errAborted) {
-			var be *BuildError
+			var be *strategy.BuildError
 			if errors.As(err, &be) {
 				return err
 			}
-			return &BuildError{Replica: r, Err: err}
+			return &strategy.BuildError{Replica: r, Err: err}
 		}
 	}
 	return firstErr
@@ -151,12 +152,12 @@ func (m *merger) abort(pending []mergeEvent, err error) []mergeResult {
 func (m *merger) mismatch(pending []mergeEvent, errs []error) error {
 	for r, ev := range pending {
 		if ev.done && errs[r] != nil {
-			return &BuildError{Replica: r, Err: errs[r]}
+			return &strategy.BuildError{Replica: r, Err: errs[r]}
 		}
 	}
 	for r, ev := range pending {
 		if !ev.done {
-			return &BuildError{Replica: r, Err: fmt.Errorf("calls %s but another replica returned without it; every replica must reach the same merge points", ev.kind)}
+			return &strategy.BuildError{Replica: r, Err: fmt.Errorf("calls %s but another replica returned without it; every replica must reach the same merge points", ev.kind)}
 		}
 	}
 	return nil

@@ -1,4 +1,4 @@
-package strategy_test
+package ingraph_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package strategy
+package ingraph
 
 import (
 	"context"
@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/tfdist/tfdist/internal/graphutil"
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // State returns the engine's extension point for checkpoints (see State).
@@ -18,22 +20,22 @@ import (
 // for AggregationOnlyFirstReplica). A restore writes every local copy; an
 // OnRead variable with AggregationSum gets value/replicas in each copy, so
 // that its sum is the saved value, as in TensorFlow.
-func (e *InGraph) State() State { return engineState{e} }
+func (e *Engine) State() strategy.State { return engineState{e} }
 
-type engineState struct{ e *InGraph }
+type engineState struct{ e *Engine }
 
-var _ State = engineState{}
+var _ strategy.State = engineState{}
 
 func (s engineState) HostDevice() string { return s.e.cfg.HostDevice }
 
-func (s engineState) Saveables() []Saveable {
+func (s engineState) Saveables() []strategy.Saveable {
 	e := s.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	out := make([]Saveable, len(e.vars))
+	out := make([]strategy.Saveable, len(e.vars))
 	for i, v := range e.vars {
-		out[i] = Saveable{Name: v.name, DType: v.dtype, Shape: append([]int64(nil), v.shape...), Variable: v,
-			Slices: []SaveSlice{{
+		out[i] = strategy.Saveable{Name: v.name, DType: v.dtype, Shape: append([]int64(nil), v.shape...), Variable: v,
+			Slices: []strategy.SaveSlice{{
 				Device:   e.cfg.HostDevice,
 				Read:     func(sc *op.Scope) (tf.Output, error) { return e.saveValue(sc, v) },
 				Write:    func(sc *op.Scope, val tf.Output) ([]*tf.Operation, error) { return e.writeCopies(sc, v, val), nil },
@@ -79,7 +81,7 @@ func (s engineState) Run(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fe
 // saveValue returns the value a checkpoint holds for v: what Value returns.
 // An OnRead variable's aggregate depends on every replica's part of the
 // reduction, so every part runs before the value is taken.
-func (e *InGraph) saveValue(sc *op.Scope, v *variable) (tf.Output, error) {
+func (e *Engine) saveValue(sc *op.Scope, v *variable) (tf.Output, error) {
 	out, all, err := e.aggregate(sc, v)
 	if err != nil || len(all) == 0 {
 		return out, err
@@ -90,14 +92,14 @@ func (e *InGraph) saveValue(sc *op.Scope, v *variable) (tf.Output, error) {
 // aggregate builds v's value outside any replica: its primary copy, or the
 // reduction of an OnRead variable's copies across all replicas, whose ops
 // all must run.
-func (e *InGraph) aggregate(s *op.Scope, v *variable) (tf.Output, []*tf.Operation, error) {
+func (e *Engine) aggregate(s *op.Scope, v *variable) (tf.Output, []*tf.Operation, error) {
 	read := func(r int) tf.Output {
 		return op.ReadVariableOp(s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]), v.handles[r], v.dtype)
 	}
-	if v.sync == OnWrite || v.agg == AggregationOnlyFirstReplica || len(v.handles) == 1 && e.cfg.NumReplicasInSync == 1 {
+	if v.sync == strategy.OnWrite || v.agg == strategy.AggregationOnlyFirstReplica || len(v.handles) == 1 && e.cfg.NumReplicasInSync == 1 {
 		return read(0), nil, nil
 	}
-	if v.agg == AggregationNone {
+	if v.agg == strategy.AggregationNone {
 		return tf.Output{}, nil, fmt.Errorf("variable %q is OnRead with aggregation NONE: it has no value outside a replica; "+
 			"give it AggregationSum, AggregationMean or AggregationOnlyFirstReplica", v.name)
 	}
@@ -119,8 +121,8 @@ func (e *InGraph) aggregate(s *op.Scope, v *variable) (tf.Output, []*tf.Operatio
 // writeCopies assigns value to every local copy of v, divided by the number
 // of replicas for an OnRead variable summed across replicas (TensorFlow's
 // get_on_read_restore_ops).
-func (e *InGraph) writeCopies(sc *op.Scope, v *variable, value tf.Output) []*tf.Operation {
-	if n := e.cfg.NumReplicasInSync; v.sync == OnRead && v.agg == AggregationSum && n > 1 {
+func (e *Engine) writeCopies(sc *op.Scope, v *variable, value tf.Output) []*tf.Operation {
+	if n := e.cfg.NumReplicasInSync; v.sync == strategy.OnRead && v.agg == strategy.AggregationSum && n > 1 {
 		value = divideBy(sc.SubScope("per_replica").WithDevice(e.cfg.HostDevice), value, v.dtype, n)
 	}
 	ops := make([]*tf.Operation, len(v.handles))

@@ -1,4 +1,4 @@
-package strategy_test
+package ingraph_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/internal/tfrt"
@@ -20,7 +21,7 @@ import (
 var ctx = context.Background()
 
 // local returns an engine with n replicas on n logical CPUs.
-func local(t *testing.T, n int, cdo strategy.CrossDeviceOps) *strategy.InGraph {
+func local(t *testing.T, n int, cdo strategy.CrossDeviceOps) *ingraph.Engine {
 	t.Helper()
 	var devs []string
 	for i := range n {
@@ -31,7 +32,7 @@ func local(t *testing.T, n int, cdo strategy.CrossDeviceOps) *strategy.InGraph {
 	}
 	so, err := tfrt.SessionOptions("", tfrt.WithLogicalCPUs(n), tfrt.WithThreads(2, 4))
 	require.NoError(t, err)
-	e, err := strategy.NewInGraph(strategy.Config{Name: "test", Devices: devs, CrossDeviceOps: cdo, Session: so})
+	e, err := ingraph.New(ingraph.Config{Name: "test", Devices: devs, CrossDeviceOps: cdo, Session: so})
 	require.NoError(t, err)
 	t.Cleanup(func() { e.Close() })
 	return e
@@ -312,7 +313,7 @@ func TestNoGradientIsABuildError(t *testing.T) {
 		wv := strategy.MustRead(rc, w)
 		// Round has no registered gradient in TensorFlow's C++ registry.
 		loss := op.Sum(s.SubScope("loss"), op.Round(s.SubScope("round"), wv), op.Const(s.SubScope("axis"), int32(0)))
-		grads, err := rc.(*strategy.ReplicaContext).Gradients(loss, []strategy.Variable{w})
+		grads, err := rc.(*ingraph.ReplicaContext).Gradients(loss, []strategy.Variable{w})
 		_ = grads
 		return strategy.Outputs{"loss": loss}, err
 	})
@@ -322,7 +323,7 @@ func TestNoGradientIsABuildError(t *testing.T) {
 	_, err = e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		s := rc.Scope()
 		loss := op.Sum(s.SubScope("loss"), in["x"], op.Const(s.SubScope("axis"), int32(0)))
-		_, err := rc.(*strategy.ReplicaContext).Gradients(loss, []strategy.Variable{w})
+		_, err := rc.(*ingraph.ReplicaContext).Gradients(loss, []strategy.Variable{w})
 		return strategy.Outputs{"loss": loss}, err
 	})
 	require.Error(t, err)
@@ -428,7 +429,7 @@ func TestAssignRules(t *testing.T) {
 func TestUnknownDeviceListsDevices(t *testing.T) {
 	so, err := tfrt.SessionOptions("", tfrt.WithLogicalCPUs(2))
 	require.NoError(t, err)
-	_, err = strategy.NewInGraph(strategy.Config{Devices: []string{strategy.LocalCPU(0), strategy.LocalCPU(7)},
+	_, err = ingraph.New(ingraph.Config{Devices: []string{strategy.LocalCPU(0), strategy.LocalCPU(7)},
 		CrossDeviceOps: strategy.ReductionToOneDevice{}, Session: so})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "CPU:7")
@@ -468,7 +469,7 @@ func TestRunChecksInputs(t *testing.T) {
 }
 
 // buildOn builds an identity step on e.
-func buildOn(t *testing.T, e *strategy.InGraph) strategy.Step {
+func buildOn(t *testing.T, e *ingraph.Engine) strategy.Step {
 	t.Helper()
 	step, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		return strategy.Outputs{"x": op.Identity(rc.Scope().SubScope("id"), in["x"])}, nil
@@ -492,7 +493,7 @@ func TestNCCLOnCPUIsAnError(t *testing.T) {
 // reductions are packed or not: a step that reduces nothing of its own
 // runs exactly one per run.
 func TestWorkerAgreesOnCountsInOneReduction(t *testing.T) {
-	e, err := strategy.NewInGraph(strategy.Config{Name: "worker", Devices: []string{strategy.LocalCPU(0)},
+	e, err := ingraph.New(ingraph.Config{Name: "worker", Devices: []string{strategy.LocalCPU(0)},
 		NumReplicasInSync: 2, NumWorkers: 2,
 		CrossDeviceOps: testmodel.CountingOps{Inner: strategy.ReductionToOneDevice{}, Counter: "reductions"}})
 	require.NoError(t, err)

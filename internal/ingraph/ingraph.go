@@ -1,4 +1,4 @@
-package strategy
+package ingraph
 
 import (
 	"context"
@@ -16,9 +16,10 @@ import (
 	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/logging"
+	"github.com/tfdist/tfdist/strategy"
 )
 
-// Config configures an InGraph engine. Strategies fill it; programs use the
+// Config configures an Engine engine. Strategies fill it; programs use the
 // strategies' constructors.
 type Config struct {
 	// Name names the strategy in logs and errors ("default", "mirrored", …).
@@ -38,11 +39,11 @@ type Config struct {
 	// (defaults 1 and 0).
 	NumWorkers, WorkerID int
 	// CrossDeviceOps reduces values across replicas; required.
-	CrossDeviceOps CrossDeviceOps
+	CrossDeviceOps strategy.CrossDeviceOps
 	// GradientReducer, when set, sums the gradients of a step in place of
 	// CrossDeviceOps (a robust aggregation rule); a step that accumulates
 	// gradients (WithAccumulation) then fails to build.
-	GradientReducer GradientReducer
+	GradientReducer strategy.GradientReducer
 	// Session is the session's target ("" for the in-process runtime, or a
 	// server's, such as grpc://localhost:2222) and its serialized
 	// ConfigProto; nil is the in-process runtime with TensorFlow's
@@ -68,12 +69,12 @@ type Config struct {
 	PendingInit func() (targets []*tf.Operation, ran func())
 }
 
-// InGraph is the in-graph replication engine: one TensorFlow graph holds
+// Engine is the in-graph replication engine: one TensorFlow graph holds
 // every local replica's copy of the step, pinned to its device, and one
 // Session.Run executes a global step on all of them in parallel. The default
-// strategy, Mirrored and MultiWorkerMirrored are InGraph engines with
+// strategy, Mirrored and MultiWorkerMirrored each embed an Engine, with
 // different devices, sessions and CrossDeviceOps.
-type InGraph struct {
+type Engine struct {
 	cfg   Config
 	log   *zap.Logger
 	graph *tf.Graph
@@ -97,10 +98,10 @@ type slotKey struct {
 	slot  string
 }
 
-// NewInGraph checks cfg against the devices the session really has and
+// New checks cfg against the devices the session really has and
 // returns an engine. An unknown device is an error that lists the devices
 // that exist.
-func NewInGraph(cfg Config) (*InGraph, error) {
+func New(cfg Config) (*Engine, error) {
 	if len(cfg.Devices) == 0 {
 		return nil, errors.New("strategy: Config.Devices: empty, expected at least one device")
 	}
@@ -171,7 +172,7 @@ func NewInGraph(cfg Config) (*InGraph, error) {
 			return nil, fmt.Errorf("strategy: unknown device %q; the devices that exist are %s", d, strings.Join(names, ", "))
 		}
 	}
-	e := &InGraph{
+	e := &Engine{
 		cfg:      cfg,
 		log:      logging.OrNop(cfg.Logger).With(zap.String("strategy", cfg.Name)),
 		graph:    g,
@@ -186,24 +187,24 @@ func NewInGraph(cfg Config) (*InGraph, error) {
 }
 
 // Devices returns the local replica devices.
-func (e *InGraph) Devices() []string { return append([]string(nil), e.cfg.Devices...) }
+func (e *Engine) Devices() []string { return append([]string(nil), e.cfg.Devices...) }
 
 // NumReplicasInSync returns the number of replicas across all workers.
-func (e *InGraph) NumReplicasInSync() int { return e.cfg.NumReplicasInSync }
+func (e *Engine) NumReplicasInSync() int { return e.cfg.NumReplicasInSync }
 
 // NumLocalReplicas returns the number of replicas in this process.
-func (e *InGraph) NumLocalReplicas() int { return len(e.cfg.Devices) }
+func (e *Engine) NumLocalReplicas() int { return len(e.cfg.Devices) }
 
 // namespace returns a fresh graph-building scope over the engine's graph
 // with a namespace of its own (name, name_1, …). Each scope has its own
 // error state, so a failed build does not poison later ones. e.mu is held.
-func (e *InGraph) namespace(name string) *op.Scope {
+func (e *Engine) namespace(name string) *op.Scope {
 	s, _ := e.newScope(name)
 	return s
 }
 
 // newScope is namespace that also returns the namespace.
-func (e *InGraph) newScope(name string) (*op.Scope, string) {
+func (e *Engine) newScope(name string) (*op.Scope, string) {
 	n := e.scopes[name]
 	e.scopes[name]++
 	ns := name
@@ -217,7 +218,7 @@ func (e *InGraph) newScope(name string) (*op.Scope, string) {
 // It builds ops only and never waits for peers: the next call that takes a
 // context (a step's run, Value, a checkpoint's save or restore)
 // initialises the new variables first, bounded by that context.
-func (e *InGraph) Scope(fn func(Scope) error) error {
+func (e *Engine) Scope(fn func(strategy.Scope) error) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -232,10 +233,10 @@ func (e *InGraph) Scope(fn func(Scope) error) error {
 }
 
 // Variables returns every variable of the strategy, in creation order.
-func (e *InGraph) Variables() []Variable {
+func (e *Engine) Variables() []strategy.Variable {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	out := make([]Variable, len(e.vars))
+	out := make([]strategy.Variable, len(e.vars))
 	for i, v := range e.vars {
 		out[i] = v
 	}
@@ -243,8 +244,8 @@ func (e *InGraph) Variables() []Variable {
 }
 
 // TrainableVariables returns the trainable variables, in creation order.
-func (e *InGraph) TrainableVariables() []Variable {
-	var out []Variable
+func (e *Engine) TrainableVariables() []strategy.Variable {
+	var out []strategy.Variable
 	for _, v := range e.Variables() {
 		if v.Trainable() {
 			out = append(out, v)
@@ -254,7 +255,7 @@ func (e *InGraph) TrainableVariables() []Variable {
 }
 
 // own returns v as a variable of e, or an error saying what it is.
-func (e *InGraph) own(v Variable, what string) (*variable, error) {
+func (e *Engine) own(v strategy.Variable, what string) (*variable, error) {
 	iv, ok := v.(*variable)
 	if !ok || iv == nil || iv.owner != e {
 		return nil, fmt.Errorf("%s: variable %v was not created in this strategy's scope", what, v)
@@ -262,8 +263,8 @@ func (e *InGraph) own(v Variable, what string) (*variable, error) {
 	return iv, nil
 }
 
-func (e *InGraph) newVariable(name string, dtype tf.DataType, shape []int64, init Initializer, opts ...VariableOption) (*variable, error) {
-	cfg, err := NewVariableConfig(name, shape, opts...)
+func (e *Engine) newVariable(name string, dtype tf.DataType, shape []int64, init strategy.Initializer, opts ...strategy.VariableOption) (*variable, error) {
+	cfg, err := strategy.NewVariableConfig(name, shape, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -286,7 +287,7 @@ func (e *InGraph) newVariable(name string, dtype tf.DataType, shape []int64, ini
 		for r := range vals {
 			vals[r] = val
 		}
-		if b, ok := e.cfg.CrossDeviceOps.(Broadcaster); ok && e.cfg.NumReplicasInSync > len(e.cfg.Devices) {
+		if b, ok := e.cfg.CrossDeviceOps.(strategy.Broadcaster); ok && e.cfg.NumReplicasInSync > len(e.cfg.Devices) {
 			if vals, err = b.Broadcast(s.SubScope("broadcast"), val, e.cfg.Devices); err != nil {
 				return err
 			}
@@ -311,7 +312,7 @@ func (e *InGraph) newVariable(name string, dtype tf.DataType, shape []int64, ini
 
 // initPending initialises every variable not yet initialised or restored,
 // and the state of Config.PendingInit.
-func (e *InGraph) initPending(ctx context.Context) error {
+func (e *Engine) initPending(ctx context.Context) error {
 	var targets []*tf.Operation
 	var pending []*variable
 	for _, v := range e.vars {
@@ -347,7 +348,7 @@ func (e *InGraph) initPending(ctx context.Context) error {
 // (AbortPeers), so that a run waiting in one returns, and interrupts the
 // session (see tfrt.Session), which stops what TensorFlow can cancel: its
 // own collectives and receives, and the runs of a distributed session.
-func (e *InGraph) runLocked(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation) ([]*tf.Tensor, error) {
+func (e *Engine) runLocked(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation) ([]*tf.Tensor, error) {
 	if e.closed {
 		return nil, errors.New("strategy: closed")
 	}
@@ -371,7 +372,7 @@ func (e *InGraph) runLocked(ctx context.Context, feeds map[tf.Output]*tf.Tensor,
 		if cause == nil {
 			cause = err
 		}
-		e.failed = fmt.Errorf("strategy: run stopped by its context: %w; %w", cause, ErrCannotContinue)
+		e.failed = fmt.Errorf("strategy: run stopped by its context: %w; %w", cause, strategy.ErrCannotContinue)
 		e.log.Warn("the strategy cannot go on", zap.Error(e.failed))
 		return nil, e.failed
 	}
@@ -380,7 +381,7 @@ func (e *InGraph) runLocked(ctx context.Context, feeds map[tf.Output]*tf.Tensor,
 		if e.cfg.DiagnoseRunError != nil {
 			err = e.cfg.DiagnoseRunError(err)
 		}
-		if errors.Is(err, ErrCannotContinue) {
+		if errors.Is(err, strategy.ErrCannotContinue) {
 			e.failed = err
 			e.log.Error("the strategy cannot go on", zap.Error(err))
 		}
@@ -392,7 +393,7 @@ func (e *InGraph) runLocked(ctx context.Context, feeds map[tf.Output]*tf.Tensor,
 // Value reads a variable outside any replica: the primary copy of an
 // OnWrite variable, or the aggregate of an OnRead variable's copies (an
 // error when its aggregation is None).
-func (e *InGraph) Value(ctx context.Context, vv Variable) (*tf.Tensor, error) {
+func (e *Engine) Value(ctx context.Context, vv strategy.Variable) (*tf.Tensor, error) {
 	v, err := e.own(vv, "strategy: Value")
 	if err != nil {
 		return nil, err
@@ -417,7 +418,7 @@ func (e *InGraph) Value(ctx context.Context, vv Variable) (*tf.Tensor, error) {
 
 // Values reads vs as Value does, in one run: one extension of the graph
 // and one Session.Run for all of them, rather than one each.
-func (e *InGraph) Values(ctx context.Context, vs []Variable) ([]*tf.Tensor, error) {
+func (e *Engine) Values(ctx context.Context, vs []strategy.Variable) ([]*tf.Tensor, error) {
 	own := make([]*variable, len(vs))
 	for i, vv := range vs {
 		v, err := e.own(vv, "strategy: Values")
@@ -450,7 +451,7 @@ func (e *InGraph) Values(ctx context.Context, vs []Variable) ([]*tf.Tensor, erro
 
 // readerLocked returns v's reader outside replicas, built once per
 // variable.
-func (e *InGraph) readerLocked(v *variable) (*hostReducer, error) {
+func (e *Engine) readerLocked(v *variable) (*hostReducer, error) {
 	key := "read/" + v.name
 	if h, ok := e.reducers[key]; ok {
 		return h, nil
@@ -470,18 +471,18 @@ func (e *InGraph) readerLocked(v *variable) (*hostReducer, error) {
 	return h, nil
 }
 
-func reduceOpOf(a Aggregation) ReduceOp {
-	if a == AggregationMean {
-		return Mean
+func reduceOpOf(a strategy.Aggregation) strategy.ReduceOp {
+	if a == strategy.AggregationMean {
+		return strategy.Mean
 	}
-	return Sum
+	return strategy.Sum
 }
 
 // lock locks the engine for a call bounded by ctx: a call that waits for
 // another (a run blocked on a peer, say) gives up when ctx ends.
-func (e *InGraph) lock(ctx context.Context) error {
+func (e *Engine) lock(ctx context.Context) error {
 	if e.scoping.Load() {
-		return fmt.Errorf("strategy: %w", ErrInScope)
+		return fmt.Errorf("strategy: %w", strategy.ErrInScope)
 	}
 	if err := e.mu.LockContext(ctx); err != nil {
 		return fmt.Errorf("strategy: waiting for another call of the strategy to end: %w", err)
@@ -491,14 +492,14 @@ func (e *InGraph) lock(ctx context.Context) error {
 
 // Err returns the error that ended the strategy (one that wraps
 // ErrCannotContinue), or nil while it can run steps.
-func (e *InGraph) Err() error {
+func (e *Engine) Err() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.failed
 }
 
 // Close releases the session. The strategy cannot be used afterwards.
-func (e *InGraph) Close() error {
+func (e *Engine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -519,7 +520,7 @@ func sortedKeys[M ~map[string]V, V any](m M) []string {
 
 // Copies reads every local copy of v, in replica order: for checking that
 // mirrored copies agree, or for inspecting an OnRead variable's parts.
-func (e *InGraph) Copies(ctx context.Context, vv Variable) ([]*tf.Tensor, error) {
+func (e *Engine) Copies(ctx context.Context, vv strategy.Variable) ([]*tf.Tensor, error) {
 	v, err := e.own(vv, "strategy: Copies")
 	if err != nil {
 		return nil, err
@@ -554,12 +555,12 @@ func (e *InGraph) Copies(ctx context.Context, vv Variable) ([]*tf.Tensor, error)
 // AggregationSum gets value/replicas in each copy, so that its value is
 // value. Under MultiWorkerMirrored every worker assigns its own copies, so
 // every worker must assign the same value.
-func (e *InGraph) Assign(ctx context.Context, vv Variable, value *tf.Tensor) error {
+func (e *Engine) Assign(ctx context.Context, vv strategy.Variable, value *tf.Tensor) error {
 	v, err := e.own(vv, "strategy: Assign")
 	if err != nil {
 		return err
 	}
-	if err := (TensorSpec{DType: v.dtype, Shape: v.shape}).Check(v.name, value); err != nil {
+	if err := (strategy.TensorSpec{DType: v.dtype, Shape: v.shape}).Check(v.name, value); err != nil {
 		return fmt.Errorf("strategy: Assign: %w", err)
 	}
 	if err := e.lock(ctx); err != nil {

@@ -1,4 +1,4 @@
-package strategy
+package ingraph
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/internal/tensorutil"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // Gradient accumulation (WithAccumulation) on the in-graph engine.
@@ -54,15 +55,15 @@ type accumState struct {
 // accumulation returns the engine's accumulation state for a step that
 // accumulates k micro-steps, creating its variables on first use. e.mu is
 // held.
-func (e *InGraph) accumulation(k int) (*accumState, error) {
+func (e *Engine) accumulation(k int) (*accumState, error) {
 	if e.accum == nil {
-		steps, err := e.slotVariable(slotKey{owner: accumOwner, slot: accumStepsName}, accumOwner+"/"+accumStepsName, tf.Int64, nil, Zeros(),
-			WithSynchronization(OnRead), WithAggregation(AggregationOnlyFirstReplica))
+		steps, err := e.slotVariable(slotKey{owner: accumOwner, slot: accumStepsName}, accumOwner+"/"+accumStepsName, tf.Int64, nil, strategy.Zeros(),
+			strategy.WithSynchronization(strategy.OnRead), strategy.WithAggregation(strategy.AggregationOnlyFirstReplica))
 		if err != nil {
 			return nil, err
 		}
-		examples, err := e.slotVariable(slotKey{owner: accumOwner, slot: accumExamples}, accumOwner+"/"+accumExamples, tf.Float, nil, Zeros(),
-			WithSynchronization(OnRead), WithAggregation(AggregationSum))
+		examples, err := e.slotVariable(slotKey{owner: accumOwner, slot: accumExamples}, accumOwner+"/"+accumExamples, tf.Float, nil, strategy.Zeros(),
+			strategy.WithSynchronization(strategy.OnRead), strategy.WithAggregation(strategy.AggregationSum))
 		if err != nil {
 			return nil, err
 		}
@@ -80,7 +81,7 @@ func (e *InGraph) accumulation(k int) (*accumState, error) {
 
 // forgetMicroSteps makes the next run read the micro-step count from its
 // variable: after a restore or an Assign from outside. e.mu is held.
-func (e *InGraph) forgetMicroSteps() {
+func (e *Engine) forgetMicroSteps() {
 	if e.accum != nil {
 		e.accum.known = false
 	}
@@ -88,7 +89,7 @@ func (e *InGraph) forgetMicroSteps() {
 
 // applies reports whether the next run of a step that accumulates is the
 // micro-step that applies. e.mu is held.
-func (a *accumState) applies(ctx context.Context, e *InGraph) (bool, error) {
+func (a *accumState) applies(ctx context.Context, e *Engine) (bool, error) {
 	if !a.known {
 		out, err := e.runLocked(ctx, nil, []tf.Output{a.read}, nil)
 		if err != nil {
@@ -141,12 +142,12 @@ func (ab *accumBuild) accumulates() bool { return ab.k > 1 }
 // reduceGradients sums the replicas' gradients of vars, vals[r][i]: with
 // the CrossDeviceOps, or, in a step that accumulates, with
 // reduceAccumulated, which averages them over the accumulated examples.
-func (e *InGraph) reduceGradients(s *op.Scope, ab *accumBuild, vars []*variable, vals [][]tf.Output) ([][]tf.Output, error) {
+func (e *Engine) reduceGradients(s *op.Scope, ab *accumBuild, vars []*variable, vals [][]tf.Output) ([][]tf.Output, error) {
 	switch gr := e.cfg.GradientReducer; {
 	case !ab.accumulates() && gr != nil:
 		return gr.ReduceGradients(s, vals, e.cfg.Devices)
 	case !ab.accumulates():
-		return e.cfg.CrossDeviceOps.BatchReduce(s, Sum, vals, e.cfg.Devices)
+		return e.cfg.CrossDeviceOps.BatchReduce(s, strategy.Sum, vals, e.cfg.Devices)
 	case gr != nil:
 		return nil, fmt.Errorf("WithAccumulation(%d): the strategy's aggregation rule combines each step's gradients as they are; it cannot accumulate them", ab.k)
 	}
@@ -163,11 +164,11 @@ func (e *InGraph) reduceGradients(s *op.Scope, ab *accumBuild, vars []*variable,
 
 // accumulator returns the accumulator that key names, of dtype and shape,
 // for a step being built, and returns an error if the step already uses it.
-func (e *InGraph) accumulator(ab *accumBuild, key slotKey, name string, dtype tf.DataType, shape []int64) (*variable, error) {
+func (e *Engine) accumulator(ab *accumBuild, key slotKey, name string, dtype tf.DataType, shape []int64) (*variable, error) {
 	if _, err := e.accumulation(ab.k); err != nil {
 		return nil, err
 	}
-	v, err := e.slotVariable(key, name, dtype, shape, Zeros(), WithSynchronization(OnRead), WithAggregation(AggregationSum))
+	v, err := e.slotVariable(key, name, dtype, shape, strategy.Zeros(), strategy.WithSynchronization(strategy.OnRead), strategy.WithAggregation(strategy.AggregationSum))
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +186,7 @@ func (e *InGraph) accumulator(ab *accumBuild, key slotKey, name string, dtype tf
 // only accumulates adds vals times the loss divisor to the replica's copy;
 // the applying run reduces copy + vals × divisor across replicas together
 // with the example count, and returns the sums divided by the count.
-func (e *InGraph) reduceAccumulated(s *op.Scope, ab *accumBuild, accs []*variable, vals [][]tf.Output) ([][]tf.Output, error) {
+func (e *Engine) reduceAccumulated(s *op.Scope, ab *accumBuild, accs []*variable, vals [][]tf.Output) ([][]tf.Output, error) {
 	totals := make([][]tf.Output, len(vals))
 	for r := range vals {
 		rs := s.SubScope(fmt.Sprintf("accumulate_%d", r)).WithDevice(e.cfg.Devices[r])
@@ -200,7 +201,7 @@ func (e *InGraph) reduceAccumulated(s *op.Scope, ab *accumBuild, accs []*variabl
 	if err := s.Err(); err != nil {
 		return nil, err
 	}
-	sums, err := e.cfg.CrossDeviceOps.BatchReduce(s.SubScope("all_reduce"), Sum, totals, e.cfg.Devices)
+	sums, err := e.cfg.CrossDeviceOps.BatchReduce(s.SubScope("all_reduce"), strategy.Sum, totals, e.cfg.Devices)
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +219,7 @@ func (e *InGraph) reduceAccumulated(s *op.Scope, ab *accumBuild, accs []*variabl
 
 // accumulatedCount returns replica r's examples accumulated so far plus
 // this run's, built once per step.
-func (e *InGraph) accumulatedCount(ab *accumBuild, r int) tf.Output {
+func (e *Engine) accumulatedCount(ab *accumBuild, r int) tf.Output {
 	if ab.counts == nil {
 		ab.counts = make([]tf.Output, len(e.cfg.Devices))
 	}
@@ -244,12 +245,12 @@ type stepAccum struct {
 // else it runs is done, zeroes every accumulator, the count and the
 // micro-step count. Cross-replica calls that communicate in every run are
 // a build error, since micro-steps do not communicate.
-func (e *InGraph) finishAccumulation(root *op.Scope, st *step, ab *accumBuild, globals []tf.Output) error {
+func (e *Engine) finishAccumulation(root *op.Scope, st *step, ab *accumBuild, globals []tf.Output) error {
 	if !ab.accumulates() {
 		return nil
 	}
 	if len(ab.communicates) > 0 {
-		return &BuildError{Replica: -1, Err: fmt.Errorf("%s in a step with WithAccumulation(%d): a micro-step that accumulates does not communicate; "+
+		return &strategy.BuildError{Replica: -1, Err: fmt.Errorf("%s in a step with WithAccumulation(%d): a micro-step that accumulates does not communicate; "+
 			"only Minimize, ApplyGradients and ReduceOutput combine replicas in such a step", ab.communicates[0], ab.k)}
 	}
 	a := e.accum
@@ -263,15 +264,15 @@ func (e *InGraph) finishAccumulation(root *op.Scope, st *step, ab *accumBuild, g
 		zs := rs.SubScope("reset").WithControlDependencies(ab.apply...)
 		for i, v := range reset {
 			vs := zs.SubScope(fmt.Sprintf("var_%d", i))
-			zero, err := Zeros().Build(vs.SubScope("zero"), v.dtype, v.shape)
+			zero, err := strategy.Zeros().Build(vs.SubScope("zero"), v.dtype, v.shape)
 			if err != nil {
-				return &BuildError{Replica: -1, Err: err}
+				return &strategy.BuildError{Replica: -1, Err: err}
 			}
 			zeroes = append(zeroes, op.AssignVariableOp(vs, v.handles[r], zero))
 		}
 	}
 	if err := s.Err(); err != nil {
-		return &BuildError{Replica: -1, Err: fmt.Errorf("accumulation: %w", err)}
+		return &strategy.BuildError{Replica: -1, Err: fmt.Errorf("accumulation: %w", err)}
 	}
 	st.acc = &stepAccum{
 		k:            ab.k,
@@ -286,7 +287,7 @@ func (e *InGraph) finishAccumulation(root *op.Scope, st *step, ab *accumBuild, g
 // runPlan returns what a run of st fetches and runs, and whether it
 // applies an update: the whole step, or for a step that accumulates, the
 // micro-step that the engine's micro-step count calls for. e.mu is held.
-func (e *InGraph) runPlan(ctx context.Context, st *step) ([]tf.Output, []*tf.Operation, bool, error) {
+func (e *Engine) runPlan(ctx context.Context, st *step) ([]tf.Output, []*tf.Operation, bool, error) {
 	if st.acc == nil {
 		return st.fetches, st.targets, true, nil
 	}
