@@ -21,6 +21,7 @@ import (
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/train"
 )
 
 // tiny returns options for runs of a few seconds on the standard
@@ -153,15 +154,7 @@ func TestReplicasEqualOneDevice(t *testing.T) {
 func TestEveryVariableTrains(t *testing.T) {
 	ctx := context.Background()
 	o := tiny(t)
-	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
-	require.NoError(t, err)
-	d, err := batches(text, o)
-	require.NoError(t, err)
-	s, err := onedevice.New()
-	require.NoError(t, err)
-	defer s.Close()
-	tr, err := compile(s, o)
-	require.NoError(t, err)
+	tr, d, _ := compileOnOneDevice(t, o)
 	initial, err := variables(ctx, tr)
 	require.NoError(t, err)
 	require.NoError(t, trainOn(ctx, tr, d.train, o, io.Discard, &report{}))
@@ -186,6 +179,22 @@ func TestEveryVariableTrains(t *testing.T) {
 	assert.Len(t, names, 2+2*(2*2+8+2*2)+2+2, "variables: %v", names)
 }
 
+// compileOnOneDevice compiles o's model on a one-device strategy, closed
+// when the test ends, and returns it with o's text and its batches.
+func compileOnOneDevice(t *testing.T, o options) (*train.Trainer, data, corpus) {
+	t.Helper()
+	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
+	require.NoError(t, err)
+	d, err := batches(text, o)
+	require.NoError(t, err)
+	s, err := onedevice.New()
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	tr, err := compile(s, o)
+	require.NoError(t, err)
+	return tr, d, text
+}
+
 // The compiled loss is the mean cross-entropy per character: Evaluate's
 // held-out loss, over a full batch and a partial one, equals the mean over
 // every held-out character of -log softmax(logits)[next], computed here
@@ -194,15 +203,7 @@ func TestLossIsPerCharacterMean(t *testing.T) {
 	ctx := context.Background()
 	o := tiny(t)
 	o.evalBytes = 200 // 12 windows of 16: a full batch of 8 and a partial one
-	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
-	require.NoError(t, err)
-	d, err := batches(text, o)
-	require.NoError(t, err)
-	s, err := onedevice.New()
-	require.NoError(t, err)
-	defer s.Close()
-	tr, err := compile(s, o)
-	require.NoError(t, err)
+	tr, d, text := compileOnOneDevice(t, o)
 	logs, err := tr.Evaluate(ctx, d.heldOut, 0)
 	require.NoError(t, err)
 	pred, err := tr.Predict(ctx, d.heldOut, 0)
