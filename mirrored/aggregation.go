@@ -8,9 +8,9 @@ import (
 
 	"github.com/tfdist/tfdist/aggregate"
 	"github.com/tfdist/tfdist/internal/engineops"
+	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/internal/voting"
 	"github.com/tfdist/tfdist/logging"
-	"github.com/tfdist/tfdist/strategy"
 )
 
 // WithAggregation combines the replicas' gradients with rule instead of
@@ -29,7 +29,7 @@ func WithAggregation(rule aggregate.Rule) Option { return func(c *config) { c.ag
 // its voters are the replicas, in device order.
 func (s *Strategy) AggregationStats() aggregate.Stats { return s.voter.Stats() }
 
-// voteReducer is the strategy.GradientReducer of WithAggregation: a
+// voteReducer is the ingraph.GradientReducer of WithAggregation: a
 // replica's gradients, cast to float32 and concatenated, are its vote; the
 // votes are stacked on the host, where an aggregate op combines them, and
 // the result is split back into gradients on every replica's device.
@@ -58,7 +58,7 @@ func (v voteReducer) ReduceGradients(s *op.Scope, values [][]tf.Output, devices 
 
 // newVoter registers the voter of c's rule over the replicas on devices;
 // it returns nils without a rule.
-func newVoter(c config, devices []string) (*voting.Voter, strategy.GradientReducer, func(), error) {
+func newVoter(c config, devices []string) (*voting.Voter, ingraph.GradientReducer, func(), error) {
 	if c.aggregation == nil {
 		return nil, nil, func() {}, nil
 	}

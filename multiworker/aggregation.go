@@ -48,7 +48,7 @@ func (c config) checkAggregation(workers int) error {
 	return nil
 }
 
-// ReduceGradients implements strategy.GradientReducer with the rule's
+// ReduceGradients implements ingraph.GradientReducer with the rule's
 // aggregate op: a worker's vote is its local replicas' gradients summed,
 // cast to float32 and concatenated; the aggregate is split back into the
 // gradients, cast to their types and copied to every local replica.

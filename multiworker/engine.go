@@ -183,7 +183,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	cross := c.packed(cdo)
 	s := &Strategy{resolver: c.resolver, task: w.task, workerID: w.workerID, workers: w.workers,
 		group: g, unregister: unregister, closeTimeout: c.closeTimeout(), log: w.log}
-	var reducer strategy.GradientReducer
+	var reducer ingraph.GradientReducer
 	if c.aggregation != nil {
 		names := make([]string, len(w.workers))
 		for i, t := range w.workers {

@@ -24,14 +24,6 @@ type CrossDeviceOps interface {
 	BatchGather(s *op.Scope, values [][]tf.Output, devices []string) ([][]tf.Output, error)
 }
 
-// GradientReducer combines the gradients of a step across replicas in
-// place of CrossDeviceOps.BatchReduce(Sum): values[r][k] is the gradient of
-// variable k on local replica r. The result stands for the sum of every
-// replica's gradient, each on its replica's device.
-type GradientReducer interface {
-	ReduceGradients(s *op.Scope, values [][]tf.Output, devices []string) ([][]tf.Output, error)
-}
-
 // Broadcaster is implemented by CrossDeviceOps whose replicas span
 // processes: the engine passes every variable's initial value through
 // Broadcast so that every copy, on every worker, starts from global replica

@@ -43,7 +43,7 @@ type Config struct {
 	// GradientReducer, when set, sums the gradients of a step in place of
 	// CrossDeviceOps (a robust aggregation rule); a step that accumulates
 	// gradients (WithAccumulation) then fails to build.
-	GradientReducer strategy.GradientReducer
+	GradientReducer GradientReducer
 	// Session is the session's target ("" for the in-process runtime, or a
 	// server's, such as grpc://localhost:2222) and its serialized
 	// ConfigProto; nil is the in-process runtime with TensorFlow's
@@ -67,6 +67,14 @@ type Config struct {
 	// that records that they ran: the engine runs them with the variables'
 	// initialisers.
 	PendingInit func() (targets []*tf.Operation, ran func())
+}
+
+// GradientReducer combines the gradients of a step across replicas in
+// place of strategy.CrossDeviceOps.BatchReduce(Sum): values[r][k] is the gradient of
+// variable k on local replica r. The result stands for the sum of every
+// replica's gradient, each on its replica's device.
+type GradientReducer interface {
+	ReduceGradients(s *op.Scope, values [][]tf.Output, devices []string) ([][]tf.Output, error)
 }
 
 // Engine is the in-graph replication engine: one TensorFlow graph holds
