@@ -29,10 +29,11 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// Strategy is MirroredStrategy: the in-graph engine (ingraph.Engine)
-// configured with this machine's devices. Its methods are those of the
-// strategy.Strategy interface, plus State for checkpoints and the
-// engine's cross-replica reads and writes (Copies, Assign, Err).
+// Strategy is MirroredStrategy: tfdist's in-graph engine (one graph holds
+// every replica's copy of a step) configured with this machine's devices.
+// Its methods are those of the strategy.Strategy interface, plus State for
+// checkpoints, RunReplicas (a step on per-replica inputs) and the engine's
+// cross-replica reads and writes (Values, Copies, Assign, Err).
 type Strategy struct {
 	*engine
 	voter      *voting.Voter // WithAggregation's

@@ -40,11 +40,12 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// Strategy is MultiWorkerMirroredStrategy: the in-graph engine
-// (ingraph.Engine) whose CrossDeviceOps are collectives spanning the
-// cluster. Its methods are those of the strategy.Strategy interface, plus
-// State for checkpoints, the engine's cross-replica reads and writes
-// (Copies, Assign, Err) and the worker's place in the cluster.
+// Strategy is MultiWorkerMirroredStrategy: tfdist's in-graph engine (one
+// graph holds every local replica's copy of a step) whose CrossDeviceOps
+// are collectives spanning the cluster. Its methods are those of the
+// strategy.Strategy interface, plus State for checkpoints, RunReplicas (a
+// step on per-replica inputs), the engine's cross-replica reads and writes
+// (Values, Copies, Assign, Err) and the worker's place in the cluster.
 type Strategy struct {
 	*engine
 	resolver cluster.Resolver

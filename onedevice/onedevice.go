@@ -15,10 +15,10 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// Strategy is the one-device strategy: the in-graph engine with one
+// Strategy is the one-device strategy: tfdist's in-graph engine with one
 // replica. Its methods are those of the strategy.Strategy interface, plus
-// State for checkpoints and the engine's reads and writes of variables
-// (Values, Assign, Copies).
+// State for checkpoints, RunReplicas (a step on explicit inputs) and the
+// engine's reads and writes of variables (Values, Copies, Assign, Err).
 type Strategy struct {
 	*engine
 }
