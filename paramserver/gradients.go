@@ -24,18 +24,16 @@ func (rc *replicaContext) Gradients(loss tf.Output, vs []strategy.Variable) ([]t
 	}
 	var xs []tf.Output
 	for _, v := range vars {
-		r, ls := rc.reads[v], rc.lookups[v]
-		switch {
-		case r != nil && len(ls) > 0:
-			return nil, fmt.Errorf("Gradients: the step both reads and looks up variable %q; use one or the other", v.name)
-		case r != nil:
+		r, ls, err := rc.uses("Gradients", v)
+		if err != nil {
+			return nil, err
+		}
+		if r != nil {
 			xs = append(xs, r.out)
-		case len(ls) > 0:
-			for _, l := range ls {
-				xs = append(xs, l.out)
-			}
-		default:
-			return nil, fmt.Errorf("Gradients: the loss does not depend on variable %q: the step neither reads nor looks it up", v.name)
+			continue
+		}
+		for _, l := range ls {
+			xs = append(xs, l.out)
 		}
 	}
 	grads, err := rc.gradients("Gradients", loss, xs, vars)
@@ -59,16 +57,10 @@ func (rc *replicaContext) Gradients(loss tf.Output, vs []strategy.Variable) ([]t
 // scatterRows returns v's dense gradient from its lookups' rows' gradients
 // grads, on the worker.
 func (rc *replicaContext) scatterRows(s *op.Scope, v *Variable, ls []*lookup, grads []tf.Output) tf.Output {
-	rowShape := make([]int32, 1+len(v.shape[1:]))
-	rowShape[0] = -1
-	for i, d := range v.shape[1:] {
-		rowShape[i+1] = int32(d)
-	}
 	sums := make([]tf.Output, len(ls))
 	for j, l := range ls {
 		ls := s.SubScope(fmt.Sprintf("lookup_%d", j))
-		rows := op.Reshape(ls.SubScope("rows"), grads[j], op.Const(ls.SubScope("row_shape"), rowShape))
-		sums[j] = op.UnsortedSegmentSum(ls, rows, l.flat, op.Const(ls.SubScope("num_rows"), v.shape[0]))
+		sums[j] = op.UnsortedSegmentSum(ls, rc.rows(ls, l, grads[j]), l.flat, op.Const(ls.SubScope("num_rows"), v.shape[0]))
 	}
 	if len(sums) == 1 {
 		return sums[0]

@@ -295,22 +295,34 @@ type update struct {
 func (rc *replicaContext) plan(vars []*Variable, sparse bool) (update, error) {
 	var u update
 	for _, v := range vars {
-		r, ls := rc.reads[v], rc.lookups[v]
+		r, ls, err := rc.uses("Minimize", v)
 		switch {
-		case r != nil && len(ls) > 0:
-			return u, fmt.Errorf("Minimize: the step both reads and looks up variable %q; use one or the other", v.name)
+		case err != nil:
+			return u, err
 		case r != nil:
 			u.reads = append(u.reads, r.parts...)
 			u.dense = append(u.dense, v.shards...)
-		case len(ls) > 0 && sparse:
+		case sparse:
 			u.sparse = append(u.sparse, ls...)
-		case len(ls) > 0:
-			u.densified = append(u.densified, ls)
 		default:
-			return u, fmt.Errorf("Minimize: the loss does not depend on variable %q: the step neither reads nor looks it up", v.name)
+			u.densified = append(u.densified, ls)
 		}
 	}
 	return u, nil
+}
+
+// uses returns how the step used v: its read, or else its lookups. A
+// variable both read and looked up, or neither, is an error; what names
+// the call.
+func (rc *replicaContext) uses(what string, v *Variable) (*denseRead, []*lookup, error) {
+	r, ls := rc.reads[v], rc.lookups[v]
+	switch {
+	case r != nil && len(ls) > 0:
+		return nil, nil, fmt.Errorf("%s: the step both reads and looks up variable %q; use one or the other", what, v.name)
+	case r == nil && len(ls) == 0:
+		return nil, nil, fmt.Errorf("%s: the loss does not depend on variable %q: the step neither reads nor looks it up", what, v.name)
+	}
+	return r, ls, nil
 }
 
 // xs returns what Minimize differentiates the loss by: the read shards,
@@ -343,15 +355,22 @@ func checkOptimizer(opt strategy.Optimizer, needed bool) error {
 // rowParts returns the gradient g of lookup l's rows as [rows, row...],
 // divided among the variable's shards as l's ids are.
 func (rc *replicaContext) rowParts(s *op.Scope, l *lookup, g tf.Output) []tf.Output {
-	rowShape := append([]int32{-1}, make([]int32, len(l.rowShape))...)
-	for i, d := range l.rowShape {
-		rowShape[i+1] = int32(d)
-	}
-	rows := op.Reshape(s.SubScope("rows").WithDevice(rc.w.device), g, op.Const(s.SubScope("row_shape").WithDevice(rc.w.device), rowShape))
+	rows := rc.rows(s, l, g)
 	if len(l.v.shards) == 1 {
 		return []tf.Output{rows}
 	}
 	return op.DynamicPartition(s.SubScope("partition").WithDevice(rc.w.device), rows, l.p, int64(len(l.v.shards)))
+}
+
+// rows returns g, the gradient of lookup l's result, as one row per id
+// looked up: [ids, row...], on the worker.
+func (rc *replicaContext) rows(s *op.Scope, l *lookup, g tf.Output) tf.Output {
+	rowShape := append([]int32{-1}, make([]int32, len(l.rowShape))...)
+	for i, d := range l.rowShape {
+		rowShape[i+1] = int32(d)
+	}
+	ws := s.WithDevice(rc.w.device)
+	return op.Reshape(ws.SubScope("rows"), g, op.Const(ws.SubScope("row_shape"), rowShape))
 }
 
 // densify returns the shards of the variable that lookups ls looked up,
