@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/checkpoint"
+	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/onedevice"
@@ -28,7 +29,7 @@ func TestAccumulationMatchesDefault(t *testing.T) {
 		require.NoError(t, err)
 
 		s, err := mirrored.New(mirrored.WithLogicalCPUs(2),
-			mirrored.WithCrossDeviceOps(testmodel.CountingOps{Inner: strategy.ReductionToOneDevice{}, Counter: "reductions"}))
+			mirrored.WithCrossDeviceOps(testmodel.CountingOps{Inner: ingraph.ReductionToOneDevice{}, Counter: "reductions"}))
 		require.NoError(t, err)
 		defer s.Close()
 		var counter strategy.Variable

@@ -195,17 +195,17 @@ func New(opts ...Option) (*Strategy, error) {
 
 func chooseCrossDeviceOps(c config, devices []string) (strategy.CrossDeviceOps, error) {
 	var cdo strategy.CrossDeviceOps
-	allGPU := strategy.RequireGPUs(devices) == nil
+	allGPU := ingraph.RequireGPUs(devices) == nil
 	switch {
 	case c.cdo != nil:
 		cdo = c.cdo
 	case c.comm == NCCL:
-		if err := strategy.RequireGPUs(devices); err != nil {
+		if err := ingraph.RequireGPUs(devices); err != nil {
 			return nil, fmt.Errorf("mirrored: WithCommunication(NCCL): %w", err)
 		}
-		cdo = strategy.NCCLAllReduce{}
+		cdo = ingraph.NCCLAllReduce{}
 	case c.comm == Auto && allGPU && len(devices) > 1:
-		cdo = strategy.NCCLAllReduce{}
+		cdo = ingraph.NCCLAllReduce{}
 	case c.comm == Auto || c.comm == OneDevice:
 		// On GPUs, reduce on the first; else on the host CPU, where on a
 		// CPU-only machine every replica's memory already lives.
@@ -213,12 +213,12 @@ func chooseCrossDeviceOps(c config, devices []string) (strategy.CrossDeviceOps, 
 		if allGPU {
 			reduceOn = devices[0]
 		}
-		cdo = strategy.ReductionToOneDevice{Device: reduceOn}
+		cdo = ingraph.ReductionToOneDevice{Device: reduceOn}
 	default:
 		return nil, errors.New("mirrored: unknown Communication")
 	}
 	if c.bytesPerPk > 0 && len(devices) > 1 {
-		cdo = strategy.Packed{Inner: cdo, BytesPerPack: c.bytesPerPk}
+		cdo = ingraph.Packed{Inner: cdo, BytesPerPack: c.bytesPerPk}
 	}
 	return cdo, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -149,7 +150,7 @@ const aloneFrom = 1 << 20
 // packed wraps ops in the packing of WithBytesPerPack.
 func (c config) packed(ops *engineOps) strategy.CrossDeviceOps {
 	if c.bytesPerPack > 0 {
-		return strategy.Packed{Inner: ops, BytesPerPack: c.bytesPerPack, Reverse: true, AloneFrom: aloneFrom}
+		return ingraph.Packed{Inner: ops, BytesPerPack: c.bytesPerPack, Reverse: true, AloneFrom: aloneFrom}
 	}
 	return ops
 }

@@ -136,7 +136,7 @@ func (c *engineOps) BatchGather(s *op.Scope, values [][]tf.Output, devices []str
 	return out, s.Err()
 }
 
-// Broadcast implements strategy.Broadcaster: worker 0 sends its replica 0's
+// Broadcast implements ingraph.Broadcaster: worker 0 sends its replica 0's
 // value, and every replica of every worker receives it.
 func (c *engineOps) Broadcast(s *op.Scope, value tf.Output, devices []string) ([]tf.Output, error) {
 	if err := c.check("broadcast", [][]tf.Output{{value}}); err != nil {

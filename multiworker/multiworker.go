@@ -55,7 +55,7 @@ type Strategy struct {
 	// On TensorFlow's collectives: this task's server, its ops and the
 	// session options of the handshake and the closing barrier.
 	server   *tfrt.Server
-	ring     *RingOps
+	ring     *ringOps
 	sessOpts []tfrt.ConfigOption
 	log      *zap.Logger
 
@@ -303,7 +303,7 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 	for j := range nLocal {
 		devices = append(devices, cluster.DeviceName(string(task.Type), task.Index, "CPU", j))
 	}
-	ring := &RingOps{GroupSize: nLocal * len(workers), GroupKey: 1, FirstReplica: workerID * nLocal,
+	ring := &ringOps{GroupSize: nLocal * len(workers), GroupKey: 1, FirstReplica: workerID * nLocal,
 		Communication: c.comm}
 	if c.comm == NCCL {
 		if err := ring.check(devices); err != nil {
@@ -312,7 +312,7 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	var cross strategy.CrossDeviceOps = ring
 	if c.bytesPerPack > 0 {
-		cross = strategy.Packed{Inner: ring, BytesPerPack: c.bytesPerPack}
+		cross = ingraph.Packed{Inner: ring, BytesPerPack: c.bytesPerPack}
 	}
 	so, err := tfrt.SessionOptions(srv.Target(), append(slices.Clip(sessOpts), tfrt.WithOperationTimeout(c.timeout))...)
 	if err != nil {
@@ -354,10 +354,10 @@ func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
 	for j := range n {
 		devices = append(devices, strategy.LocalCPU(j))
 	}
-	ring := &RingOps{GroupSize: n, GroupKey: 1, Communication: c.comm}
+	ring := &ringOps{GroupSize: n, GroupKey: 1, Communication: c.comm}
 	var cross strategy.CrossDeviceOps = ring
 	if c.bytesPerPack > 0 && n > 1 {
-		cross = strategy.Packed{Inner: ring, BytesPerPack: c.bytesPerPack}
+		cross = ingraph.Packed{Inner: ring, BytesPerPack: c.bytesPerPack}
 	}
 	intra, inter := tfrt.DefaultThreads()
 	so, err := tfrt.SessionOptions("", tfrt.WithLogicalCPUs(n), tfrt.WithThreads(intra, inter))
@@ -410,7 +410,7 @@ func (s *Strategy) handshake(ctx context.Context, spec cluster.ClusterSpec, time
 // collective timeout; its instance key comes next in build order, so every
 // worker must hold its rounds at the same point of the program.
 func (s *Strategy) round(ctx context.Context, label string, value int64, timeout time.Duration) ([]int64, error) {
-	hs := &RingOps{GroupSize: s.ring.GroupSize, GroupKey: s.ring.GroupKey, FirstReplica: s.ring.FirstReplica,
+	hs := &ringOps{GroupSize: s.ring.GroupSize, GroupKey: s.ring.GroupKey, FirstReplica: s.ring.FirstReplica,
 		Communication: s.ring.Communication}
 	hs.next = s.ring.instanceKey() - 1
 	g := tf.NewGraph()

@@ -7,10 +7,11 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// RingOps is the CrossDeviceOps of MultiWorkerMirrored on TensorFlow's
+// ringOps is the CrossDeviceOps of MultiWorkerMirrored on TensorFlow's
 // collectives (WithCommunication Ring or NCCL, and a single worker's local
 // devices): every replica on every worker joins TensorFlow's collective
 // ops (CollectiveReduceV2, CollectiveGatherV2, CollectiveBcastSend/RecvV2)
@@ -23,7 +24,7 @@ import (
 // hold (collectives per second x timeout) threads. A dead peer is bounded by
 // the deadline of the step that runs them instead (see
 // WithCollectiveTimeout), whose cancellation aborts the step's collectives.
-type RingOps struct {
+type ringOps struct {
 	GroupSize     int
 	GroupKey      int32
 	FirstReplica  int // global id of this process's first replica
@@ -33,7 +34,7 @@ type RingOps struct {
 	next int32
 }
 
-func (c *RingOps) instanceKey() int32 {
+func (c *ringOps) instanceKey() int32 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.next++
@@ -44,7 +45,7 @@ type ringArgs struct {
 	size, group, instance tf.Output
 }
 
-func (c *RingOps) args(s *op.Scope, key int32) ringArgs {
+func (c *ringOps) args(s *op.Scope, key int32) ringArgs {
 	return ringArgs{
 		size:     op.Const(s.SubScope("group_size"), int32(c.GroupSize)),
 		group:    op.Const(s.SubScope("group_key"), c.GroupKey),
@@ -52,9 +53,9 @@ func (c *RingOps) args(s *op.Scope, key int32) ringArgs {
 	}
 }
 
-func (c *RingOps) hint(devices []string) string {
+func (c *ringOps) hint(devices []string) string {
 	if c.Communication == Auto {
-		if strategy.RequireGPUs(devices) == nil {
+		if ingraph.RequireGPUs(devices) == nil {
 			return "nccl"
 		}
 		return "ring"
@@ -62,9 +63,9 @@ func (c *RingOps) hint(devices []string) string {
 	return c.Communication.String()
 }
 
-func (c *RingOps) check(devices []string) error {
+func (c *ringOps) check(devices []string) error {
 	if c.Communication == NCCL {
-		if err := strategy.RequireGPUs(devices); err != nil {
+		if err := ingraph.RequireGPUs(devices); err != nil {
 			return fmt.Errorf("multiworker: communication NCCL: %w", err)
 		}
 	}
@@ -72,7 +73,7 @@ func (c *RingOps) check(devices []string) error {
 }
 
 // BatchReduce implements strategy.CrossDeviceOps.
-func (c *RingOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
+func (c *ringOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
 	if err := c.check(devices); err != nil {
 		return nil, err
 	}
@@ -94,7 +95,7 @@ func (c *RingOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]tf.
 }
 
 // BatchGather implements strategy.CrossDeviceOps.
-func (c *RingOps) BatchGather(s *op.Scope, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
+func (c *ringOps) BatchGather(s *op.Scope, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
 	if err := c.check(devices); err != nil {
 		return nil, err
 	}
@@ -111,9 +112,9 @@ func (c *RingOps) BatchGather(s *op.Scope, values [][]tf.Output, devices []strin
 	return out, s.Err()
 }
 
-// Broadcast implements strategy.Broadcaster: global replica 0 sends, every
+// Broadcast implements ingraph.Broadcaster: global replica 0 sends, every
 // other replica of every worker receives.
-func (c *RingOps) Broadcast(s *op.Scope, value tf.Output, devices []string) ([]tf.Output, error) {
+func (c *ringOps) Broadcast(s *op.Scope, value tf.Output, devices []string) ([]tf.Output, error) {
 	key := c.instanceKey()
 	out := make([]tf.Output, len(devices))
 	for r := range devices {

@@ -48,7 +48,7 @@ func New(opts ...Option) (*Strategy, error) {
 	for _, o := range opts {
 		o(&c)
 	}
-	e, err := ingraph.New(ingraph.Config{Name: "default", Devices: []string{c.device}, CrossDeviceOps: strategy.ReductionToOneDevice{}, Logger: c.logger})
+	e, err := ingraph.New(ingraph.Config{Name: "default", Devices: []string{c.device}, CrossDeviceOps: ingraph.ReductionToOneDevice{}, Logger: c.logger})
 	if err != nil {
 		return nil, err
 	}

@@ -20,7 +20,7 @@ import (
 func countingDefault(t *testing.T) (*ingraph.Engine, strategy.Variable) {
 	t.Helper()
 	e, err := ingraph.New(ingraph.Config{Name: "default", Devices: []string{strategy.LocalCPU(0)},
-		CrossDeviceOps: testmodel.CountingOps{Inner: strategy.ReductionToOneDevice{}, Counter: "reductions"}})
+		CrossDeviceOps: testmodel.CountingOps{Inner: ingraph.ReductionToOneDevice{}, Counter: "reductions"}})
 	require.NoError(t, err)
 	t.Cleanup(func() { e.Close() })
 	var counter strategy.Variable

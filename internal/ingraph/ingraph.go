@@ -295,7 +295,7 @@ func (e *Engine) newVariable(name string, dtype tf.DataType, shape []int64, init
 		for r := range vals {
 			vals[r] = val
 		}
-		if b, ok := e.cfg.CrossDeviceOps.(strategy.Broadcaster); ok && e.cfg.NumReplicasInSync > len(e.cfg.Devices) {
+		if b, ok := e.cfg.CrossDeviceOps.(Broadcaster); ok && e.cfg.NumReplicasInSync > len(e.cfg.Devices) {
 			if vals, err = b.Broadcast(s.SubScope("broadcast"), val, e.cfg.Devices); err != nil {
 				return err
 			}

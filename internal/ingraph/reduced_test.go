@@ -9,6 +9,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/internal/reducedtest"
 	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
@@ -41,8 +42,8 @@ func TestReducedOutputsEqualReduce(t *testing.T) {
 		n   int
 		cdo strategy.CrossDeviceOps
 	}{
-		{3, strategy.ReductionToOneDevice{}},
-		{2, strategy.Packed{Inner: strategy.ReductionToOneDevice{}, BytesPerPack: 1 << 20}},
+		{3, ingraph.ReductionToOneDevice{}},
+		{2, ingraph.Packed{Inner: ingraph.ReductionToOneDevice{}, BytesPerPack: 1 << 20}},
 	} {
 		t.Run(fmt.Sprintf("%d_%T", c.n, c.cdo), func(t *testing.T) {
 			got, err := reducedtest.Run(ctx, local(t, c.n, c.cdo), 0, 3)

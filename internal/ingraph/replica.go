@@ -430,7 +430,7 @@ func (rc *ReplicaContext) write(kind string, vv strategy.Variable, value tf.Outp
 		s := rc.e.namespace(sanitize(kind + "_" + v.name))
 		var combined []tf.Output
 		if v.agg == strategy.AggregationOnlyFirstReplica {
-			if b, ok := rc.e.cfg.CrossDeviceOps.(strategy.Broadcaster); ok && rc.e.cfg.NumReplicasInSync > len(args) {
+			if b, ok := rc.e.cfg.CrossDeviceOps.(Broadcaster); ok && rc.e.cfg.NumReplicasInSync > len(args) {
 				// Global replica 0 lives on one worker: broadcast its value.
 				vals, err := b.Broadcast(s.SubScope("first"), args[0].(tf.Output), rc.e.cfg.Devices)
 				if err != nil {

@@ -28,7 +28,7 @@ func local(t *testing.T, n int, cdo strategy.CrossDeviceOps) *ingraph.Engine {
 		devs = append(devs, strategy.LocalCPU(i))
 	}
 	if cdo == nil {
-		cdo = strategy.ReductionToOneDevice{}
+		cdo = ingraph.ReductionToOneDevice{}
 	}
 	so, err := tfrt.SessionOptions("", tfrt.WithLogicalCPUs(n), tfrt.WithThreads(2, 4))
 	require.NoError(t, err)
@@ -118,7 +118,7 @@ func TestGatherRefusesScalars(t *testing.T) {
 func TestPackedReductionEqualsUnpacked(t *testing.T) {
 	for _, bytes := range []int64{1, 16, 40, 1 << 20} {
 		t.Run(fmt.Sprint(bytes), func(t *testing.T) {
-			e := local(t, 2, strategy.Packed{Inner: strategy.ReductionToOneDevice{}, BytesPerPack: bytes})
+			e := local(t, 2, ingraph.Packed{Inner: ingraph.ReductionToOneDevice{}, BytesPerPack: bytes})
 			shapes := [][]int64{{2, 3}, {3}, {1}, {4, 1}, {}}
 			step, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 				out := strategy.Outputs{}
@@ -166,7 +166,7 @@ func TestPackedReductionEqualsUnpacked(t *testing.T) {
 // shapesSeen is a CrossDeviceOps that reduces as ReductionToOneDevice does
 // and records the shape of every tensor it reduces.
 type shapesSeen struct {
-	strategy.ReductionToOneDevice
+	ingraph.ReductionToOneDevice
 	shapes *[][]int64
 }
 
@@ -212,7 +212,7 @@ func TestPackedPlansPacks(t *testing.T) {
 				}
 			}
 			var seen [][]int64
-			out, err := strategy.Packed{Inner: shapesSeen{shapes: &seen}, BytesPerPack: c.bytes, AloneFrom: c.aloneFrom}.
+			out, err := ingraph.Packed{Inner: shapesSeen{shapes: &seen}, BytesPerPack: c.bytes, AloneFrom: c.aloneFrom}.
 				BatchReduce(s.SubScope("reduce"), strategy.Sum, values, devices)
 			require.NoError(t, err)
 			assert.Equal(t, c.reduced, seen)
@@ -430,7 +430,7 @@ func TestUnknownDeviceListsDevices(t *testing.T) {
 	so, err := tfrt.SessionOptions("", tfrt.WithLogicalCPUs(2))
 	require.NoError(t, err)
 	_, err = ingraph.New(ingraph.Config{Devices: []string{strategy.LocalCPU(0), strategy.LocalCPU(7)},
-		CrossDeviceOps: strategy.ReductionToOneDevice{}, Session: so})
+		CrossDeviceOps: ingraph.ReductionToOneDevice{}, Session: so})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "CPU:7")
 	assert.Contains(t, err.Error(), "/job:localhost/replica:0/task:0/device:CPU:1")
@@ -479,7 +479,7 @@ func buildOn(t *testing.T, e *ingraph.Engine) strategy.Step {
 }
 
 func TestNCCLOnCPUIsAnError(t *testing.T) {
-	e := local(t, 2, strategy.NCCLAllReduce{})
+	e := local(t, 2, ingraph.NCCLAllReduce{})
 	_, err := e.Build(vecSpec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		y, err := rc.AllReduce(strategy.Sum, in["x"])
 		return strategy.Outputs{"y": y}, err
@@ -495,7 +495,7 @@ func TestNCCLOnCPUIsAnError(t *testing.T) {
 func TestWorkerAgreesOnCountsInOneReduction(t *testing.T) {
 	e, err := ingraph.New(ingraph.Config{Name: "worker", Devices: []string{strategy.LocalCPU(0)},
 		NumReplicasInSync: 2, NumWorkers: 2,
-		CrossDeviceOps: testmodel.CountingOps{Inner: strategy.ReductionToOneDevice{}, Counter: "reductions"}})
+		CrossDeviceOps: testmodel.CountingOps{Inner: ingraph.ReductionToOneDevice{}, Counter: "reductions"}})
 	require.NoError(t, err)
 	defer e.Close()
 	var counter strategy.Variable

@@ -13,7 +13,7 @@ import (
 
 // CountingOps is a CrossDeviceOps that counts, in the graph, the
 // reductions of Inner that run: each reduced tensor (each pack, under
-// strategy.Packed) waits for an increment of an int64 counter, the
+// ingraph.Packed) waits for an increment of an int64 counter, the
 // strategy's variable Counter, which NewCounter creates. Gathers are not
 // counted.
 type CountingOps struct {
