@@ -1,0 +1,151 @@
+package partition
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	tf "github.com/wamuir/graft/tensorflow"
+
+	"github.com/tfdist/tfdist/internal/tfrt"
+)
+
+// Host is one task's TensorFlow graph and local session. The fragments of
+// any number of plans are imported into it, each under a prefix of its
+// own; ops of different fragments share resources by their shared names
+// (a variable's VarHandleOp), as the ops of one graph do.
+//
+// A run on a Host is not interrupted when its context ends: interrupting
+// closes the session and with it every resource it holds (a ps task's
+// variables). A fragment holds no op that waits on another task, so its
+// runs end on their own.
+type Host struct {
+	g    *tf.Graph
+	sess *tfrt.Session
+
+	mu       sync.Mutex
+	prefixes map[string]bool
+}
+
+// NewHost returns a host whose session runs with options so (nil: the
+// defaults).
+func NewHost(so *tf.SessionOptions) (*Host, error) {
+	g := tf.NewGraph()
+	sess, err := tfrt.NewSession(g, so)
+	if err != nil {
+		return nil, tfrt.Classify("open a session", err)
+	}
+	return &Host{g: g, sess: sess, prefixes: map[string]bool{}}, nil
+}
+
+// Import adds fragment to the host's graph under prefix, which no earlier
+// import used.
+func (h *Host) Import(prefix string, fragment []byte) error {
+	if prefix == "" || strings.ContainsAny(prefix, ":^") {
+		return fmt.Errorf("partition: import prefix %q: expected a non-empty op name", prefix)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.prefixes[prefix] {
+		return fmt.Errorf("partition: import prefix %q: already imported", prefix)
+	}
+	if err := h.g.Import(fragment, prefix); err != nil {
+		return fmt.Errorf("partition: import fragment %q: %w", prefix, err)
+	}
+	h.prefixes[prefix] = true
+	return nil
+}
+
+// Imported reports whether a fragment was imported under prefix.
+func (h *Host) Imported(prefix string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.prefixes[prefix]
+}
+
+// Runner returns the Runner of the fragment imported under prefix.
+func (h *Host) Runner(prefix string) Runner {
+	return &hostRunner{h: h, prefix: prefix, outputs: map[string]tf.Output{}, ops: map[string]*tf.Operation{}}
+}
+
+// Close releases the session.
+func (h *Host) Close() error { return h.sess.Close() }
+
+type hostRunner struct {
+	h      *Host
+	prefix string
+
+	mu      sync.Mutex
+	outputs map[string]tf.Output
+	ops     map[string]*tf.Operation
+}
+
+func (r *hostRunner) Run(ctx context.Context, feeds map[string]*tf.Tensor, fetches, targets []string) ([]*tf.Tensor, error) {
+	if !r.h.Imported(r.prefix) {
+		return nil, fmt.Errorf("partition: no fragment imported under %q", r.prefix)
+	}
+	fm := make(map[tf.Output]*tf.Tensor, len(feeds))
+	for name, t := range feeds {
+		o, err := r.output(name)
+		if err != nil {
+			return nil, err
+		}
+		fm[o] = t
+	}
+	fo := make([]tf.Output, len(fetches))
+	for i, name := range fetches {
+		o, err := r.output(name)
+		if err != nil {
+			return nil, err
+		}
+		fo[i] = o
+	}
+	to := make([]*tf.Operation, len(targets))
+	for i, name := range targets {
+		op, err := r.op(name)
+		if err != nil {
+			return nil, err
+		}
+		to[i] = op
+	}
+	out, err := r.h.sess.Run(context.WithoutCancel(ctx), fm, fo, to)
+	return out, tfrt.Classify("run", err)
+}
+
+func (r *hostRunner) op(name string) (*tf.Operation, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if op, ok := r.ops[name]; ok {
+		return op, nil
+	}
+	op := r.h.g.Operation(r.prefix + "/" + name)
+	if op == nil {
+		return nil, fmt.Errorf("partition: fragment %q has no op %q", r.prefix, name)
+	}
+	r.ops[name] = op
+	return op, nil
+}
+
+func (r *hostRunner) output(name string) (tf.Output, error) {
+	r.mu.Lock()
+	o, ok := r.outputs[name]
+	r.mu.Unlock()
+	if ok {
+		return o, nil
+	}
+	opName, k := parseInput(name)
+	op, err := r.op(opName)
+	if err != nil {
+		return tf.Output{}, err
+	}
+	if k < 0 || k >= op.NumOutputs() {
+		return tf.Output{}, fmt.Errorf("partition: fragment %q: op %q has no output %s", r.prefix, opName, strconv.Itoa(k))
+	}
+	o = op.Output(k)
+	r.mu.Lock()
+	r.outputs[name] = o
+	r.mu.Unlock()
+	return o, nil
+}
