@@ -65,7 +65,11 @@ func (p *Plan) round(ctx context.Context, i int, round []Run, runners map[string
 	defer cancel()
 	results := make([][]*tf.Tensor, len(round))
 	errs := make([]error, len(round))
-	var wg sync.WaitGroup
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first = -1 // the run that failed first; the others' errors may be its cancellation
+	)
 	for k, run := range round {
 		feeds := make(map[string]*tf.Tensor, len(run.Feeds))
 		for _, f := range run.Feeds {
@@ -76,15 +80,20 @@ func (p *Plan) round(ctx context.Context, i int, round []Run, runners map[string
 			defer wg.Done()
 			results[k], errs[k] = runners[run.Task].Run(ctx, feeds, run.Fetches, run.Targets)
 			if errs[k] != nil {
+				mu.Lock()
+				if first < 0 {
+					first = k
+				}
+				mu.Unlock()
 				cancel()
 			}
 		}()
 	}
 	wg.Wait()
+	if first >= 0 {
+		return &RunError{Task: round[first].Task, Round: i, Err: errs[first]}
+	}
 	for k, run := range round {
-		if errs[k] != nil {
-			return &RunError{Task: run.Task, Round: i, Err: errs[k]}
-		}
 		if len(results[k]) != len(run.Fetches) {
 			return &RunError{Task: run.Task, Round: i, Err: fmt.Errorf("%d values for %d fetches", len(results[k]), len(run.Fetches))}
 		}

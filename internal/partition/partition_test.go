@@ -264,3 +264,27 @@ func TestResourceOnAnotherTask(t *testing.T) {
 	assert.Contains(t, err.Error(), ps1)
 	assert.Contains(t, err.Error(), ps0)
 }
+
+// runnerFunc is a Runner of a function.
+type runnerFunc func(ctx context.Context) error
+
+func (f runnerFunc) Run(ctx context.Context, _ map[string]*tf.Tensor, _, _ []string) ([]*tf.Tensor, error) {
+	return nil, f(ctx)
+}
+
+// TestExecuteNamesTheRunThatFailedFirst: when a run fails, the other runs
+// of its round are cancelled; the plan's error names the run that failed,
+// not one that ended because it was cancelled, whatever their order.
+func TestExecuteNamesTheRunThatFailedFirst(t *testing.T) {
+	boom := fmt.Errorf("boom")
+	p := &partition.Plan{Rounds: [][]partition.Run{{{Task: ps0}, {Task: ps1}}}}
+	runners := map[string]partition.Runner{
+		ps0: runnerFunc(func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }),
+		ps1: runnerFunc(func(context.Context) error { return boom }),
+	}
+	_, err := p.Execute(context.Background(), runners, nil)
+	var re *partition.RunError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, ps1, re.Task)
+	assert.ErrorIs(t, err, boom)
+}
