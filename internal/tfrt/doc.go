@@ -1,8 +1,9 @@
 // Package tfrt is tfdist's thin layer over the parts of TensorFlow's C API
 // that the graft bindings do not wrap: the in-process distributed runtime
 // server (TF_NewServer and friends), sessions whose runs a context bounds
-// (Session), ConfigProto builders, device listing and the mapping of
-// TensorFlow status codes onto Go errors. It imports no other package of
+// (Session), tensors of the dtypes graft cannot read (ReadTensor),
+// ConfigProto builders, device listing and the mapping of TensorFlow
+// status codes onto Go errors. It imports no other package of
 // tfdist.
 //
 // It links against libtensorflow (TensorFlow 2.18); scripts/libtensorflow.sh
