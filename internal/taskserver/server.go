@@ -148,7 +148,7 @@ func (s *Server) handle(decode func(*decoder) call) http.Handler {
 			s.reply(w, nil, http.StatusBadRequest, fmt.Errorf("taskserver: %s: %w", r.URL.Path, err))
 			return
 		}
-		_, _ = io.Copy(io.Discard, r.Body) // sees the body's end: net/http then watches for the client leaving
+		_, _ = io.Copy(io.Discard, r.Body)  // sees the body's end: net/http then watches for the client leaving
 		_ = rc.SetReadDeadline(time.Time{}) // which a long run must not end
 		ctx, cancel := requestContext(r)
 		defer cancel()
