@@ -252,7 +252,7 @@ func (c *Client) observe(incarnation string) error {
 	if prev == "" {
 		return nil
 	}
-	return fmt.Errorf("taskserver: %s: %w (incarnation %s, was %s): what was imported and installed on it is gone, and a ps task's variables",
+	return fmt.Errorf("taskserver: %s: %w (incarnation %s, was %s): what was imported and installed on it is gone, as are a ps task's variables",
 		c.addr, ErrRestarted, incarnation, prev)
 }
 
