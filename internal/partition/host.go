@@ -2,6 +2,7 @@ package partition
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -17,27 +18,70 @@ import (
 // own; ops of different fragments share resources by their shared names
 // (a variable's VarHandleOp), as the ops of one graph do.
 //
-// A run on a Host is not interrupted when its context ends: interrupting
-// closes the session and with it every resource it holds (a ps task's
-// variables). A fragment holds no op that waits on another task, so its
-// runs end on their own.
+// By default a run on a Host is not interrupted when its context ends:
+// interrupting closes the session and with it every resource it holds (a
+// ps task's variables). A fragment holds no op that waits on another task,
+// so its runs end on their own, unless the program's own ops wait (a queue
+// that nothing fills): the host of a task that holds no state of its own
+// (a worker) is made Interruptible.
 type Host struct {
-	g    *tf.Graph
-	sess *tfrt.Session
+	g             *tf.Graph
+	so            *tf.SessionOptions
+	interruptible bool
 
 	mu       sync.Mutex
+	sess     *tfrt.Session
 	prefixes map[string]bool
 }
 
+// HostOption configures NewHost.
+type HostOption func(*Host)
+
+// Interruptible makes a run whose context ends interrupt the host's
+// session, which cancels every run in progress on it; the host goes on
+// with a new session over the same graph, without what lived in the old
+// one (queues, iterators, variables). For hosts whose state lives
+// elsewhere only.
+func Interruptible() HostOption { return func(h *Host) { h.interruptible = true } }
+
 // NewHost returns a host whose session runs with options so (nil: the
 // defaults).
-func NewHost(so *tf.SessionOptions) (*Host, error) {
+func NewHost(so *tf.SessionOptions, opts ...HostOption) (*Host, error) {
 	g := tf.NewGraph()
 	sess, err := tfrt.NewSession(g, so)
 	if err != nil {
 		return nil, tfrt.Classify("open a session", err)
 	}
-	return &Host{g: g, sess: sess, prefixes: map[string]bool{}}, nil
+	h := &Host{g: g, so: so, sess: sess, prefixes: map[string]bool{}}
+	for _, o := range opts {
+		o(h)
+	}
+	return h, nil
+}
+
+// session returns the host's session.
+func (h *Host) session() *tfrt.Session {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.sess
+}
+
+// renew replaces old, a session a run's context interrupted, by a new one
+// over the same graph, unless another run did already, and closes old once
+// its runs have ended.
+func (h *Host) renew(old *tfrt.Session) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.sess != old {
+		return nil
+	}
+	sess, err := tfrt.NewSession(h.g, h.so)
+	if err != nil {
+		return tfrt.Classify("open a new session after an interrupted run", err)
+	}
+	h.sess = sess
+	go old.Close()
+	return nil
 }
 
 // Import adds fragment to the host's graph under prefix, which no earlier
@@ -71,7 +115,7 @@ func (h *Host) Runner(prefix string) Runner {
 }
 
 // Close releases the session.
-func (h *Host) Close() error { return h.sess.Close() }
+func (h *Host) Close() error { return h.session().Close() }
 
 type hostRunner struct {
 	h      *Host
@@ -110,7 +154,23 @@ func (r *hostRunner) Run(ctx context.Context, feeds map[string]*tf.Tensor, fetch
 		}
 		to[i] = op
 	}
-	out, err := r.h.sess.Run(context.WithoutCancel(ctx), fm, fo, to)
+	return r.h.run(ctx, fm, fo, to)
+}
+
+// run runs the session, which ctx interrupts when the host is
+// Interruptible.
+func (h *Host) run(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation) ([]*tf.Tensor, error) {
+	sess := h.session()
+	if !h.interruptible {
+		ctx = context.WithoutCancel(ctx)
+	}
+	out, err := sess.Run(ctx, feeds, fetches, targets)
+	if errors.Is(err, tfrt.ErrInterrupted) {
+		if rerr := h.renew(sess); rerr != nil {
+			return nil, errors.Join(err, rerr)
+		}
+		return nil, err
+	}
 	return out, tfrt.Classify("run", err)
 }
 

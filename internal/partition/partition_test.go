@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -287,4 +288,33 @@ func TestExecuteNamesTheRunThatFailedFirst(t *testing.T) {
 	require.ErrorAs(t, err, &re)
 	assert.Equal(t, ps1, re.Task)
 	assert.ErrorIs(t, err, boom)
+}
+
+// A run of an Interruptible host that waits forever (a queue nothing
+// fills) ends with its context, and the host runs its fragments after it,
+// in a new session over the same graph.
+func TestInterruptibleHostEndsAWaitingRun(t *testing.T) {
+	g := tf.NewGraph()
+	s := op.NewScopeWithGraph(g)
+	q := op.FIFOQueueV2(s.SubScope("queue"), []tf.DataType{tf.Int32})
+	deq := op.QueueDequeueV2(s.SubScope("dequeue"), q, []tf.DataType{tf.Int32})
+	seven := op.Const(s.SubScope("seven"), int32(7))
+	require.NoError(t, s.Err())
+	stuck, err := partition.New(g, partition.Spec{Fetches: deq, Default: worker})
+	require.NoError(t, err)
+	fine, err := partition.New(g, partition.Spec{Fetches: []tf.Output{seven}, Default: worker})
+	require.NoError(t, err)
+
+	h, err := partition.NewHost(nil, partition.Interruptible())
+	require.NoError(t, err)
+	t.Cleanup(func() { h.Close() })
+	require.NoError(t, h.Import("stuck", stuck.Fragments[worker]))
+	require.NoError(t, h.Import("fine", fine.Fragments[worker]))
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err = stuck.Execute(ctx, map[string]partition.Runner{worker: h.Runner("stuck")}, nil)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	out, err := fine.Execute(context.Background(), map[string]partition.Runner{worker: h.Runner("fine")}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, int32(7), out[0].Value())
 }
