@@ -69,6 +69,12 @@ func (p *planner) plan(src *graphpb.GraphDef, order []*node) (*Plan, error) {
 				// ordered by the rounds
 			case e.control():
 				def.Input = append(def.Input, "^"+e.from.def.Name)
+			case reswitched(e):
+				sw, err := f.reswitch(e.from, n.round, r, p.g, fetch)
+				if err != nil {
+					return nil, err
+				}
+				def.Input = append(def.Input, fmt.Sprintf("%s:%d", sw, e.index))
 			case cut(e):
 				recv, err := f.recv(e, p.g)
 				if err != nil {
@@ -141,6 +147,41 @@ func rounds(runs map[runKey]*Run) [][]Run {
 		}
 	}
 	return out
+}
+
+// reswitch returns the copy of Switch sw that runs in round, adding it on
+// first use: its inputs are the values of sw's, fed to r.
+func (f *fragment) reswitch(sw *node, round int, r *Run, g *tf.Graph, fetch func(*node, string)) (string, error) {
+	name := fmt.Sprintf("%s/round_%d", sw.def.Name, round)
+	if f.names[name] {
+		return name, nil
+	}
+	f.names[name] = true
+	def := proto.Clone(sw.def).(*nodepb.NodeDef)
+	def.Name, def.Device, def.Input = name, sw.local, nil
+	delete(def.Attr, "_class")
+	for _, in := range sw.ins {
+		switch {
+		case in.control():
+		case local(in):
+			f.copyOf(in.from)
+			def.Input = append(def.Input, in.value())
+		case in.from.def.Op == "Switch":
+			return "", fmt.Errorf("partition: Switch %q reads Switch %q: a Switch run again in a later round reads live values", sw.def.Name, in.from.def.Name)
+		default:
+			recv, err := f.recv(in, g)
+			if err != nil {
+				return "", err
+			}
+			def.Input = append(def.Input, recv)
+			r.addFeed(recv, in.value())
+			if !in.fed {
+				fetch(in.from, in.value())
+			}
+		}
+	}
+	f.nodes = append(f.nodes, def)
+	return name, nil
 }
 
 // copyOf adds to f a copy of a constant of another fragment, once.

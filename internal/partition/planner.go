@@ -126,6 +126,11 @@ func (p *planner) place() error {
 			}
 		}
 		if task == "" {
+			if task, err = p.inputsTask(n, place); err != nil {
+				return err
+			}
+		}
+		if task == "" {
 			task = p.spec.Default
 			n.floating = true
 		}
@@ -138,6 +143,31 @@ func (p *planner) place() error {
 		}
 	}
 	return nil
+}
+
+// inputsTask returns the task every value n reads comes from, when they
+// come from one task (a floating constant aside), or "": an op without a
+// device runs where its inputs are, so that the ops of a ps task's update
+// that an optimizer leaves unplaced, which read values a Switch gates
+// there, stay with them.
+func (p *planner) inputsTask(n *node, place func(*node) error) (string, error) {
+	task := ""
+	for _, e := range n.ins {
+		if e.control() || e.fed || e.back {
+			continue
+		}
+		if err := place(e.from); err != nil {
+			return "", err
+		}
+		switch {
+		case e.from.floating && recomputable(e.from):
+		case task == "":
+			task = e.from.task
+		case task != e.from.task:
+			return "", nil
+		}
+	}
+	return task, nil
 }
 
 func parseDevice(device string) (tfrt.DeviceSpec, error) {
@@ -208,9 +238,10 @@ func (p *planner) order() ([]*node, error) {
 
 // recomputable reports whether an op is cheap and pure enough to run again
 // in every run that needs it, rather than passing its value on: a
-// constant, or a variable's handle.
+// constant, or a variable's handle, that waits for nothing (a control
+// input orders it after other ops).
 func recomputable(n *node) bool {
-	return n.def.Op == "Const" || n.def.Op == "VarHandleOp"
+	return (n.def.Op == "Const" || n.def.Op == "VarHandleOp") && len(n.def.Input) == 0
 }
 
 // local reports whether e's value is computed where it is used, whatever
@@ -284,13 +315,21 @@ func cut(e edge) bool {
 	if e.fed {
 		return true
 	}
-	if e.back || local(e) {
+	if e.back || local(e) || reswitched(e) {
 		return false
 	}
 	if lag(e) > 0 {
 		return true
 	}
 	return e.from.round < e.to.round && !recomputable(e.from)
+}
+
+// reswitched reports whether e reads a Switch of its own task that ran in
+// an earlier round: a copy of the Switch runs again in e.to's round, from
+// its inputs' values, so that a branch not taken stays dead there rather
+// than being passed between runs, which cannot carry a dead value.
+func reswitched(e edge) bool {
+	return e.from.def.Op == "Switch" && e.from.task == e.to.task && e.from.round < e.to.round
 }
 
 // checkCuts rejects values that cannot pass between runs, and loops split
