@@ -1,6 +1,7 @@
 package mtls
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"strconv"
@@ -107,4 +108,32 @@ func RefuseUnencryptedFromEnv(lookup func(string) (string, bool), path string) e
 		return err
 	}
 	return RefuseUnencrypted(required, path)
+}
+
+// Resolve returns the TLS configuration of a task: cfg when it is not nil;
+// else that of the certificate files the environment names (EnvCA,
+// EnvCert, EnvKey), loaded and checked with opts, with their credentials;
+// else nil, for plaintext — an error wrapping ErrUnavailable when the
+// environment requires TLS (EnvRequire).
+func Resolve(cfg *tls.Config, lookup func(string) (string, bool), opts ...LoadOption) (*tls.Config, *Credentials, error) {
+	if cfg != nil {
+		return cfg, nil, nil
+	}
+	files, ok, err := FilesFromEnv(lookup)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !ok {
+		required, err := RequiredFromEnv(lookup)
+		if err == nil && required {
+			err = fmt.Errorf("%w: %s is set but no certificate is configured: set %s, %s and %s",
+				ErrUnavailable, EnvRequire, EnvCA, EnvCert, EnvKey)
+		}
+		return nil, nil, err
+	}
+	creds, err := Load(files, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return creds.Config(), creds, nil
 }

@@ -34,22 +34,19 @@ func RequireTLS() Option { return func(c *config) { c.requireTLS = true } }
 // is not given; none without TLS. It fails when TLS is required but not
 // configured.
 func (c config) security(log *zap.Logger) ([]collective.Option, error) {
-	files, required, err := c.tlsSettings()
+	required, err := c.tlsRequired()
 	if err != nil {
 		return nil, err
 	}
-	cfg := c.tls
+	cfg, creds, err := mtls.Resolve(c.tls, os.LookupEnv, mtls.WithLogger(log))
 	switch {
+	case err != nil:
+		return nil, fmt.Errorf("multiworker: %w", err)
+	case creds != nil:
+		log.Info("traffic between workers is mutual TLS", zap.Stringer("identity", creds.Identity()),
+			zap.String("certificate", creds.Files().Cert))
 	case cfg != nil:
 		log.Info("traffic between workers is mutual TLS")
-	case !files.IsZero():
-		creds, err := mtls.Load(files, mtls.WithLogger(log))
-		if err != nil {
-			return nil, fmt.Errorf("multiworker: %w", err)
-		}
-		log.Info("traffic between workers is mutual TLS", zap.Stringer("identity", creds.Identity()),
-			zap.String("certificate", files.Cert))
-		cfg = creds.Config()
 	case required:
 		return nil, fmt.Errorf("multiworker: TLS is required (RequireTLS or %s) but no certificate is configured: use WithTLS, or set %s, %s and %s",
 			mtls.EnvRequire, mtls.EnvCA, mtls.EnvCert, mtls.EnvKey)
@@ -62,13 +59,17 @@ func (c config) security(log *zap.Logger) ([]collective.Option, error) {
 // checkPlaintext refuses, when TLS is required, a path that cannot use it,
 // and warns when TLS is configured for one.
 func (c config) checkPlaintext(log *zap.Logger) error {
-	files, required, err := c.tlsSettings()
+	required, err := c.tlsRequired()
 	if err != nil {
 		return err
 	}
 	path := fmt.Sprintf("communication %s", c.comm)
 	if err := mtls.RefuseUnencrypted(required, path); err != nil {
 		return fmt.Errorf("multiworker: %w; tfdist's engine, the default communication, can use TLS", err)
+	}
+	files, _, err := mtls.FilesFromEnv(os.LookupEnv)
+	if err != nil {
+		return fmt.Errorf("multiworker: %w", err)
 	}
 	if c.tls != nil || !files.IsZero() {
 		log.Warn("TLS certificates are configured but not used: the traffic between workers is plaintext",
@@ -77,21 +78,12 @@ func (c config) checkPlaintext(log *zap.Logger) error {
 	return nil
 }
 
-// tlsSettings returns the certificate files the environment names, none
-// when WithTLS is given, and whether TLS is required, by the options or
-// the environment.
-func (c config) tlsSettings() (mtls.Files, bool, error) {
+// tlsRequired reports whether TLS is required, by the options or the
+// environment.
+func (c config) tlsRequired() (bool, error) {
 	required, err := mtls.RequiredFromEnv(os.LookupEnv)
 	if err != nil {
-		return mtls.Files{}, false, fmt.Errorf("multiworker: %w", err)
+		return false, fmt.Errorf("multiworker: %w", err)
 	}
-	required = required || c.requireTLS
-	if c.tls != nil {
-		return mtls.Files{}, required, nil
-	}
-	files, _, err := mtls.FilesFromEnv(os.LookupEnv)
-	if err != nil {
-		return mtls.Files{}, false, fmt.Errorf("multiworker: %w", err)
-	}
-	return files, required, nil
+	return required || c.requireTLS, nil
 }
