@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -16,8 +14,8 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/internal/taskserver"
 	"github.com/tfdist/tfdist/internal/tensorutil"
-	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
 // Coordinator schedules steps on the workers of a parameter-server cluster,
@@ -27,11 +25,11 @@ import (
 // steps run at once as there are workers; Join waits for everything
 // scheduled.
 //
-// Workers may fail. A step whose worker dies (its run fails as a lost peer
-// makes it fail: unavailable, aborted, cancelled, or past WithStepTimeout;
-// or the worker stops accepting connections, which a heartbeat checks while
-// the step runs; or, restarted at its address, the worker no longer knows
-// the run's session) goes back to the front of the queue with the same
+// Workers may fail. A step whose worker dies (its server does not answer
+// the run, or answers as a new server, restarted at its address; or the
+// run goes past WithStepTimeout; or the worker stops answering the
+// heartbeat that pings it while the step runs; or the worker cannot reach
+// a ps task that the chief reaches) goes back to the front of the queue with the same
 // input and runs on another worker; its update is applied once (see
 // Function). The dead worker's loop probes it in the background, with
 // backoff, and takes steps again once it answers: a worker restarted at its
@@ -97,7 +95,7 @@ func WithProbeInterval(min, max time.Duration) CoordinatorOption {
 }
 
 // WithHeartbeat sets how often the coordinator checks that a worker running
-// a step still accepts connections (default 500 ms); a worker that fails two
+// a step still answers (default 500 ms); a worker that fails two
 // checks in a row is treated as dead and its step rescheduled.
 func WithHeartbeat(d time.Duration) CoordinatorOption {
 	return func(c *coordConfig) { c.heartbeat = d }
@@ -586,20 +584,11 @@ func (c *Coordinator) setAlive(w int, alive bool, err error) {
 func (c *Coordinator) loop(w *workerGraph) {
 	defer c.loops.Done()
 	log := c.log.With(zap.Int("worker", w.index))
-	var sess *tfrt.Session
-	defer func() {
-		if sess != nil {
-			// Closing may wait for TensorFlow to clean up on tasks that
-			// died: do not hold the coordinator's end for it.
-			go sess.Close()
-		}
-	}()
 	backoff := c.cfg.probeMin
-	connected := false
+	connected, up := false, false
 	for c.ctx.Err() == nil {
-		if sess == nil {
-			var err error
-			if sess, err = c.connect(w); err != nil {
+		if !up {
+			if err := c.connect(w); err != nil {
 				c.setAlive(w.index, false, err)
 				log.Debug("worker not reachable", zap.Error(err), zap.Duration("retry_in", backoff))
 				select {
@@ -615,57 +604,36 @@ func (c *Coordinator) loop(w *workerGraph) {
 				c.mu.Unlock()
 				log.Info("worker is back")
 			}
-			connected, backoff = true, c.cfg.probeMin
+			connected, up, backoff = true, true, c.cfg.probeMin
 			c.setAlive(w.index, true, nil)
 		}
 		cl := c.next(w.index)
 		if cl == nil {
 			return
 		}
-		switch c.run(w, sess, cl, log) {
-		case workerUsable:
-		case workerDead:
-			s := sess
-			go s.Close() // a session on a dead worker may take its timeout to close
-			sess = nil
-		case runAbandoned:
-			sess = nil // closed when the abandoned run ends
-		}
+		up = c.run(w, cl, log)
 	}
 }
 
-// connect opens a session on w's own server that sees only w and the ps
-// tasks, and runs the probe op on w.
-func (c *Coordinator) connect(w *workerGraph) (*tfrt.Session, error) {
-	if err := dial(c.ctx, w.addr, c.cfg.probeTimeout); err != nil {
-		return nil, fmt.Errorf("worker %s at %s: %w", w.task, w.addr, err)
+// connect checks that w answers within the probe timeout. A worker that
+// restarted since it last answered has lost the parts of its graph it was
+// given: they are given again at its next step.
+func (c *Coordinator) connect(w *workerGraph) error {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.probeTimeout)
+	defer cancel()
+	_, err := w.sess.exec.Ping(ctx)
+	if errors.Is(err, taskserver.ErrRestarted) {
+		w.sess.Forget()
+		_, err = w.sess.exec.Ping(ctx)
 	}
-	so, err := tfrt.SessionOptions(w.target, c.s.sessionConfig(c.s.cfg.stepTimeout, "/job:ps", w.task.Device())...)
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("worker %s at %s: %w", w.task, w.addr, err)
 	}
-	sess, err := tfrt.NewSessionContext(c.ctx, w.graph, so)
-	if err != nil {
-		return nil, tfrt.Classify(fmt.Sprintf("open a session on worker %s", w.task), err)
-	}
-	if _, err := sess.Run(c.ctx, nil, []tf.Output{w.probe}, nil); err != nil {
-		go sess.Close()
-		return nil, tfrt.Classify(fmt.Sprintf("probe worker %s", w.task), err)
-	}
-	return sess, nil
+	return nil
 }
 
-// runOutcome says what became of a worker's session after a run.
-type runOutcome int
-
-const (
-	workerUsable runOutcome = iota // the session can run the next step
-	workerDead                     // the worker failed: close the session
-	runAbandoned                   // the worker failed mid-run; the run still holds the session
-)
-
-// run runs cl on w.
-func (c *Coordinator) run(w *workerGraph, sess *tfrt.Session, cl *closure, log *zap.Logger) runOutcome {
+// run runs cl on w and reports whether w is still up.
+func (c *Coordinator) run(w *workerGraph, cl *closure, log *zap.Logger) bool {
 	cl.workers = append(cl.workers, w.index)
 	stepErr := func(err error) *StepError {
 		return &StepError{Function: cl.fn.name, Workers: append([]int(nil), cl.workers...), Err: err}
@@ -675,25 +643,25 @@ func (c *Coordinator) run(w *workerGraph, sess *tfrt.Session, cl *closure, log *
 	c.mu.Unlock()
 	if fatal != nil {
 		c.resolve(cl, nil, fatal)
-		return workerUsable
+		return true
 	}
 	if cl.elem == nil {
 		e, err := cl.in.element(c.ctx, w.index)
 		if d, ok := cl.in.(*PerWorkerDataset); ok && errors.Is(err, io.EOF) {
 			cl.workers = cl.workers[:len(cl.workers)-1] // it did not run here
 			c.endOfData(d, w.index, cl, log, err)
-			return workerUsable
+			return true
 		}
 		if err != nil {
 			c.resolve(cl, nil, stepErr(fmt.Errorf("input: %w", err)))
-			return workerUsable
+			return true
 		}
 		cl.elem = e
 	}
 	feeds, err := cl.fn.feeds(w.index, cl.elem, cl.id)
 	if err != nil {
 		c.resolve(cl, nil, stepErr(err))
-		return workerUsable
+		return true
 	}
 	wf := cl.fn.workers[w.index]
 	fetches := wf.fetches
@@ -701,7 +669,7 @@ func (c *Coordinator) run(w *workerGraph, sess *tfrt.Session, cl *closure, log *
 		fetches = append(fetches[:len(fetches):len(fetches)], wf.applied)
 	}
 	cl.rv.started = time.Now()
-	out, abandoned, err := c.runWatched(w, sess, feeds, fetches, wf.targets)
+	out, err := c.runWatched(w, feeds, fetches, wf.targets)
 	cl.rv.finished = time.Now()
 	if err == nil {
 		res := make(map[string]*tf.Tensor, len(cl.fn.outNames))
@@ -712,24 +680,31 @@ func (c *Coordinator) run(w *workerGraph, sess *tfrt.Session, cl *closure, log *
 			cl.rv.applied = tensorutil.Value(out[len(out)-1]).(bool)
 		}
 		c.resolve(cl, res, nil)
-		return workerUsable
+		return true
 	}
-	err = tfrt.Classify(fmt.Sprintf("run %s on worker %s", cl.fn.name, w.task), err)
+	err = fmt.Errorf("run %s on worker %s: %w", cl.fn.name, w.task, err)
+	return c.failed(w, cl, err, stepErr, log)
+}
+
+// failed handles the error of cl's run on w and reports whether w is still
+// up: a ps task that failed fails every step; a worker that failed sends
+// cl back to the queue; any other error is cl's own.
+func (c *Coordinator) failed(w *workerGraph, cl *closure, err error, stepErr func(error) *StepError, log *zap.Logger) bool {
 	if c.ctx.Err() != nil {
 		c.resolve(cl, nil, stepErr(fmt.Errorf("the coordinator ended: %w", err)))
-		return workerUsable
+		return true
 	}
-	if k, cause := c.s.psFailure(err); k >= 0 {
+	if k, cause := c.s.psFailure(c.ctx, err); k >= 0 {
 		addr, _ := c.s.spec.TaskAddress(cluster.PS, c.s.psTasks[k].Index)
 		pe := &PSFailureError{Task: c.s.psTasks[k], Addr: addr, Err: cause}
 		log.Error("ps task failed", zap.Stringer("ps", pe.Task), zap.Error(cause))
 		c.failAll(pe)
 		c.resolve(cl, nil, pe)
-		return workerUsable
+		return true
 	}
-	if !repeatedRequest(err) && (!workerFailure(err) || (connectionError(err) && c.answers(w, sess))) {
+	if !workerFailure(err) {
 		c.resolve(cl, nil, stepErr(err))
-		return workerUsable
+		return true
 	}
 	// Once back in the queue the step belongs to whichever worker takes it:
 	// read what the log needs first.
@@ -753,10 +728,7 @@ func (c *Coordinator) run(w *workerGraph, sess *tfrt.Session, cl *closure, log *
 	if !retry {
 		c.resolve(cl, nil, se)
 	}
-	if abandoned {
-		return runAbandoned
-	}
-	return workerDead
+	return false
 }
 
 // endOfData records that d has ended on worker w, as cl, a step that had
@@ -803,23 +775,23 @@ func (c *Coordinator) endOfData(d *PerWorkerDataset, w int, cl *closure, log *za
 	}
 }
 
-// runWatched runs a step in sess and, while it runs, checks every
-// heartbeat that the worker still accepts connections. The end of the
-// coordinator interrupts the run (see tfrt.Session). A run whose worker
-// stops accepting them is abandoned: TensorFlow's client retries a master
-// that went away until the step timeout, so waiting for the run would hold
-// the step (and the worker's loop) that long. The abandoned run ends in the
-// background, where its session is then closed; if it did get through, the
-// step's guard keeps its update from being applied twice.
-func (c *Coordinator) runWatched(w *workerGraph, sess *tfrt.Session, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output,
-	targets []*tf.Operation) (out []*tf.Tensor, abandoned bool, err error) {
+// runWatched runs a step on w, within the step timeout, and while it
+// runs checks every heartbeat that w still answers: a worker that misses
+// two in a row is taken for dead and its run abandoned (the call returns;
+// if the step did get through, its guard keeps its update from being
+// applied twice). The end of the coordinator ends the run too.
+func (c *Coordinator) runWatched(w *workerGraph, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output,
+	targets []*tf.Operation) ([]*tf.Tensor, error) {
+	ctx, cancel := context.WithTimeout(c.ctx, c.s.cfg.stepTimeout)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
 	type result struct {
 		out []*tf.Tensor
 		err error
 	}
 	resc := make(chan result, 1)
 	go func() {
-		out, err := sess.Run(c.ctx, feeds, fetches, targets)
+		out, err := w.sess.Run(ctx, feeds, fetches, targets)
 		resc <- result{out, err}
 	}()
 	tick := time.NewTicker(c.cfg.heartbeat)
@@ -828,76 +800,45 @@ func (c *Coordinator) runWatched(w *workerGraph, sess *tfrt.Session, feeds map[t
 	for {
 		select {
 		case r := <-resc:
-			return r.out, false, r.err
+			if r.err != nil && c.ctx.Err() == nil && (ctx.Err() != nil || time.Now().After(deadline)) {
+				// The step's deadline ended it, here or on the worker, which
+				// has it too.
+				return nil, fmt.Errorf("%w (%v)", errStepTimeout(c.s.cfg.stepTimeout), r.err)
+			}
+			return r.out, r.err
 		case <-tick.C:
-			derr := dial(c.ctx, w.addr, c.cfg.probeTimeout)
-			if derr == nil || c.ctx.Err() != nil {
+			pctx, pcancel := context.WithTimeout(c.ctx, c.cfg.probeTimeout)
+			_, perr := w.sess.exec.Ping(pctx)
+			pcancel()
+			if perr == nil || c.ctx.Err() != nil {
 				misses = 0
 				continue
 			}
 			if misses++; misses < 2 {
 				continue
 			}
-			go func() {
-				<-resc
-				sess.Close()
-			}()
-			return nil, true, &tfrt.Error{Code: tfrt.Unavailable, Op: fmt.Sprintf("run on worker %s", w.task),
-				Msg: fmt.Sprintf("the worker at %s stopped accepting connections while running the step: %v", w.addr, derr)}
+			return nil, fmt.Errorf("%w: the worker at %s stopped answering while running the step: %w", errWorkerLost, w.addr, perr)
 		}
 	}
 }
 
+// errWorkerLost is wrapped by the error of a run whose worker stopped
+// answering or ran past the step timeout.
+var errWorkerLost = errors.New("worker lost")
+
+func errStepTimeout(d time.Duration) error {
+	return fmt.Errorf("%w: the step ran past the step timeout (%v)", errWorkerLost, d)
+}
+
 // workerFailure reports whether err is what a worker that died, restarted
-// or hung makes a run fail with.
+// or hung makes a run fail with: its server did not answer, answered as
+// a new server, or the run outlived the step timeout or the heartbeats —
+// or a ps task that answers the chief did not answer the worker.
 func workerFailure(err error) bool {
-	var te *tfrt.Error
-	if !errors.As(err, &te) {
-		return false
-	}
-	switch te.Code {
-	case tfrt.Unavailable, tfrt.Aborted, tfrt.DeadlineExceeded, tfrt.Cancelled:
+	if errors.Is(err, errWorkerLost) {
 		return true
-	case tfrt.NotFound:
-		// TensorFlow's client retries a run whose worker went away; a
-		// worker restarted at the same address answers it so.
-		return sessionLost.MatchString(te.Msg)
 	}
-	return false
-}
-
-// connectionError reports whether err has a code that a lost connection
-// gives: TensorFlow also gives it to an op's own error (an assertion, say)
-// when connection errors of other sessions are among its recent logs.
-func connectionError(err error) bool {
-	var te *tfrt.Error
-	return errors.As(err, &te) && (te.Code == tfrt.Unavailable || te.Code == tfrt.Cancelled || te.Code == tfrt.Aborted)
-}
-
-// answers reports whether w accepts connections and runs its probe op
-// through sess within the probe timeout: then a run that failed as if w
-// had gone failed for a reason of its own, and is not retried elsewhere.
-func (c *Coordinator) answers(w *workerGraph, sess *tfrt.Session) bool {
-	if dial(c.ctx, w.addr, c.cfg.probeTimeout) != nil {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.probeTimeout)
-	defer cancel()
-	_, err := sess.Run(ctx, nil, []tf.Output{w.probe}, nil)
-	return err == nil
-}
-
-var sessionLost = regexp.MustCompile(`Session [0-9a-f]+ is not found`)
-
-// repeatedRequest reports whether err is a task's refusal of a request
-// that TensorFlow's client sent again, the task having received it before
-// (a worker's or a ps task's, ABORTED or UNKNOWN; soaks met one in about
-// 300,000 steps): the run did not go through, though every task answers,
-// so the step is retried (its guard keeps an update from being applied
-// twice).
-func repeatedRequest(err error) bool {
-	var te *tfrt.Error
-	return errors.As(err, &te) && strings.Contains(te.Msg, "request was received twice")
+	return errors.Is(err, taskserver.ErrUnavailable) || errors.Is(err, taskserver.ErrRestarted)
 }
 
 // failAll records a ps failure and fails every queued step with it.

@@ -62,11 +62,14 @@
 // variable is one variable like any other, written by each step in turn;
 // AllReduce and AllGather are errors, since workers do not run in sync.
 //
-// The chief and each worker have a graph and a session of their own,
-// which share the variables on the ps tasks by name, so that a worker's
-// death breaks nothing but its own session; docs/guide-paramserver.md in
-// the repository describes how the strategy maps onto TensorFlow's
-// distributed runtime.
+// The chief and each worker have a graph of their own, whose ops are
+// placed on the tasks; each task computes its part in a TensorFlow session
+// of its own, the ps tasks holding the variables, and tensors pass between
+// tasks over tfdist's connections, not TensorFlow's gRPC runtime: a worker
+// runs its step by reading from the ps tasks, computing, and sending its
+// updates to them itself. WithTLS, or the certificate files the
+// environment names, makes that traffic mutual TLS (package mtls).
+// docs/guide-paramserver.md in the repository describes how.
 //
 // # The coordinator
 //
@@ -105,7 +108,7 @@
 //	consumed := input.Consumed() // elements taken from each worker's dataset
 //
 // A step whose worker dies — found by the run's error, or by a heartbeat
-// that dials the worker while the step runs — goes back to the front of the
+// that pings the worker while the step runs — goes back to the front of the
 // queue with the same input; the dead worker is probed in the background and
 // used again once it answers. Each step's update is guarded so that a rerun
 // does not apply it again if the first run did: an update is applied once,

@@ -55,6 +55,7 @@ func newInProcess(t *testing.T, workers, ps int, opts ...Option) *Strategy {
 	t.Helper()
 	cl, err := StartInProcessCluster(workers, ps, WithThreads(1, 2))
 	require.NoError(t, err)
+	t.Cleanup(func() { cl.Close() })
 	s, err := New(testContext(t, time.Minute), cl.Resolver(), append([]Option{WithStepTimeout(30 * time.Second), WithThreads(1, 2)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })

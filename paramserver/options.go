@@ -1,6 +1,7 @@
 package paramserver
 
 import (
+	"crypto/tls"
 	"time"
 
 	"go.uber.org/zap"
@@ -18,6 +19,7 @@ type config struct {
 	stepTimeout    time.Duration
 	partitioner    strategy.Partitioner
 	intra, inter   int
+	tls            *tls.Config
 }
 
 func newConfig(opts []Option) config {
@@ -59,3 +61,11 @@ func WithPartitioner(p strategy.Partitioner) Option { return func(c *config) { c
 func WithThreads(intraOp, interOp int) Option {
 	return func(c *config) { c.intra, c.inter = intraOp, interOp }
 }
+
+// WithTLS secures the traffic between the tasks — variables, gradients,
+// steps — with TLS configured by cfg, which mtls.LoadConfig builds from a
+// task's files: mutual TLS 1.3 (see package mtls), in which every task
+// presents a certificate of the job. Without it, the certificate files the
+// environment names (TFDIST_TLS_CA, TFDIST_TLS_CERT, TFDIST_TLS_KEY) are
+// used, if any; TFDIST_REQUIRE_TLS=1 makes a task without one fail.
+func WithTLS(cfg *tls.Config) Option { return func(c *config) { c.tls = cfg } }

@@ -1,7 +1,7 @@
 package paramserver
 
 import (
-	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +10,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/partition"
+	"github.com/tfdist/tfdist/internal/taskserver"
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
@@ -18,8 +20,9 @@ import (
 
 // A worker killed and restarted at once at its address, as tfdist launch
 // and Kubernetes restart one, before the heartbeat finds it dead: the run it
-// was doing, which TensorFlow's client retries against the new server, ends
-// as a worker failure and runs again; no step is lost or applied twice.
+// was doing ends as a worker failure and runs again, and the restarted
+// worker, given its part of the graph again, takes steps; no step is lost
+// or applied twice.
 func TestWorkerRestartedAtOnceLosesNoStep(t *testing.T) {
 	spec, tasks := childCluster(t, 2, 2)
 	ctx := testContext(t, 3*time.Minute)
@@ -56,37 +59,24 @@ func TestWorkerRestartedAtOnceLosesNoStep(t *testing.T) {
 	assert.EqualValues(t, steps, applied, "every step's update applied exactly once")
 	st := c.Stats()
 	assert.GreaterOrEqual(t, st.WorkerFailures, 1)
+	assert.GreaterOrEqual(t, st.Reconnects, 1, "the restarted worker takes steps again")
 	t.Logf("stats %+v", st)
 }
 
+// A run is retried on another worker when its worker's server did not
+// answer, answered as a new server (it restarted), or stopped answering or
+// ran past the step timeout; an error of the step's own ops is the step's.
 func TestWorkerFailureKinds(t *testing.T) {
 	for _, c := range []struct {
 		err  error
 		want bool
 	}{
-		{&tfrt.Error{Code: tfrt.Unavailable, Msg: "Connection reset by peer"}, true},
-		{&tfrt.Error{Code: tfrt.NotFound, Msg: "Session 32b5dac9fee346ff is not found."}, true},
-		{&tfrt.Error{Code: tfrt.NotFound, Msg: "Resource localhost/mlp/kernel/N10tensorflow3VarE does not exist."}, false},
-		{&tfrt.Error{Code: tfrt.InvalidArgument, Msg: "Session 1 is not found"}, false},
+		{fmt.Errorf("run fn_0: %w", taskserver.ErrUnavailable), true},
+		{fmt.Errorf("run fn_0: %w", taskserver.ErrRestarted), true},
+		{errStepTimeout(30 * time.Second), true},
+		{&partition.RunError{Task: "/job:worker/replica:0/task:0", Err: &tfrt.Error{Code: tfrt.InvalidArgument, Msg: "Incompatible shapes"}}, false},
+		{&partition.RunError{Task: "/job:ps/replica:0/task:0", Err: &tfrt.Error{Code: tfrt.NotFound, Msg: "Resource localhost/mlp/kernel does not exist."}}, false},
 	} {
 		assert.Equal(t, c.want, workerFailure(c.err), "%v", c.err)
 	}
-}
-
-// A task's refusal of a run's request that TensorFlow's client sent a
-// second time is retried even though every task answers probes, as a
-// worker's refusal (ABORTED) and as a ps task's (UNKNOWN), the two that
-// soaks met; other aborted runs of a worker that answers are the step's
-// own errors.
-func TestRepeatedRequestIsRetried(t *testing.T) {
-	for _, repeated := range []*tfrt.Error{
-		{Code: tfrt.Aborted, Msg: `From /job:worker/replica:0/task:1:
-The same RunGraph (Worker) request was received twice. graph_handle: "0000000000000002" step_id: 134919387177274760`},
-		{Code: tfrt.Unknown, Msg: `From /job:ps/replica:0/task:0:
-The same RunGraph (Worker) request was received twice. graph_handle: "0000000000000001" step_id: 81719755830285159`},
-	} {
-		assert.True(t, repeatedRequest(repeated), "%v", repeated)
-	}
-	assert.False(t, repeatedRequest(&tfrt.Error{Code: tfrt.Aborted, Msg: "Step was cancelled by an explicit call to `Session::Close()`."}))
-	assert.False(t, repeatedRequest(errors.New("the request was received twice")), "not TensorFlow's")
 }

@@ -2,12 +2,13 @@ package paramserver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 	"go.uber.org/zap"
@@ -15,8 +16,9 @@ import (
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/ctxsync"
 	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/internal/partition"
+	"github.com/tfdist/tfdist/internal/taskserver"
 	"github.com/tfdist/tfdist/internal/tensorutil"
-	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -25,14 +27,17 @@ import (
 // live on the ps tasks, steps run on the workers, and a Coordinator
 // schedules them.
 //
-// The chief keeps one graph of its own, run by a session on its own server
-// that sees only the chief and the ps tasks: variable initialisation,
-// reads, checkpoints. Each worker has a graph of its own too, holding that
-// worker's copy of every built Function, run by a session on the worker's
-// own server that sees only that worker and the ps tasks — so that a worker
-// that dies takes nothing but its own session with it. All the graphs name
-// the same variables: a VarHandleOp with the same shared_name on the same
-// ps device is the same resource.
+// The chief keeps one graph of its own: variable initialisation, reads,
+// checkpoints. Each worker has a graph of its own too, holding that
+// worker's copy of every built Function. Each distinct run of a graph is
+// split once into one part per task it places ops on (the ps tasks, the
+// chief or the worker), imported into that task's TensorFlow session and
+// executed, round by round, by the graph's own task: the chief for its
+// graph, the worker for its steps, which read from the ps tasks and send
+// them their updates directly. All the graphs name the same variables: a
+// VarHandleOp with the same shared_name on the same ps task is the same
+// resource. A worker that dies takes nothing with it but its parts, which
+// the chief gives it again when it is back.
 //
 // A Strategy is safe for concurrent use. Graph building (Scope, Build,
 // checkpoints) is serialised; steps run concurrently, one per worker.
@@ -40,16 +45,19 @@ type Strategy struct {
 	cfg     config
 	log     *zap.Logger
 	spec    cluster.ClusterSpec
-	server  *tfrt.Server   // serves until the process exits
+	self    string         // the chief's task name
 	host    string         // the chief's CPU:0
 	ps      []string       // each ps task's CPU:0, by position
 	psTasks []cluster.Task // by position
 	workers []*workerGraph
 
+	local   *partition.Host // the chief's own ops
+	clients *taskClients    // of the ps and worker tasks
+	runID   string          // names this strategy's plans on the tasks
+
 	mu        ctxsync.Mutex
 	g0        *tf.Graph
-	s0        *tfrt.Session
-	so0       *tf.SessionOptions
+	s0        *planSession
 	scopes    map[string]int
 	vars      []*Variable
 	byName    map[string]*Variable
@@ -106,9 +114,8 @@ func (p *slotPart) sliceSpec(full []int64) string { return sliceSpec(full, p.off
 
 // New returns the strategy for the task r names (TF_CONFIG when r is nil).
 //
-// On the chief it starts the chief's TensorFlow server, waits (at most
-// WithStartupTimeout) for every ps and worker task to accept connections,
-// and checks that each ps task runs ops. On a ps or worker task it serves
+// On the chief it waits (at most WithStartupTimeout) for every ps and
+// worker task to answer, and checks that each ps task runs ops. On a ps or worker task it serves
 // instead, as Serve does, until ctx is done, and then returns ErrNotChief:
 // the same program runs on every task, and only the chief goes on to train.
 //
@@ -126,9 +133,6 @@ func New(ctx context.Context, r cluster.Resolver, opts ...Option) (*Strategy, er
 	if err := checkCluster(spec); err != nil {
 		return nil, err
 	}
-	if err := refuseUnencrypted(); err != nil {
-		return nil, err
-	}
 	task := cluster.TaskOf(r)
 	switch task.Type {
 	case cluster.PS, cluster.Worker:
@@ -141,70 +145,136 @@ func New(ctx context.Context, r cluster.Resolver, opts ...Option) (*Strategy, er
 		return nil, fmt.Errorf("%w: task %s: a parameter-server cluster runs its training from the chief; expected task type chief, worker or ps", ErrBadCluster, task)
 	}
 	log := logging.ForTask(c.log, string(task.Type), task.Index)
-	srv, err := startServer(spec, task, c)
+	s, err := newStrategy(spec, task, c, log)
 	if err != nil {
 		return nil, err
-	}
-	s := &Strategy{
-		cfg: c, log: log, spec: spec, server: srv,
-		host:   cluster.DeviceName(string(cluster.Chief), task.Index, "CPU", 0),
-		scopes: map[string]int{}, byName: map[string]*Variable{},
-		slotParts: map[slotKey]*slotPart{}, slots: map[string]*slotVar{}, readers: map[*Variable]tf.Output{},
-	}
-	for _, i := range spec.TaskIndices(cluster.PS) {
-		s.psTasks = append(s.psTasks, cluster.Task{Type: cluster.PS, Index: i})
-		s.ps = append(s.ps, cluster.DeviceName(string(cluster.PS), i, "CPU", 0))
 	}
 	wctx, cancel := context.WithTimeout(ctx, c.startupTimeout)
 	defer cancel()
-	var others []cluster.Task
-	for _, t := range spec.Tasks() {
-		if t.Type == cluster.PS || t.Type == cluster.Worker {
-			others = append(others, t)
-		}
-	}
 	start := time.Now()
-	if err := cluster.WaitForTasks(wctx, spec, others...); err != nil {
-		return nil, fmt.Errorf("paramserver: %w", err)
-	}
-	so, err := tfrt.SessionOptions(srv.Target(), s.sessionConfig(c.opTimeout, "/job:chief", "/job:ps")...)
-	if err != nil {
+	if err := s.waitForTasks(wctx); err != nil {
+		s.release()
 		return nil, err
 	}
-	s.g0, s.so0 = tf.NewGraph(), so
 	if err := s.checkPS(ctx); err != nil {
-		s.dropSession0()
+		s.release()
 		return nil, err
 	}
 	for i, wi := range spec.TaskIndices(cluster.Worker) {
-		t := cluster.Task{Type: cluster.Worker, Index: wi}
-		addr, _ := spec.TaskAddress(t.Type, t.Index)
-		w := &workerGraph{index: i, task: t, addr: addr, target: r.RPCLayer() + "://" + addr,
-			device: cluster.DeviceName(string(t.Type), t.Index, "CPU", 0),
-			graph:  tf.NewGraph(), scopes: map[string]int{}, handles: map[resource]tf.Output{}}
-		if err := w.buildBasics(s, spec.NumTasks(cluster.Worker)); err != nil {
-			s.dropSession0()
+		if err := s.addWorker(i, cluster.Task{Type: cluster.Worker, Index: wi}); err != nil {
+			s.release()
 			return nil, err
 		}
-		s.workers = append(s.workers, w)
 	}
 	if err := s.buildProgress(ctx); err != nil {
-		s.dropSession0()
+		s.release()
 		return nil, err
 	}
-	log.Info("parameter-server strategy ready", zap.String("target", srv.Target()), zap.Int("workers", len(s.workers)),
+	log.Info("parameter-server strategy ready", zap.Int("workers", len(s.workers)),
 		zap.Int("ps", len(s.ps)), zap.Duration("cluster_up_after", time.Since(start)))
 	return s, nil
 }
 
-// sessionConfig returns the ConfigProto of a session that sees only filters'
-// devices, with timeout bounding each of its operations.
-func (s *Strategy) sessionConfig(timeout time.Duration, filters ...string) []tfrt.ConfigOption {
-	opts := []tfrt.ConfigOption{tfrt.WithDeviceFilters(filters...), tfrt.WithOperationTimeout(timeout)}
-	if s.cfg.intra > 0 || s.cfg.inter > 0 {
-		opts = append(opts, tfrt.WithThreads(s.cfg.intra, s.cfg.inter))
+// newStrategy returns the chief's strategy: its own TensorFlow session,
+// and a client of every ps and worker task.
+func newStrategy(spec cluster.ClusterSpec, task cluster.Task, c config, log *zap.Logger) (*Strategy, error) {
+	tlsCfg, err := c.security(log)
+	if err != nil {
+		return nil, err
 	}
-	return opts
+	so, err := c.hostOptions()
+	if err != nil {
+		return nil, err
+	}
+	local, err := partition.NewHost(so, partition.Interruptible())
+	if err != nil {
+		return nil, fmt.Errorf("paramserver: the chief's session: %w", err)
+	}
+	s := &Strategy{
+		cfg: c, log: log, spec: spec, self: taskName(task), local: local, runID: "r" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12],
+		host:   cluster.DeviceName(string(cluster.Chief), task.Index, "CPU", 0),
+		scopes: map[string]int{}, byName: map[string]*Variable{},
+		slotParts: map[slotKey]*slotPart{}, slots: map[string]*slotVar{}, readers: map[*Variable]tf.Output{},
+		clients: &taskClients{clients: map[string]*taskserver.Client{}, addrs: map[string]string{}},
+	}
+	opts := append(taskOptions(spec, tlsCfg, log), taskserver.WithTimeout(c.opTimeout))
+	for _, t := range spec.Tasks() {
+		if t.Type != cluster.PS && t.Type != cluster.Worker {
+			continue
+		}
+		addr, _ := spec.TaskAddress(t.Type, t.Index)
+		s.clients.clients[taskName(t)] = taskserver.NewClient(addr, opts...)
+		s.clients.addrs[taskName(t)] = addr
+		if t.Type == cluster.PS {
+			s.psTasks = append(s.psTasks, t)
+			s.ps = append(s.ps, cluster.DeviceName(string(cluster.PS), t.Index, "CPU", 0))
+		}
+	}
+	s.g0 = tf.NewGraph()
+	s.s0 = &planSession{g: s.g0, prefix: s.runID + "_chief", self: s.self, local: local, tasks: s.clients, plans: map[string]*sessionPlan{}}
+	return s, nil
+}
+
+// waitForTasks waits until every ps and worker task answers; the error of
+// a wait that ctx ends is a *cluster.UnreachableError naming those that
+// never did.
+func (s *Strategy) waitForTasks(ctx context.Context) error {
+	start := time.Now()
+	pending := append(append([]cluster.Task(nil), s.psTasks...), s.workerTasks()...)
+	var last error
+	for {
+		var still []cluster.Task
+		for _, t := range pending {
+			pctx, cancel := context.WithTimeout(ctx, time.Second)
+			_, err := s.clients.clients[taskName(t)].Ping(pctx)
+			cancel()
+			if err != nil {
+				last, still = err, append(still, t)
+			}
+		}
+		if pending = still; len(pending) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			ue := &cluster.UnreachableError{Tasks: pending, Addrs: map[cluster.Task]string{}, Waited: time.Since(start),
+				Err: fmt.Errorf("%w (the last answer: %v)", ctx.Err(), last)}
+			for _, t := range pending {
+				ue.Addrs[t] = s.clients.addrs[taskName(t)]
+			}
+			return fmt.Errorf("paramserver: %w", ue)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (s *Strategy) workerTasks() []cluster.Task {
+	var out []cluster.Task
+	for _, i := range s.spec.TaskIndices(cluster.Worker) {
+		out = append(out, cluster.Task{Type: cluster.Worker, Index: i})
+	}
+	return out
+}
+
+// addWorker adds the graph of the i-th worker, task t.
+func (s *Strategy) addWorker(i int, t cluster.Task) error {
+	name := taskName(t)
+	w := &workerGraph{index: i, task: t, addr: s.clients.addrs[name],
+		device: cluster.DeviceName(string(t.Type), t.Index, "CPU", 0),
+		graph:  tf.NewGraph(), scopes: map[string]int{}, handles: map[resource]tf.Output{}}
+	w.sess = &planSession{g: w.graph, prefix: fmt.Sprintf("%s_w%d", s.runID, i), self: name,
+		exec: s.clients.clients[name], tasks: s.clients, plans: map[string]*sessionPlan{}}
+	if err := w.buildBasics(s, s.spec.NumTasks(cluster.Worker)); err != nil {
+		return err
+	}
+	s.workers = append(s.workers, w)
+	return nil
+}
+
+// release lets go of the chief's session and clients.
+func (s *Strategy) release() {
+	s.clients.close()
+	s.local.Close()
 }
 
 // checkPS runs an op on every ps task, so that a ps that accepts
@@ -257,57 +327,18 @@ func newScope(g *tf.Graph, counters map[string]int, name string) *op.Scope {
 	return op.NewScopeWithGraph(g).SubScope(name)
 }
 
-// run0 runs ops in the chief's session, bounded by ctx: a run that ctx
-// ends (a ps task that is stopped, say) returns within about a second,
-// wrapping ctx.Err(), and the chief's session, which its end interrupted
-// (see tfrt.Session), is replaced by a new one at the next run, so that the
-// strategy goes on: the variables live on the ps tasks, not in the
-// session. A run that stopped halfway may have written some of its
-// variables (part of a restore, say). s.mu is held, or New runs.
+// run0 runs ops of the chief's graph, bounded by ctx. A run that ctx ends
+// (a ps task that is stopped, say) may have written some of its variables
+// (part of a restore, say). s.mu is held, or New runs.
 func (s *Strategy) run0(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches []tf.Output, targets []*tf.Operation) ([]*tf.Tensor, error) {
-	sess, err := s.session0(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out, err := sess.Run(ctx, feeds, fetches, targets)
+	out, err := s.s0.Run(ctx, feeds, fetches, targets)
 	switch {
-	case errors.Is(err, tfrt.ErrInterrupted):
-		s.dropSession0()
-		return nil, fmt.Errorf("paramserver: run on the chief: %w", err)
 	case err != nil && ctx.Err() != nil:
 		return nil, fmt.Errorf("paramserver: run on the chief: %w", err)
 	case err != nil:
-		return nil, s.diagnose(tfrt.Classify("paramserver: run on the chief", err))
+		return nil, s.diagnose(fmt.Errorf("paramserver: run on the chief: %w", err))
 	}
 	return out, nil
-}
-
-// session0 returns the chief's session, opening it within ctx first (at
-// the first run, and after an interruption). Opening it waits for every ps
-// task to answer.
-func (s *Strategy) session0(ctx context.Context) (*tfrt.Session, error) {
-	if s.s0 != nil {
-		return s.s0, nil
-	}
-	sess, err := tfrt.NewSessionContext(ctx, s.g0, s.so0)
-	if err != nil && ctx.Err() != nil {
-		return nil, fmt.Errorf("paramserver: open the chief's session: %w", err)
-	}
-	if err != nil {
-		return nil, s.diagnose(tfrt.Classify("paramserver: open the chief's session", err))
-	}
-	s.s0 = sess
-	return sess, nil
-}
-
-// dropSession0 lets go of the chief's session and closes it in the
-// background: TensorFlow may take until the operation timeout to clean up
-// on a ps task that does not answer.
-func (s *Strategy) dropSession0() {
-	if old := s.s0; old != nil {
-		s.s0 = nil
-		go old.Close()
-	}
 }
 
 // diagnose turns an error that a dead or restarted ps task caused into a
@@ -316,7 +347,7 @@ func (s *Strategy) diagnose(err error) error {
 	if err == nil {
 		return nil
 	}
-	if k, cause := s.psFailure(err); k >= 0 {
+	if k, cause := s.psFailure(context.Background(), err); k >= 0 {
 		addr, _ := s.spec.TaskAddress(cluster.PS, s.psTasks[k].Index)
 		return &PSFailureError{Task: s.psTasks[k], Addr: addr, Err: cause}
 	}
@@ -481,14 +512,13 @@ func (s *Strategy) AppliedSteps(ctx context.Context) (int64, error) {
 	return tensorutil.Value(out).([]int64)[0], nil
 }
 
-// Close ends the coordinator, if one runs, and closes the chief's session.
-// The servers keep serving until their processes exit (TensorFlow cannot
-// stop a server inside a process).
+// Close ends the coordinator, if one runs, and closes the chief's session
+// and connections. The ps and worker tasks keep serving, and the ps tasks
+// keep the variables, until their jobs end.
 func (s *Strategy) Close() error {
 	s.mu.Lock()
 	c := s.coord
 	s.mu.Unlock()
-	var errs []error
 	if c != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.opTimeout)
 		c.shutdown(ctx)
@@ -500,19 +530,6 @@ func (s *Strategy) Close() error {
 		return nil
 	}
 	s.closed = true
-	// Closing the session cleans up on the ps tasks; after a ps failure
-	// TensorFlow retries that until the operation timeout. Wait a little,
-	// then leave it to the background.
-	if s.s0 == nil {
-		return nil
-	}
-	closed := make(chan error, 1)
-	go func() { closed <- s.s0.Close() }()
-	select {
-	case err := <-closed:
-		errs = append(errs, err)
-	case <-time.After(5 * time.Second):
-		s.log.Warn("the chief's session is still closing; leaving it to the background")
-	}
-	return errors.Join(errs...)
+	s.release()
+	return nil
 }

@@ -11,10 +11,10 @@ import (
 	"github.com/tfdist/tfdist/paramserver"
 )
 
-// A program that requires TLS refuses to run the parameter-server
-// strategy, whose traffic TensorFlow's gRPC server carries in plaintext,
-// on every task, before it starts a server.
-func TestTLSRequiredIsRefused(t *testing.T) {
+// A program that requires TLS (TFDIST_REQUIRE_TLS) but names no
+// certificate is refused on every task, before it serves or connects,
+// with what to set.
+func TestTLSRequiredWithoutCertificates(t *testing.T) {
 	t.Setenv(mtls.EnvRequire, "1")
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{
 		cluster.Chief: {"127.0.0.1:1"}, cluster.Worker: {"127.0.0.1:2"}, cluster.PS: {"127.0.0.1:3"}})
@@ -24,6 +24,6 @@ func TestTLSRequiredIsRefused(t *testing.T) {
 		require.NoError(t, err)
 		_, err = paramserver.New(context.Background(), r)
 		require.ErrorIs(t, err, mtls.ErrUnavailable, task)
-		require.ErrorContains(t, err, "the parameter-server strategy runs over TensorFlow's gRPC server", task)
+		require.ErrorContains(t, err, mtls.EnvCA, task)
 	}
 }
