@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,10 +21,12 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/internal/allreducebench"
 	"github.com/tfdist/tfdist/internal/syncbuf"
-	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/mtls"
+	"github.com/tfdist/tfdist/paramserver"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // The test binary doubles as the tfdist command (TFDIST_TEST_ROLE=tfdist),
@@ -116,7 +117,7 @@ func TestHelpListsEveryCommand(t *testing.T) {
 		assert.Contains(t, launchHelp, flag)
 	}
 	_, serverHelp, _ := runHere(nil, "", "server", "-h")
-	assert.Contains(t, serverHelp, "-devices")
+	assert.Contains(t, serverHelp, "-threads")
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -131,7 +132,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"launch", "--workers", "two"}, `invalid value "two"`},
 		{[]string{"launch", "--workers", "2"}, "no program to run"},
 		{[]string{"launch", "--ps", "1", "--", "true"}, "--chief"},
-		{[]string{"server", "--devices", "0"}, "devices"},
+		{[]string{"server", "--threads", "-1"}, "threads"},
 		{[]string{"help", "nope"}, "unknown command"},
 		{[]string{"soak", "-strategies", "default,nope"}, `strategy "nope": expected one of [default mirrored multiworker multiworker-tensorflow ps robust topk wide pushed]`},
 		{[]string{"soak", "-max-rss-growth", "-0.5"}, "-max-rss-growth -0.5: expected 0 or more"},
@@ -304,10 +305,10 @@ func processAlive(pid int) bool {
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
-// The whole parameter-server flow of issue 6: ps and worker tasks serve
-// with "tfdist server", the chief coordinates (here: runs ops on the ps and
-// the worker through its session and exits 3); launch ends the servers when
-// the chief exits and passes on its status.
+// The whole parameter-server flow: ps and worker tasks serve with "tfdist
+// server", the chief coordinates (here: a variable on the ps task, one step
+// on the worker, then exit 3); launch ends the servers when the chief
+// exits and passes on its status.
 func TestLaunchParameterServerCluster(t *testing.T) {
 	script := `if [ "$TFDIST_TASK_TYPE" = chief ]; then TFDIST_TEST_ROLE=coordinator exec "$0"; else exec "$0" server; fi`
 	cmd, stdout, stderr := tfdist(t, nil, "launch", "--chief", "--workers", "1", "--ps", "1", "--timeout", launchTimeout.String(), "--grace", "3s", "--",
@@ -315,7 +316,7 @@ func TestLaunchParameterServerCluster(t *testing.T) {
 	start := time.Now()
 	code := exitCode(t, cmd, launchTimeout+time.Minute)
 	assert.Equal(t, 3, code, "launch returns the chief's status\nstdout: %s\nstderr: %s", stdout, stderr)
-	assert.Contains(t, stdout.String(), "[chief:0] ps computed 42, worker computed 43")
+	assert.Contains(t, stdout.String(), "[chief:0] ps holds 42, worker computed 43")
 	assert.Regexp(t, `\[ps:0\] .*serving`, stderr.String())
 	assert.Regexp(t, `\[worker:0\] .*serving`, stderr.String())
 	// The servers serve until they are stopped: waiting for them, launch
@@ -324,83 +325,94 @@ func TestLaunchParameterServerCluster(t *testing.T) {
 	assert.Less(t, time.Since(start), launchTimeout/2, "the servers were ended, not waited for until the %v timeout", launchTimeout)
 }
 
-// coordinator is the chief of TestLaunchParameterServerCluster: it waits for
-// the servers, starts its own, runs one op on the ps and one on the worker
-// through its session, and exits 3.
+// coordinator is the chief of TestLaunchParameterServerCluster: it creates
+// a variable on the ps task, reads it, runs one step on the worker that
+// reads it too, prints both and exits 3.
 func coordinator() int {
-	r, err := cluster.FromEnv()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	spec := r.ClusterSpec()
 	ctx, cancel := context.WithTimeout(context.Background(), launchTimeout/2)
 	defer cancel()
-	if err := cluster.WaitForTasks(ctx, spec, cluster.Task{Type: cluster.PS}, cluster.Task{Type: cluster.Worker}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	// The chief serves too: every master of the cluster, the worker's
-	// included, talks to every task the cluster names.
-	def, err := spec.ServerDef(cluster.Chief, 0, nil)
+	ps, worker, err := chiefRun(ctx, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	srv, err := tfrt.NewServer(def)
-	if err == nil {
-		err = srv.Start()
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	s := op.NewScope()
-	onPS := s.WithDevice(cluster.DeviceName("ps", 0, "CPU", 0))
-	onWorker := s.WithDevice(cluster.DeviceName("worker", 0, "CPU", 0))
-	a := op.Add(onPS.SubScope("a"), op.Const(onPS.SubScope("x"), int32(40)), op.Const(onPS.SubScope("y"), int32(2)))
-	b := op.Add(onWorker.SubScope("b"), a, op.Const(onWorker.SubScope("one"), int32(1)))
-	g, err := s.Finalize()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	so, err := tfrt.SessionOptions(srv.Target(), tfrt.WithOperationTimeout(launchTimeout/2))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	sess, err := tf.NewSession(g, so)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer sess.Close()
-	out, err := sess.Run(nil, []tf.Output{a, b}, nil)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	fmt.Printf("ps computed %v, worker computed %v\n", out[0].Value(), out[1].Value())
+	fmt.Printf("ps holds %v, worker computed %v\n", ps, worker)
 	return 3
 }
 
-// Two "tfdist server" processes form a cluster that a session in the test
-// uses: an op pinned to /job:worker/task:1's second logical CPU runs there.
+// chiefRun is a parameter-server chief (of TF_CONFIG's cluster when r is
+// nil): a variable of 42 on the ps task, its value read by the chief, and
+// one step on a worker that adds 1 to it.
+func chiefRun(ctx context.Context, r cluster.Resolver) (ps, worker any, err error) {
+	s, err := paramserver.New(ctx, r)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer s.Close()
+	init, err := tf.NewTensor(int32(42))
+	if err != nil {
+		return nil, nil, err
+	}
+	var v strategy.Variable
+	err = s.Scope(func(sc strategy.Scope) (err error) {
+		v, err = sc.Variable("v", tf.Int32, nil, strategy.Constant(init))
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	val, err := s.Value(ctx, v)
+	if err != nil {
+		return nil, nil, err
+	}
+	step, err := s.Build(strategy.InputSpec{"x": {DType: tf.Int32, Shape: []int64{-1}}},
+		func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+			sc := r.Scope()
+			x, err := r.Read(v)
+			if err != nil {
+				return nil, err
+			}
+			one := op.Const(sc.SubScope("one"), int32(1))
+			return strategy.Outputs{"y": op.Add(sc.SubScope("add"), x, one)}, nil
+		})
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := paramserver.NewCoordinator(s)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer c.Done(ctx)
+	x, _ := tf.NewTensor([]int32{0})
+	rv, err := c.Schedule(step, paramserver.Feed(dataset.Element{"x": x}))
+	if err != nil {
+		return nil, nil, err
+	}
+	out, err := rv.Get(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return val.Value(), out["y"].Value(), nil
+}
+
+// Two "tfdist server" processes serve a ps and a worker task of a cluster
+// whose chief is the test: a variable lives on the ps task, a step runs on
+// the worker, and SIGTERM ends both servers cleanly.
 func TestServerServes(t *testing.T) {
-	ports := freePorts(t, 2)
-	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: {
-		fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}})
+	ports := freePorts(t, 3)
+	addr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i]) }
+	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{
+		cluster.Chief: {addr(0)}, cluster.Worker: {addr(1)}, cluster.PS: {addr(2)}})
 	require.NoError(t, err)
 	type server struct {
 		cmd    *exec.Cmd
 		stderr *syncbuf.Buffer
 	}
 	var servers []server
-	for i := range 2 {
-		tfConfig, err := cluster.Marshal(spec, cluster.Task{Type: cluster.Worker, Index: i})
+	for _, task := range []cluster.Task{{Type: cluster.Worker}, {Type: cluster.PS}} {
+		tfConfig, err := cluster.Marshal(spec, task)
 		require.NoError(t, err)
-		cmd, _, stderr := tfdist(t, []string{"TF_CONFIG=" + tfConfig}, "server", "--devices", "2")
+		cmd, _, stderr := tfdist(t, []string{"TF_CONFIG=" + tfConfig}, "server", "--threads", "2")
 		require.NoError(t, cmd.Start())
 		servers = append(servers, server{cmd, stderr})
 	}
@@ -408,35 +420,17 @@ func TestServerServes(t *testing.T) {
 		require.Eventually(t, func() bool { return strings.Contains(s.stderr.String(), "serving") },
 			60*time.Second, 50*time.Millisecond, "server did not come up: %s", s.stderr)
 	}
-	assert.Contains(t, servers[1].stderr.String(), `"task_type": "worker", "task_index": 1`, "log lines carry the task")
+	assert.Contains(t, servers[1].stderr.String(), `"task_type": "ps", "task_index": 0`, "log lines carry the task")
 
-	s := op.NewScope()
-	remote := s.WithDevice(cluster.DeviceName("worker", 1, "CPU", 1))
-	x := op.Placeholder(remote, tf.Int64)
-	y := op.Mul(remote, x, op.Const(remote, int64(7)))
-	g, err := s.Finalize()
+	r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Chief})
 	require.NoError(t, err)
-	sess, err := tf.NewSession(g, &tf.SessionOptions{Target: fmt.Sprintf("grpc://127.0.0.1:%d", ports[0])})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ps, worker, err := chiefRun(ctx, r)
 	require.NoError(t, err)
-	// Close the session while its servers live: closing it after they are
-	// gone waits on the dead master forever.
-	var closeOnce sync.Once
-	closeSession := func() { closeOnce.Do(func() { sess.Close() }) }
-	defer closeSession()
-	six, err := tf.NewTensor(int64(6))
-	require.NoError(t, err)
-	out, err := sess.Run(map[tf.Output]*tf.Tensor{x: six}, []tf.Output{y}, nil)
-	require.NoError(t, err)
-	assert.Equal(t, int64(42), out[0].Value())
-	devs, err := sess.ListDevices()
-	require.NoError(t, err)
-	var names []string
-	for _, d := range devs {
-		names = append(names, d.Name)
-	}
-	assert.Contains(t, names, "/job:worker/replica:0/task:1/device:CPU:1", "--devices 2 gives each task two CPUs")
+	assert.Equal(t, int32(42), ps)
+	assert.Equal(t, int32(43), worker)
 
-	closeSession()
 	for _, srv := range servers {
 		require.NoError(t, srv.cmd.Process.Signal(syscall.SIGTERM))
 	}
@@ -460,10 +454,13 @@ func TestServerRefusesBadConfigs(t *testing.T) {
 		{"missing", nil, "TF_CONFIG is not set"},
 		{"local", ptr(`{}`), "names no cluster"},
 		{"malformed", ptr(`{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 4}}`), "task.index: got 4"},
-		{"port in use", ptr(`{"cluster": {"worker": ["` + inUse + `"]}, "task": {"type": "worker", "index": 0}}`), "port " + port},
-		{"evaluator outside the cluster", ptr(`{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "evaluator", "index": 0}}`), "no such task"},
-		{"TLS required", ptr(`{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}`),
-			"TLS is required but not available: a TensorFlow server runs over TensorFlow's gRPC server"},
+		{"no ps", ptr(`{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}`), "no chief job, no ps job"},
+		{"the chief", ptr(`{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, "task": {"type": "chief", "index": 0}}`),
+			"Serve runs ps and worker tasks"},
+		{"port in use", ptr(`{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["` + inUse + `"], "ps": ["127.0.0.1:3"]}, "task": {"type": "worker", "index": 0}}`),
+			"port " + port},
+		{"TLS required", ptr(`{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, "task": {"type": "worker", "index": 0}}`),
+			"TLS is required but not available: TFDIST_REQUIRE_TLS is set but no certificate is configured"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
