@@ -19,24 +19,13 @@ import (
 // the task it claims and, under TLS, the fingerprint and subject of the
 // certificate it presented; never a key or a payload.
 
-func certFields(p mtls.Peer) []zap.Field {
-	if !p.Presented() {
-		return nil
-	}
-	fs := []zap.Field{zap.String("cert_sha256", p.Fingerprint), zap.String("cert_subject", p.Subject)}
-	if p.Identity.Job != "" {
-		fs = append(fs, zap.Stringer("cert_identity", p.Identity))
-	}
-	return fs
-}
-
 // auditRefused records a refused connection.
 func (g *Group) auditRefused(remote net.Addr, claimed string, p mtls.Peer, reason string) {
 	fs := []zap.Field{zap.String("address", remote.String()), zap.String("reason", reason), zap.Bool("tls", g.cfg.tlsConfig != nil)}
 	if claimed != "" {
 		fs = append(fs, zap.String("task_claimed", claimed))
 	}
-	g.audit.Warn("peer refused", append(fs, certFields(p)...)...)
+	g.audit.Warn("peer refused", append(fs, p.AuditFields()...)...)
 }
 
 // auditJoined records a peer that joined the group.
@@ -44,13 +33,13 @@ func (g *Group) auditJoined(c *peerConn) {
 	fs := []zap.Field{zap.String("address", c.nc.RemoteAddr().String()), zap.String("task", c.member.Name),
 		zap.Bool("tls", g.cfg.tlsConfig != nil), zap.Bool("shared_memory", c.viewer != nil),
 		zap.Bool("reads_peer_memory", c.remote != nil && c.remote.canRead())}
-	g.audit.Info("peer joined", append(fs, certFields(c.cert)...)...)
+	g.audit.Info("peer joined", append(fs, c.cert.AuditFields()...)...)
 }
 
 // auditLeft records a peer whose connection ended, in order (err nil) or not.
 func (g *Group) auditLeft(c *peerConn, err error) {
 	fs := []zap.Field{zap.String("address", c.nc.RemoteAddr().String()), zap.String("task", c.member.Name)}
-	fs = append(fs, certFields(c.cert)...)
+	fs = append(fs, c.cert.AuditFields()...)
 	if err != nil {
 		g.audit.Warn("peer lost", append(fs, zap.Error(err))...)
 		return

@@ -118,6 +118,20 @@ type Peer struct {
 // Presented reports whether the peer presented a certificate.
 func (p Peer) Presented() bool { return p.Fingerprint != "" }
 
+// AuditFields returns the fields of an audit record that describe the
+// certificate (none when the peer presented none): its SHA-256, subject
+// and identity; never a key.
+func (p Peer) AuditFields() []zap.Field {
+	if !p.Presented() {
+		return nil
+	}
+	fs := []zap.Field{zap.String("cert_sha256", p.Fingerprint), zap.String("cert_subject", p.Subject)}
+	if p.Identity.Job != "" {
+		fs = append(fs, zap.Stringer("cert_identity", p.Identity))
+	}
+	return fs
+}
+
 // PeerOf describes cert, a certificate a peer presented.
 func PeerOf(cert *x509.Certificate) Peer {
 	sum := sha256.Sum256(cert.Raw)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/partition"
+	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/internal/taskserver"
 	"github.com/tfdist/tfdist/mtls"
 	"github.com/tfdist/tfdist/optimizer"
@@ -132,7 +132,7 @@ func wireOfSteps(t *testing.T, useTLS bool) []byte {
 		require.NoError(t, rv.Wait(ctx))
 		require.True(t, rv.Info().Applied)
 	}
-	return rec.bytes()
+	return []byte(rec.String())
 }
 
 func floats32(v float32, n int) []float32 {
@@ -143,30 +143,13 @@ func floats32(v float32, n int) []float32 {
 	return out
 }
 
-// recorder forwards the connections it accepts to one address and keeps
-// every byte that passes, both ways.
-type recorder struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (r *recorder) Write(p []byte) (int, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.buf.Write(p)
-}
-
-func (r *recorder) bytes() []byte {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return bytes.Clone(r.buf.Bytes())
-}
-
-func startRecorder(t *testing.T, listen, to string) *recorder {
+// startRecorder forwards the connections it accepts at listen to to, and
+// keeps every byte that passes, both ways.
+func startRecorder(t *testing.T, listen, to string) *syncbuf.Buffer {
 	ln, err := net.Listen("tcp", listen)
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
-	r := &recorder{}
+	r := &syncbuf.Buffer{}
 	go func() {
 		for {
 			in, err := ln.Accept()

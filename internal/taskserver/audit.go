@@ -30,20 +30,9 @@ type peer struct {
 
 type peerKey struct{}
 
-func certFields(p mtls.Peer) []zap.Field {
-	if !p.Presented() {
-		return nil
-	}
-	fs := []zap.Field{zap.String("cert_sha256", p.Fingerprint), zap.String("cert_subject", p.Subject)}
-	if p.Identity.Job != "" {
-		fs = append(fs, zap.Stringer("cert_identity", p.Identity))
-	}
-	return fs
-}
-
 func (s *Server) auditRefused(addr string, p mtls.Peer, reason string, more ...zap.Field) {
 	fs := []zap.Field{zap.String("address", addr), zap.String("reason", reason), zap.Bool("tls", s.tls != nil)}
-	fs = append(append(fs, more...), certFields(p)...)
+	fs = append(append(fs, more...), p.AuditFields()...)
 	s.audit.Warn("peer refused", fs...)
 }
 
@@ -67,7 +56,7 @@ func (s *Server) connState(c net.Conn, st http.ConnState) {
 	joined := p != nil && p.joined
 	s.mu.Unlock()
 	if joined {
-		s.audit.Info("peer left", append([]zap.Field{zap.String("address", p.addr)}, certFields(p.cert)...)...)
+		s.audit.Info("peer left", append([]zap.Field{zap.String("address", p.addr)}, p.cert.AuditFields()...)...)
 	}
 }
 
@@ -128,7 +117,7 @@ func (s *Server) joined(r *http.Request, cert mtls.Peer) {
 	p.joined, p.cert = true, cert
 	s.mu.Unlock()
 	if first {
-		s.audit.Info("peer joined", append([]zap.Field{zap.String("address", p.addr), zap.Bool("tls", s.tls != nil)}, certFields(cert)...)...)
+		s.audit.Info("peer joined", append([]zap.Field{zap.String("address", p.addr), zap.Bool("tls", s.tls != nil)}, cert.AuditFields()...)...)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/partition"
+	"github.com/tfdist/tfdist/internal/partition/partitiontest"
 	"github.com/tfdist/tfdist/internal/taskserver"
 	"github.com/tfdist/tfdist/mtls"
 )
@@ -84,7 +85,7 @@ func newServers(t *testing.T, opts func(task string) []taskserver.Option) *serve
 		opts = func(string) []taskserver.Option { return nil }
 	}
 	s := &servers{t: t, nodes: map[string]*node{}, clients: map[string]*taskserver.Client{}}
-	for _, task := range tasks {
+	for _, task := range partitiontest.Tasks {
 		s.nodes[task] = start(t, "127.0.0.1:0", append([]taskserver.Option{taskserver.WithTimeout(timeout)}, opts(task)...)...)
 		s.clients[task] = client(t, s.nodes[task].addr, opts("chief")...)
 	}
@@ -93,8 +94,8 @@ func newServers(t *testing.T, opts func(task string) []taskserver.Option) *serve
 
 // addrs maps the tasks to their servers' addresses, the worker to "".
 func (s *servers) addrs() map[string]string {
-	a := map[string]string{worker: ""}
-	for _, task := range []string{ps0, ps1} {
+	a := map[string]string{partitiontest.Worker: ""}
+	for _, task := range []string{partitiontest.PS0, partitiontest.PS1} {
 		a[task] = s.nodes[task].addr
 	}
 	return a
@@ -109,43 +110,14 @@ func (s *servers) install(p *partition.Plan) string {
 	for task, frag := range p.Fragments {
 		require.NoError(s.t, s.clients[task].Import(ctx, id, frag))
 	}
-	require.NoError(s.t, s.clients[worker].InstallPlan(ctx, id, p, s.addrs()))
+	require.NoError(s.t, s.clients[partitiontest.Worker].InstallPlan(ctx, id, p, s.addrs()))
 	return id
 }
 
 func (s *servers) run(id string, feeds map[string]*tf.Tensor) []*tf.Tensor {
-	out, err := s.clients[worker].RunPlan(context.Background(), id, feeds)
+	out, err := s.clients[partitiontest.Worker].RunPlan(context.Background(), id, feeds)
 	require.NoError(s.t, err)
 	return out
-}
-
-// hosts is a Host per task, in process: Plan.Execute with local runners.
-type hosts struct {
-	t     *testing.T
-	hosts map[string]*partition.Host
-	n     int
-}
-
-func newHosts(t *testing.T) *hosts {
-	h := &hosts{t: t, hosts: map[string]*partition.Host{}}
-	for _, task := range tasks {
-		host, err := partition.NewHost(nil)
-		require.NoError(t, err)
-		t.Cleanup(func() { host.Close() })
-		h.hosts[task] = host
-	}
-	return h
-}
-
-func (h *hosts) install(p *partition.Plan) map[string]partition.Runner {
-	h.n++
-	prefix := fmt.Sprintf("plan_%d", h.n)
-	runners := map[string]partition.Runner{}
-	for task, frag := range p.Fragments {
-		require.NoError(h.t, h.hosts[task].Import(prefix, frag))
-		runners[task] = h.hosts[task].Runner(prefix)
-	}
-	return runners
 }
 
 // auditLog returns a logger and what its "audit" child records.
@@ -155,15 +127,15 @@ func auditLog() (*zap.Logger, *observer.ObservedLogs) {
 }
 
 // devices are the tasks of the tests' cluster, and the chief.
-var devices = append([]string{"chief"}, tasks...)
+var devices = append([]string{"chief"}, partitiontest.Tasks...)
 
 func taskOf(device string) cluster.Task {
 	switch device {
-	case worker:
+	case partitiontest.Worker:
 		return cluster.Task{Type: cluster.Worker}
-	case ps0:
+	case partitiontest.PS0:
 		return cluster.Task{Type: cluster.PS}
-	case ps1:
+	case partitiontest.PS1:
 		return cluster.Task{Type: cluster.PS, Index: 1}
 	}
 	return cluster.Task{Type: cluster.Chief}

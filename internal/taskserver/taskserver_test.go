@@ -16,6 +16,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/partition"
+	"github.com/tfdist/tfdist/internal/partition/partitiontest"
 	"github.com/tfdist/tfdist/internal/taskserver"
 	"github.com/tfdist/tfdist/internal/tfrt"
 )
@@ -35,23 +36,23 @@ func TestPlanThroughServersEqualsOneSession(t *testing.T) {
 					return []taskserver.Option{taskserver.WithTLS(cfgs[task]), taskserver.WithJob("00c0ffee")}
 				}
 			}
-			m := newModel(t)
-			ref, local, s := newOneSession(t, m), newHosts(t), newServers(t, opts)
+			m := partitiontest.NewModel(t)
+			ref, local, s := partitiontest.NewOneSession(t, m), partitiontest.NewHosts(t), newServers(t, opts)
 			ctx := context.Background()
-			initP, stepP, readP := m.initPlan(t), m.stepPlan(t), m.readPlan(t)
+			initP, stepP, readP := m.InitPlan(t), m.StepPlan(t), m.ReadPlan(t)
 			initID, stepID, readID := s.install(initP), s.install(stepP), s.install(readP)
-			initL, stepL, readL := local.install(initP), local.install(stepP), local.install(readP)
+			initL, stepL, readL := local.Install(initP), local.Install(stepP), local.Install(readP)
 
 			s.run(initID, nil)
 			_, err := initP.Execute(ctx, initL, nil)
 			require.NoError(t, err)
-			ref.run(t, nil, nil, m.init)
+			ref.Run(t, nil, nil, m.Init)
 			for i := range 6 {
-				feeds := m.batch(t, i)
+				feeds := m.Batch(t, i)
 				got := s.run(stepID, feeds)
 				loc, err := stepP.Execute(ctx, stepL, feeds)
 				require.NoError(t, err)
-				want := ref.run(t, feeds, []tf.Output{m.loss}, m.step)
+				want := ref.Run(t, feeds, []tf.Output{m.Loss}, m.Step)
 				require.Len(t, got, 1)
 				assert.Equal(t, want[0].Value(), got[0].Value(), "loss of step %d, against one session", i)
 				assert.Equal(t, loc[0].Value(), got[0].Value(), "loss of step %d, against local runners", i)
@@ -59,8 +60,8 @@ func TestPlanThroughServersEqualsOneSession(t *testing.T) {
 			got := s.run(readID, nil)
 			loc, err := readP.Execute(ctx, readL, nil)
 			require.NoError(t, err)
-			want := ref.run(t, nil, m.reads(), nil)
-			for i, r := range m.reads() {
+			want := ref.Run(t, nil, m.Reads(), nil)
+			for i, r := range m.Reads() {
 				assert.Equal(t, want[i].Value(), got[i].Value(), "variable %s, against one session", r.Op.Name())
 				assert.Equal(t, loc[i].Value(), got[i].Value(), "variable %s, against local runners", r.Op.Name())
 			}
@@ -196,13 +197,13 @@ func TestTensorFlowErrorsKeepTheirCode(t *testing.T) {
 // (ErrUnavailable) or it restarted (ErrRestarted), so that the chief
 // tells a ps task's failure from the worker's.
 func TestFailuresOfPSTasksNameThem(t *testing.T) {
-	m := newModel(t)
+	m := partitiontest.NewModel(t)
 	s := newServers(t, nil)
 	ctx := context.Background()
-	initP, stepP := m.initPlan(t), m.stepPlan(t)
+	initP, stepP := m.InitPlan(t), m.StepPlan(t)
 	initID, stepID := s.install(initP), s.install(stepP)
 	s.run(initID, nil)
-	s.run(stepID, m.batch(t, 0))
+	s.run(stepID, m.Batch(t, 0))
 	runError := func(err error) *partition.RunError {
 		t.Helper()
 		var re *partition.RunError
@@ -210,14 +211,14 @@ func TestFailuresOfPSTasksNameThem(t *testing.T) {
 		return re
 	}
 
-	bad := m.batch(t, 1, 1, 2, 99, 3, 4)
-	_, err := s.clients[worker].RunPlan(ctx, stepID, bad)
-	assert.Equal(t, ps1, runError(err).Task, "%v", err)
+	bad := m.Batch(t, 1, 1, 2, 99, 3, 4)
+	_, err := s.clients[partitiontest.Worker].RunPlan(ctx, stepID, bad)
+	assert.Equal(t, partitiontest.PS1, runError(err).Task, "%v", err)
 	var te *tfrt.Error
 	require.ErrorAs(t, err, &te)
 	assert.Contains(t, te.Msg, "99 is not in [0, 10)")
-	local := newHosts(t)
-	initL, stepL := local.install(initP), local.install(stepP)
+	local := partitiontest.NewHosts(t)
+	initL, stepL := local.Install(initP), local.Install(stepP)
 	_, err = initP.Execute(ctx, initL, nil)
 	require.NoError(t, err)
 	_, err = stepP.Execute(ctx, stepL, bad)
@@ -225,19 +226,19 @@ func TestFailuresOfPSTasksNameThem(t *testing.T) {
 	require.ErrorAs(t, err, &lte)
 	assert.Equal(t, lte.Code, te.Code, "the code of the run on a local host")
 
-	addr := s.nodes[ps0].addr
-	s.nodes[ps0].stop(t)
-	_, err = s.clients[worker].RunPlan(ctx, stepID, m.batch(t, 2))
-	assert.Equal(t, ps0, runError(err).Task, "%v", err)
+	addr := s.nodes[partitiontest.PS0].addr
+	s.nodes[partitiontest.PS0].stop(t)
+	_, err = s.clients[partitiontest.Worker].RunPlan(ctx, stepID, m.Batch(t, 2))
+	assert.Equal(t, partitiontest.PS0, runError(err).Task, "%v", err)
 	assert.ErrorIs(t, err, taskserver.ErrUnavailable)
 	assert.ErrorContains(t, err, addr)
 
 	start(t, addr)
-	_, err = s.clients[worker].RunPlan(ctx, stepID, m.batch(t, 3))
-	assert.Equal(t, ps0, runError(err).Task, "%v", err)
+	_, err = s.clients[partitiontest.Worker].RunPlan(ctx, stepID, m.Batch(t, 3))
+	assert.Equal(t, partitiontest.PS0, runError(err).Task, "%v", err)
 	assert.ErrorIs(t, err, taskserver.ErrRestarted)
-	_, err = s.clients[worker].RunPlan(ctx, stepID, m.batch(t, 4))
-	assert.Equal(t, ps0, runError(err).Task, "%v", err)
+	_, err = s.clients[partitiontest.Worker].RunPlan(ctx, stepID, m.Batch(t, 4))
+	assert.Equal(t, partitiontest.PS0, runError(err).Task, "%v", err)
 	assert.ErrorIs(t, err, taskserver.ErrUnknown, "the new ps task has no fragment of the plan")
 }
 
@@ -358,20 +359,20 @@ func TestConnectionsAreReused(t *testing.T) {
 	if _, err := os.ReadDir("/proc/self/fd"); err != nil {
 		t.Skip("no /proc/self/fd")
 	}
-	m := newModel(t)
+	m := partitiontest.NewModel(t)
 	s := newServers(t, nil)
 	ctx := context.Background()
-	readP := m.readPlan(t)
-	initID, readID := s.install(m.initPlan(t)), s.install(readP)
+	readP := m.ReadPlan(t)
+	initID, readID := s.install(m.InitPlan(t)), s.install(readP)
 	s.run(initID, nil)
 	var direct partition.Run
 	for _, r := range readP.Rounds[0] {
-		if r.Task == ps0 {
+		if r.Task == partitiontest.PS0 {
 			direct = r
 		}
 	}
-	require.Equal(t, ps0, direct.Task)
-	runner := s.clients[ps0].Runner(readID)
+	require.Equal(t, partitiontest.PS0, direct.Task)
+	runner := s.clients[partitiontest.PS0].Runner(readID)
 	step := func() {
 		s.run(readID, nil)
 		_, err := runner.Run(ctx, nil, direct.Fetches, direct.Targets)

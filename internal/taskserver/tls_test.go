@@ -11,6 +11,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/partition"
+	"github.com/tfdist/tfdist/internal/partition/partitiontest"
 	"github.com/tfdist/tfdist/internal/taskserver"
 	"github.com/tfdist/tfdist/mtls"
 )
@@ -38,7 +39,7 @@ func refused(t *testing.T, err error) *taskserver.RefusedError {
 func TestTLSRefusesAnotherJobsCertificate(t *testing.T) {
 	cfgs := tlsConfigs(t, "job-a")
 	log, logs := auditLog()
-	n := start(t, "127.0.0.1:0", taskserver.WithTLS(cfgs[ps0]), taskserver.WithLogger(log))
+	n := start(t, "127.0.0.1:0", taskserver.WithTLS(cfgs[partitiontest.PS0]), taskserver.WithLogger(log))
 	ctx := context.Background()
 	_, err := client(t, n.addr, taskserver.WithTLS(cfgs["chief"])).Ping(ctx)
 	require.NoError(t, err)
@@ -60,7 +61,7 @@ func TestTLSRefusesAnotherJobsCertificate(t *testing.T) {
 	a, err := mtls.NewAuthority("test CA", time.Hour)
 	require.NoError(t, err)
 	log, logs = auditLog()
-	n = start(t, "127.0.0.1:0", taskserver.WithTLS(issue(t, a, mtls.Identity{Job: "job-a", Task: taskOf(ps0)})), taskserver.WithLogger(log))
+	n = start(t, "127.0.0.1:0", taskserver.WithTLS(issue(t, a, mtls.Identity{Job: "job-a", Task: taskOf(partitiontest.PS0)})), taskserver.WithLogger(log))
 	_, err = client(t, n.addr, taskserver.WithTLS(intruder(issue(t, a, mtls.Identity{Job: "job-b", Task: taskOf("chief")})))).Ping(ctx)
 	require.Error(t, err)
 	records = logs.FilterLoggerName("audit").FilterMessage("peer refused").All()
@@ -72,7 +73,7 @@ func TestTLSRefusesAnotherJobsCertificate(t *testing.T) {
 // TestTLSClientRefusesAnotherJobsServer: a client checks the server's
 // certificate too, and refuses a server of another job.
 func TestTLSClientRefusesAnotherJobsServer(t *testing.T) {
-	n := start(t, "127.0.0.1:0", taskserver.WithTLS(tlsConfigs(t, "job-a")[ps0]))
+	n := start(t, "127.0.0.1:0", taskserver.WithTLS(tlsConfigs(t, "job-a")[partitiontest.PS0]))
 	_, err := client(t, n.addr, taskserver.WithTLS(tlsConfigs(t, "job-b")["chief"])).Ping(context.Background())
 	re := refused(t, err)
 	assert.Contains(t, re.Reason, "TLS handshake: not signed by the job's CA")
@@ -84,7 +85,7 @@ func TestTLSClientRefusesAnotherJobsServer(t *testing.T) {
 func TestTLSAndPlaintextDoNotMix(t *testing.T) {
 	cfgs := tlsConfigs(t, "job-a")
 	ctx := context.Background()
-	secure := start(t, "127.0.0.1:0", taskserver.WithTLS(cfgs[ps0]))
+	secure := start(t, "127.0.0.1:0", taskserver.WithTLS(cfgs[partitiontest.PS0]))
 	_, err := client(t, secure.addr).Ping(ctx)
 	assert.Contains(t, refused(t, err).Reason, "Client sent an HTTP request to an HTTPS server")
 
@@ -99,19 +100,19 @@ func TestTLSAndPlaintextDoNotMix(t *testing.T) {
 func TestTLSChecksTheTaskAtEachAddress(t *testing.T) {
 	cfgs := tlsConfigs(t, "job-a")
 	s := newServers(t, func(task string) []taskserver.Option { return []taskserver.Option{taskserver.WithTLS(cfgs[task])} })
-	m := newModel(t)
-	p := m.readPlan(t)
+	m := partitiontest.NewModel(t)
+	p := m.ReadPlan(t)
 	ctx := context.Background()
 	for task, frag := range p.Fragments {
 		require.NoError(t, s.clients[task].Import(ctx, "read", frag))
 	}
 	addrs := s.addrs()
-	addrs[ps0] = addrs[ps1]
-	require.NoError(t, s.clients[worker].InstallPlan(ctx, "read", p, addrs))
-	_, err := s.clients[worker].RunPlan(ctx, "read", nil)
+	addrs[partitiontest.PS0] = addrs[partitiontest.PS1]
+	require.NoError(t, s.clients[partitiontest.Worker].InstallPlan(ctx, "read", p, addrs))
+	_, err := s.clients[partitiontest.Worker].RunPlan(ctx, "read", nil)
 	var re *partition.RunError
 	require.ErrorAs(t, err, &re)
-	assert.Equal(t, ps0, re.Task)
+	assert.Equal(t, partitiontest.PS0, re.Task)
 	assert.Contains(t, refused(t, err).Reason, "certificate names ps:1; the cluster has ps:0 at this address")
-	assert.Equal(t, cluster.Task{Type: cluster.PS}, taskOf(ps0))
+	assert.Equal(t, cluster.Task{Type: cluster.PS}, taskOf(partitiontest.PS0))
 }
