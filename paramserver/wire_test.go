@@ -23,6 +23,7 @@ import (
 	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/internal/taskserver"
 	"github.com/tfdist/tfdist/mtls"
+	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -172,4 +173,46 @@ func pipe(dst, src net.Conn, rec io.Writer) {
 	defer dst.Close()
 	defer src.Close()
 	io.Copy(io.MultiWriter(dst, rec), src)
+}
+
+// A step on parameter servers reads on every ps task, computes once on
+// the worker, then updates on the ps tasks: with one ps task that is three
+// rounds; with two, the update waits for the guard's check on ps 0, and
+// ps 0 records the step after ps 1's update.
+func TestStepRounds(t *testing.T) {
+	const (
+		ps0 = "/job:ps/replica:0/task:0"
+		ps1 = "/job:ps/replica:0/task:1"
+	)
+	worker := taskName(cluster.Task{Type: cluster.Worker})
+	assert.Equal(t, [][]string{{ps0}, {worker}, {ps0}}, stepRounds(t, 1))
+	assert.Equal(t, [][]string{{ps0, ps1}, {worker}, {ps0}, {ps1}, {ps0}}, stepRounds(t, 2))
+}
+
+// stepRounds runs a step of Adam on a cluster of one worker and ps ps
+// tasks and returns the tasks of each round of its plan.
+func stepRounds(t *testing.T, ps int) [][]string {
+	s := newInProcess(t, 1, ps)
+	var m *nn.Sequential
+	require.NoError(t, s.Scope(func(sc strategy.Scope) (err error) { m, err = newMLP(sc, 32); return err }))
+	train, _ := buildDigits(t, s, m, optimizer.NewAdam(optimizer.Constant(0.01)))
+	c := newCoordinator(t, s)
+	trainData, _ := digitsData(t)
+	rv, err := c.Schedule(train, perWorkerDigits(t, c, trainData, 32))
+	require.NoError(t, err)
+	require.NoError(t, rv.Wait(testContext(t, time.Minute)))
+	require.True(t, rv.Info().Applied)
+	plans := s.workers[0].sess.plans
+	require.Len(t, plans, 1)
+	var rounds [][]string
+	for _, p := range plans {
+		for _, round := range p.plan.Rounds {
+			var tasks []string
+			for _, r := range round {
+				tasks = append(tasks, r.Task)
+			}
+			rounds = append(rounds, tasks)
+		}
+	}
+	return rounds
 }

@@ -130,6 +130,9 @@ func New(g *tf.Graph, spec Spec) (*Plan, error) {
 		return nil, err
 	}
 	p.schedule(order)
+	if p.refine(order) {
+		p.schedule(order)
+	}
 	if err := p.checkCuts(); err != nil {
 		return nil, err
 	}

@@ -145,15 +145,15 @@ func (p *planner) place() error {
 	return nil
 }
 
-// inputsTask returns the task every value n reads comes from, when they
-// come from one task (a floating constant aside), or "": an op without a
-// device runs where its inputs are, so that the ops of a ps task's update
-// that an optimizer leaves unplaced, which read values a Switch gates
-// there, stay with them.
+// inputsTask returns the task every input of n (a value or a control
+// input) comes from, when they come from one task (a floating constant
+// aside), or "": an op without a device runs where its inputs are, so that
+// the ops of a ps task's update that an optimizer leaves unplaced (which
+// read values a Switch gates there, or group the updates) stay with them.
 func (p *planner) inputsTask(n *node, place func(*node) error) (string, error) {
 	task := ""
 	for _, e := range n.ins {
-		if e.control() || e.fed || e.back {
+		if e.fed || e.back {
 			continue
 		}
 		if err := place(e.from); err != nil {
@@ -297,6 +297,41 @@ func (p *planner) schedule(order []*node) {
 		}
 		n.round = max(n.round, latest)
 	}
+}
+
+// refine moves the ops that took Spec.Default for want of a place of their
+// own (a NoOp or a constant that waits for updates on the ps tasks, say)
+// to where they are needed: beside their consumers when those are all on
+// one task, or, without consumers, beside their latest input; so they cost
+// no round of their own. It reports whether it moved any.
+func (p *planner) refine(order []*node) bool {
+	moved := false
+	for i := len(order) - 1; i >= 0; i-- {
+		n := order[i]
+		if !n.floating || recomputable(n) {
+			continue
+		}
+		task, latest := "", -1
+		for _, e := range n.outs {
+			if e.back {
+				continue
+			}
+			if task != "" && task != e.to.task {
+				task = ""
+				break
+			}
+			task = e.to.task
+		}
+		for _, e := range n.ins {
+			if len(n.outs) == 0 && !e.fed && !e.back && e.from.round > latest {
+				task, latest = e.from.task, e.from.round
+			}
+		}
+		if task != "" && task != n.task {
+			n.task, moved = task, true
+		}
+	}
+	return moved
 }
 
 func (p *planner) isFetched(n *node) bool {
