@@ -53,22 +53,7 @@ type ReductionToOneDevice struct {
 
 // BatchReduce implements strategy.CrossDeviceOps.
 func (c ReductionToOneDevice) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
-	k, err := checkLayout(values, devices)
-	if err != nil {
-		return nil, err
-	}
-	dev := c.Device
-	if dev == "" {
-		dev = devices[0]
-	}
-	out := make([][]tf.Output, len(values))
-	for i := range k {
-		ts := s.SubScope(fmt.Sprintf("reduce_%d", i))
-		rs := ts.WithDevice(dev)
-		parts := make([]tf.Output, len(values))
-		for r := range values {
-			parts[r] = values[r][i]
-		}
+	return c.combine(s, "reduce", values, devices, func(rs *op.Scope, parts []tf.Output) tf.Output {
 		var sum tf.Output
 		if len(parts) == 1 {
 			sum = op.Identity(rs.SubScope("sum"), parts[0])
@@ -78,15 +63,21 @@ func (c ReductionToOneDevice) BatchReduce(s *op.Scope, red strategy.ReduceOp, va
 		if red == strategy.Mean {
 			sum = op.Div(rs.SubScope("mean"), sum, op.Cast(rs.SubScope("n"), op.Const(rs.SubScope("count"), int32(len(parts))), sum.DataType()))
 		}
-		for r := range values {
-			out[r] = append(out[r], op.Identity(ts.SubScope(fmt.Sprintf("to_%d", r)).WithDevice(devices[r]), sum))
-		}
-	}
-	return out, s.Err()
+		return sum
+	})
 }
 
 // BatchGather implements strategy.CrossDeviceOps.
 func (c ReductionToOneDevice) BatchGather(s *op.Scope, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
+	return c.combine(s, "gather", values, devices, func(rs *op.Scope, parts []tf.Output) tf.Output {
+		return op.ConcatV2(rs.SubScope("concat"), parts, op.Const(rs.SubScope("axis"), int32(0)))
+	})
+}
+
+// combine combines each tensor k of every replica on the reduction's
+// device with f, and copies the result to every replica's device.
+func (c ReductionToOneDevice) combine(s *op.Scope, name string, values [][]tf.Output, devices []string,
+	f func(*op.Scope, []tf.Output) tf.Output) ([][]tf.Output, error) {
 	k, err := checkLayout(values, devices)
 	if err != nil {
 		return nil, err
@@ -97,15 +88,14 @@ func (c ReductionToOneDevice) BatchGather(s *op.Scope, values [][]tf.Output, dev
 	}
 	out := make([][]tf.Output, len(values))
 	for i := range k {
-		ts := s.SubScope(fmt.Sprintf("gather_%d", i))
-		rs := ts.WithDevice(dev)
+		ts := s.SubScope(fmt.Sprintf("%s_%d", name, i))
 		parts := make([]tf.Output, len(values))
 		for r := range values {
 			parts[r] = values[r][i]
 		}
-		cat := op.ConcatV2(rs.SubScope("concat"), parts, op.Const(rs.SubScope("axis"), int32(0)))
+		v := f(ts.WithDevice(dev), parts)
 		for r := range values {
-			out[r] = append(out[r], op.Identity(ts.SubScope(fmt.Sprintf("to_%d", r)).WithDevice(devices[r]), cat))
+			out[r] = append(out[r], op.Identity(ts.SubScope(fmt.Sprintf("to_%d", r)).WithDevice(devices[r]), v))
 		}
 	}
 	return out, s.Err()
