@@ -67,14 +67,20 @@ func TestReplicasMatchOneDevice(t *testing.T) {
 
 // Under parameter servers (2 workers, 1 ps task), where each worker's
 // batch normalisation uses its own batch, the ResNet trains to 93%
-// held-out accuracy or more (96-99% in our runs: the asynchronous updates
-// make each run different), every scheduled step applied once.
+// held-out accuracy or more, every scheduled step applied once. The
+// asynchronous updates make each run different: each worker assigns the
+// moving statistics from the values it read at its step's start, as
+// Keras's BatchNormalization does, so on a loaded machine, where the
+// workers' steps overlap more, they overwrite each other's updates more
+// often and the statistics take longer to settle (600 steps gave 89.6%
+// once under the whole test suite, 96-99% alone); 1,000 steps leave a
+// margin.
 func TestParameterServers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s := testcluster.ParameterServers(t, ctx, 2, 1)
 	defer s.Close()
-	o := options{dist: distribute.Config{Strategy: "ps"}, epochs: 6, stepsPerEpoch: 100, globalBatch: 64, filters: 8, lr: 0.05, seed: 1}
+	o := options{dist: distribute.Config{Strategy: "ps"}, epochs: 10, stepsPerEpoch: 100, globalBatch: 64, filters: 8, lr: 0.05, seed: 1}
 	res, err := fit(ctx, s, o, io.Discard)
 	require.NoError(t, err)
 	applied, err := s.AppliedSteps(ctx)
