@@ -355,8 +355,10 @@ type RunInfo struct {
 	// that completed (false for a step without updates, and for a rerun
 	// whose update an earlier run had applied).
 	Applied bool
-	// Queued is the time from Schedule to the start of the last run, input
-	// included; Ran the last run's duration.
+	// Queued is the time from Schedule to the start of the first run,
+	// input included; Ran the time from there to the end of the last run:
+	// for a step that a failed worker sent back, its failed runs and its
+	// wait to run again included.
 	Queued, Ran time.Duration
 }
 
@@ -668,7 +670,9 @@ func (c *Coordinator) run(w *workerGraph, cl *closure, log *zap.Logger) bool {
 	if cl.fn.updates {
 		fetches = append(fetches[:len(fetches):len(fetches)], wf.applied)
 	}
-	cl.rv.started = time.Now()
+	if cl.rv.started.IsZero() {
+		cl.rv.started = time.Now()
+	}
 	out, err := c.runWatched(w, feeds, fetches, wf.targets)
 	cl.rv.finished = time.Now()
 	if err == nil {

@@ -44,6 +44,12 @@ and fails when a process exits with an error or breaks a bound:
 	file descriptors   at the end, at most -max-fd-growth more than at a
 	                   tenth of the run
 	goroutines         likewise, at most -max-goroutine-growth more
+	step time          no training step, after each worker's first, slower
+	                   than -max-step-ratio times the median step (under
+	                   ps, a step lasts from the start of its first run on
+	                   a worker to the end of its last); it catches stalls,
+	                   and on a machine whose scheduler holds a thread back
+	                   for several steps' time, that too
 
 'make soak' builds that program and runs this with the defaults.
 
@@ -65,6 +71,7 @@ Examples
 		rssGrowth := fs.Float64("max-rss-growth", soak.DefaultBounds.MaxRSSGrowth, "growth of resident memory allowed from a tenth of the run to its end, as a fraction")
 		fdGrowth := fs.Int("max-fd-growth", soak.DefaultBounds.MaxFDGrowth, "open file descriptors a process may gain from a tenth of the run to its end")
 		gGrowth := fs.Int("max-goroutine-growth", soak.DefaultBounds.MaxGoroutineGrowth, "goroutines a process may gain from a tenth of the run to its end")
+		stepRatio := fs.Float64("max-step-ratio", soak.DefaultBounds.MaxStepRatio, "the slowest step allowed, as a multiple of the median step (0: unbounded)")
 		verbose := fs.Bool("v", false, "show every task's output and the launcher's events")
 		return func(e *env, args []string) int {
 			if code, ok := noArgs(e, "soak", args); !ok {
@@ -92,6 +99,7 @@ Examples
 				{*rssGrowth < 0, "max-rss-growth", *rssGrowth, "0 or more"},
 				{*fdGrowth < 0, "max-fd-growth", *fdGrowth, "0 or more"},
 				{*gGrowth < 0, "max-goroutine-growth", *gGrowth, "0 or more"},
+				{*stepRatio < 0, "max-step-ratio", *stepRatio, "0 or more"},
 			} {
 				if c.bad {
 					fmt.Fprintf(e.stderr, "tfdist soak: -%s %v: expected %s\n", c.flag, c.val, c.want)
@@ -104,7 +112,7 @@ Examples
 				return exitUsage
 			}
 			o := soak.Options{Classifier: path, Steps: *steps, Interval: *interval, Timeout: *timeout,
-				Bounds: soak.Bounds{MaxThreads: *maxThreads, MaxRSSGrowth: *rssGrowth, MaxFDGrowth: *fdGrowth, MaxGoroutineGrowth: *gGrowth}}
+				Bounds: soak.Bounds{MaxThreads: *maxThreads, MaxRSSGrowth: *rssGrowth, MaxFDGrowth: *fdGrowth, MaxGoroutineGrowth: *gGrowth, MaxStepRatio: *stepRatio}}
 			if *verbose {
 				o.Output, o.Logger = e.stderr, cliLogger(e, zapcore.InfoLevel, "soak")
 			}

@@ -21,6 +21,9 @@ import (
 	"slices"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/internal/trainloop"
@@ -31,8 +34,6 @@ import (
 	"github.com/tfdist/tfdist/savedmodel"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/summary"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 )
 
 // Options are the classifier's flags.
@@ -105,6 +106,8 @@ type Result struct {
 	// per worker, the steps whose gradient did not count fully.
 	Aggregation    string  `json:"aggregation,omitempty"`
 	DiscardedVotes []int64 `json:"discarded_votes,omitempty"`
+	// StepTimes are how long the training steps this task ran took.
+	StepTimes *StepTimes `json:"step_times,omitempty"`
 	// ExportDir is, under -export-dir, the directory of the SavedModel
 	// this task wrote ("" on a worker other than the chief).
 	ExportDir string `json:"export_dir,omitempty"`
@@ -291,9 +294,10 @@ type session interface {
 	// restore restores the latest checkpoint, when the run checkpoints,
 	// and returns the number of steps it had done (0 without one).
 	restore(ctx context.Context) (int, error)
-	// trainer returns the Trainer of the steps after start, and the most
-	// steps one chunk may run (0: any number).
-	trainer(ctx context.Context, start int) (trainloop.Trainer, int, error)
+	// trainer returns the Trainer of the steps after start, which adds
+	// each step's duration to times, and the most steps one chunk may run
+	// (0: any number).
+	trainer(ctx context.Context, start int, times *stepTimes) (trainloop.Trainer, int, error)
 	// checkpoint saves a checkpoint after step, when the run checkpoints.
 	checkpoint(ctx context.Context, step int) error
 	// finish adds to res what the strategy knows at the end of training.
@@ -319,7 +323,8 @@ func trainModel(ctx context.Context, o Options, sess session, tb *summary.Writer
 		fmt.Fprintf(log, "resuming after step %d from %s\n", start, o.CheckpointDir)
 	}
 	start = min(start, o.Steps)
-	trainer, maxChunk, err := sess.trainer(ctx, start)
+	var times stepTimes
+	trainer, maxChunk, err := sess.trainer(ctx, start, &times)
 	if err != nil {
 		return err
 	}
@@ -346,7 +351,7 @@ func trainModel(ctx context.Context, o Options, sess session, tb *summary.Writer
 	if err != nil {
 		return err
 	}
-	res.FinalLoss, res.ExamplesPerSec = out.Loss, out.ExamplesPerSec
+	res.FinalLoss, res.ExamplesPerSec, res.StepTimes = out.Loss, out.ExamplesPerSec, times.summary()
 	aggregationResult(sess.strategy(), res)
 	if p := sess.privacy(); p != nil {
 		res.Epsilon, res.Delta, res.NoiseMultiplier = p.epsilon(o.Steps), p.Delta, p.Noise

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
@@ -142,7 +143,7 @@ func (g *inGraph) restore(ctx context.Context) (int, error) {
 // trainer starts the input after start steps: the checkpoint's step is
 // also the input position, since the input order is a function of the
 // seed.
-func (g *inGraph) trainer(ctx context.Context, start int) (trainloop.Trainer, int, error) {
+func (g *inGraph) trainer(ctx context.Context, start int, times *stepTimes) (trainloop.Trainer, int, error) {
 	dist, err := g.s.DistributeDataset(dataset.Take(dataset.Skip(g.data, start), g.o.Steps-start),
 		dataset.WithShardPolicy(dataset.ShardData), dataset.WithPrefetch(2))
 	if err != nil {
@@ -152,6 +153,7 @@ func (g *inGraph) trainer(ctx context.Context, start int) (trainloop.Trainer, in
 		return nil, 0, err
 	}
 	step := func(ctx context.Context) (strategy.Result, error) {
+		begin := time.Now()
 		b, err := g.input.Next(ctx)
 		if err != nil {
 			return nil, err
@@ -161,7 +163,11 @@ func (g *inGraph) trainer(ctx context.Context, start int) (trainloop.Trainer, in
 			ctx, cancel = context.WithTimeout(ctx, g.o.StepTimeout)
 			defer cancel()
 		}
-		return g.s.Run(ctx, g.train, b)
+		out, err := g.s.Run(ctx, g.train, b)
+		if err == nil {
+			times.add(0, time.Since(begin))
+		}
+		return out, err
 	}
 	return trainloop.Synchronous(step, g.s.Reduce), 1, nil
 }

@@ -93,7 +93,7 @@ func (p *ps) restore(ctx context.Context) (int, error) {
 // done are not replayed: asynchronous training has no global input order).
 // A chunk of steps is scheduled and joined; its loss is the mean of its
 // steps'.
-func (p *ps) trainer(_ context.Context, start int) (trainloop.Trainer, int, error) {
+func (p *ps) trainer(_ context.Context, start int, times *stepTimes) (trainloop.Trainer, int, error) {
 	input, err := p.c.CreatePerWorkerDataset(func(ictx dataset.InputContext) (dataset.Dataset, error) {
 		ds, err := dataset.FromSlices(map[string]any{"x": p.data.X, "y": p.data.Y})
 		if err != nil {
@@ -118,6 +118,10 @@ func (p *ps) trainer(_ context.Context, start int) (trainloop.Trainer, int, erro
 			return 0, err
 		}
 		sum, err := sumOutputs(ctx, rvs, "loss")
+		for _, rv := range rvs {
+			info := rv.Info()
+			times.add(info.Worker, info.Ran)
+		}
 		return sum / float64(n), err
 	}), psChunk, nil
 }

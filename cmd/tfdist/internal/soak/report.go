@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/classifier"
 )
 
 // Sample is what one look at a process saw.
@@ -60,6 +61,19 @@ func (r *Report) judge(b Bounds) {
 			r.Violations = append(r.Violations, fmt.Sprintf("%s (pid %d): %s", p.Task, p.PID, v))
 		}
 	}
+	if st := r.stepTimes(); st != nil && b.MaxStepRatio > 0 && st.MaxMS > b.MaxStepRatio*st.MedianMS {
+		r.Violations = append(r.Violations, fmt.Sprintf("%s: the slowest of %d steps took %.1f ms, %.1f times the median step's %.2f ms, expected at most %g times",
+			r.Result.Task, st.Steps, st.MaxMS, st.MaxMS/st.MedianMS, st.MedianMS, b.MaxStepRatio))
+	}
+}
+
+// stepTimes returns the step times of the task that reported the result,
+// nil where it reported none.
+func (r *Report) stepTimes() *classifier.StepTimes {
+	if r.Result == nil {
+		return nil
+	}
+	return r.Result.StepTimes
 }
 
 // figures are what a process is judged on. Open files and goroutines
@@ -159,6 +173,10 @@ func (r *Report) WriteTable(w io.Writer) {
 			r.Result.ExamplesPerSec/float64(r.Result.GlobalBatch), r.Result.FinalLoss, 100*r.Result.Accuracy)
 	}
 	fmt.Fprintln(w)
+	if st := r.stepTimes(); st != nil {
+		fmt.Fprintf(w, "steps of %s after %d warm-up: median %.2f ms, 99%% %.2f ms, 99.9%% %.2f ms, slowest %.1f ms (%.1f times the median)\n",
+			r.Result.Task, st.Warmup, st.MedianMS, st.P99MS, st.P999MS, st.MaxMS, st.MaxMS/st.MedianMS)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "task\tpid\tsamples\tthreads max\tRSS 1/10\tRSS end\tRSS growth\tfds 1/10\tfds end\tgoroutines 1/10\tgoroutines end\tGo heap 1/10\tGo heap end\t")
 	for _, p := range r.Processes {

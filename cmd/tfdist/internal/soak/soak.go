@@ -86,18 +86,20 @@ func Lookup(name string) (Setup, error) {
 	return Setup{}, fmt.Errorf("strategy %q: expected one of %v", name, names)
 }
 
-// Bounds are what a process may hold and how much it may grow between a
-// tenth of the run and its end.
+// Bounds are what a process may hold, how much it may grow between a
+// tenth of the run and its end, and how long a step may take.
 type Bounds struct {
 	MaxThreads         int     // OS threads, at any sample
 	MaxRSSGrowth       float64 // resident memory, as a fraction of its value at a tenth of the run
 	MaxFDGrowth        int     // open file descriptors
 	MaxGoroutineGrowth int     // goroutines, where the program reports them
+	MaxStepRatio       float64 // the slowest step, as a multiple of the median step (0: unbounded)
 }
 
 // DefaultBounds are the bounds of the soak test: at most 300 threads, 10%
-// more memory, 2 more file descriptors, 10 more goroutines.
-var DefaultBounds = Bounds{MaxThreads: 300, MaxRSSGrowth: 0.10, MaxFDGrowth: 2, MaxGoroutineGrowth: 10}
+// more memory, 2 more file descriptors, 10 more goroutines, no step
+// slower than 5 times the median.
+var DefaultBounds = Bounds{MaxThreads: 300, MaxRSSGrowth: 0.10, MaxFDGrowth: 2, MaxGoroutineGrowth: 10, MaxStepRatio: 5}
 
 // Options configure Run.
 type Options struct {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/internal/classifier"
 )
 
 // classifierBin is the internal/cmd/digits program, built once.
@@ -100,23 +102,27 @@ func TestJudge(t *testing.T) {
 	}
 	cases := map[string]struct {
 		mutate func(*Process)
+		steps  *classifier.StepTimes
 		want   string
 	}{
-		"flat":             {func(*Process) {}, ""},
-		"memory within":    {func(p *Process) { p.Samples[19].RSS = 109 << 20 }, ""},
-		"memory grows":     {func(p *Process) { p.Samples[19].RSS = 111 << 20 }, "resident memory grew"},
-		"threads":          {func(p *Process) { p.Samples[7].Threads = 301 }, "301 OS threads"},
-		"files":            {func(p *Process) { p.Samples[18].FDs, p.Samples[19].FDs = 23, 23 }, "file descriptors grew from 20 to 23"},
-		"a passing file":   {func(p *Process) { p.Samples[19].FDs = 25 }, ""},
-		"goroutines":       {func(p *Process) { p.Samples[18].Goroutines, p.Samples[19].Goroutines = 41, 41 }, "goroutines grew from 30 to 41"},
-		"goroutines unset": {func(p *Process) { unset(p); p.Samples[19].Goroutines = 500 }, ""},
-		"few samples":      {func(p *Process) { p.Samples = p.Samples[:3] }, "too few to judge"},
+		"flat":             {mutate: func(*Process) {}, want: ""},
+		"memory within":    {mutate: func(p *Process) { p.Samples[19].RSS = 109 << 20 }, want: ""},
+		"memory grows":     {mutate: func(p *Process) { p.Samples[19].RSS = 111 << 20 }, want: "resident memory grew"},
+		"threads":          {mutate: func(p *Process) { p.Samples[7].Threads = 301 }, want: "301 OS threads"},
+		"files":            {mutate: func(p *Process) { p.Samples[18].FDs, p.Samples[19].FDs = 23, 23 }, want: "file descriptors grew from 20 to 23"},
+		"a passing file":   {mutate: func(p *Process) { p.Samples[19].FDs = 25 }, want: ""},
+		"goroutines":       {mutate: func(p *Process) { p.Samples[18].Goroutines, p.Samples[19].Goroutines = 41, 41 }, want: "goroutines grew from 30 to 41"},
+		"goroutines unset": {mutate: func(p *Process) { unset(p); p.Samples[19].Goroutines = 500 }, want: ""},
+		"steps even":       {mutate: func(*Process) {}, steps: &classifier.StepTimes{Steps: 100, MedianMS: 2, MaxMS: 10}},
+		"a stalled step":   {mutate: func(*Process) {}, steps: &classifier.StepTimes{Steps: 100, MedianMS: 2, MaxMS: 10.5}, want: "the slowest of 100 steps took 10.5 ms, 5.2 times the median"},
+		"few samples":      {mutate: func(p *Process) { p.Samples = p.Samples[:3] }, want: "too few to judge"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			p := flat()
 			c.mutate(p)
 			r := &Report{Processes: []*Process{p}, Result: &resultLine{}}
+			r.Result.StepTimes = c.steps
 			r.judge(DefaultBounds)
 			if c.want == "" {
 				assert.Empty(t, r.Violations)
