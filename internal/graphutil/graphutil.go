@@ -5,8 +5,10 @@ package graphutil
 
 import (
 	"fmt"
+	"strings"
 
 	tf "github.com/wamuir/graft/tensorflow"
+	typespb "github.com/wamuir/graft/tensorflow/core/framework/types_go_proto"
 	"github.com/wamuir/graft/tensorflow/op"
 )
 
@@ -76,6 +78,9 @@ func IsFloat(dt tf.DataType) bool {
 func DTypeName(dt tf.DataType) string {
 	if s, ok := dtypeNames[dt]; ok {
 		return s
+	}
+	if n, ok := typespb.DataType_name[int32(dt)]; ok {
+		return strings.ToLower(strings.TrimPrefix(n, "DT_"))
 	}
 	return fmt.Sprintf("DataType(%d)", int(dt))
 }

@@ -206,7 +206,8 @@ func (r *Run) addFeed(tensor, value string) {
 }
 
 // recv returns the tensor of f that receives e's value: a placeholder of
-// its dtype and shape, added on first use.
+// its dtype and shape, which lists the variables the value updates, added
+// on first use.
 func (f *fragment) recv(e edge, g *tf.Graph) (string, error) {
 	v := e.value()
 	if name, ok := f.recvs[v]; ok {
@@ -229,6 +230,9 @@ func (f *fragment) recv(e edge, g *tf.Graph) (string, error) {
 	}
 	if sh := shapeProto(out.Shape()); sh != nil {
 		attr["shape"] = &attrpb.AttrValue{Value: &attrpb.AttrValue_Shape{Shape: sh}}
+	}
+	if vars := updatedBy(e); len(vars) > 0 {
+		attr[updatesAttr] = updatesList(vars)
 	}
 	f.nodes = append(f.nodes, &nodepb.NodeDef{Name: name, Op: "Placeholder", Attr: attr})
 	return name + ":0", nil

@@ -31,7 +31,7 @@ type Host struct {
 
 	mu       sync.Mutex
 	sess     *tfrt.Session
-	prefixes map[string]bool
+	prefixes map[string]map[string][]string // imported: the variables each placeholder updates
 }
 
 // HostOption configures NewHost.
@@ -52,7 +52,7 @@ func NewHost(so *tf.SessionOptions, opts ...HostOption) (*Host, error) {
 	if err != nil {
 		return nil, tfrt.Classify("open a session", err)
 	}
-	h := &Host{g: g, so: so, sess: sess, prefixes: map[string]bool{}}
+	h := &Host{g: g, so: so, sess: sess, prefixes: map[string]map[string][]string{}}
 	for _, o := range opts {
 		o(h)
 	}
@@ -90,15 +90,19 @@ func (h *Host) Import(prefix string, fragment []byte) error {
 	if prefix == "" || strings.ContainsAny(prefix, ":^") {
 		return fmt.Errorf("partition: import prefix %q: expected a non-empty op name", prefix)
 	}
+	updates, err := fragmentUpdates(fragment)
+	if err != nil {
+		return err
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.prefixes[prefix] {
+	if _, ok := h.prefixes[prefix]; ok {
 		return fmt.Errorf("partition: import prefix %q: already imported", prefix)
 	}
 	if err := h.g.Import(fragment, prefix); err != nil {
 		return fmt.Errorf("partition: import fragment %q: %w", prefix, err)
 	}
-	h.prefixes[prefix] = true
+	h.prefixes[prefix] = updates
 	return nil
 }
 
@@ -106,12 +110,14 @@ func (h *Host) Import(prefix string, fragment []byte) error {
 func (h *Host) Imported(prefix string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.prefixes[prefix]
+	_, ok := h.prefixes[prefix]
+	return ok
 }
 
 // Runner returns the Runner of the fragment imported under prefix.
 func (h *Host) Runner(prefix string) Runner {
-	return &hostRunner{h: h, prefix: prefix, outputs: map[string]tf.Output{}, ops: map[string]*tf.Operation{}}
+	return &hostRunner{h: h, prefix: prefix, outputs: map[string]tf.Output{}, ops: map[string]*tf.Operation{},
+		feeds: map[string]*feedSpec{}}
 }
 
 // Close releases the session.
@@ -124,6 +130,7 @@ type hostRunner struct {
 	mu      sync.Mutex
 	outputs map[string]tf.Output
 	ops     map[string]*tf.Operation
+	feeds   map[string]*feedSpec // of the placeholders fed so far
 }
 
 func (r *hostRunner) Run(ctx context.Context, feeds map[string]*tf.Tensor, fetches, targets []string) ([]*tf.Tensor, error) {
@@ -135,6 +142,11 @@ func (r *hostRunner) Run(ctx context.Context, feeds map[string]*tf.Tensor, fetch
 		o, err := r.output(name)
 		if err != nil {
 			return nil, err
+		}
+		if spec := r.feedSpec(name, o); spec != nil {
+			if err := spec.check(r.prefix, name, t); err != nil {
+				return nil, err
+			}
 		}
 		fm[o] = t
 	}
@@ -172,6 +184,25 @@ func (h *Host) run(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches 
 		return nil, err
 	}
 	return out, tfrt.Classify("run", err)
+}
+
+// feedSpec returns what the placeholder of output o, named name, takes;
+// nil when o is not a placeholder's.
+func (r *hostRunner) feedSpec(name string, o tf.Output) *feedSpec {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f, ok := r.feeds[name]; ok {
+		return f
+	}
+	var f *feedSpec
+	if o.Op.Type() == "Placeholder" {
+		r.h.mu.Lock()
+		updates := r.h.prefixes[r.prefix][o.Op.Name()[len(r.prefix)+1:]]
+		r.h.mu.Unlock()
+		f = &feedSpec{dtype: o.DataType(), shape: o.Shape(), updates: updates}
+	}
+	r.feeds[name] = f
+	return f
 }
 
 func (r *hostRunner) op(name string) (*tf.Operation, error) {

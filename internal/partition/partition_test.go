@@ -159,3 +159,69 @@ func TestInterruptibleHostEndsAWaitingRun(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int32(7), out[0].Value())
 }
+
+// corrupting is a worker's runner whose fetched values of shape from come
+// back transposed to shape to, as a faulty worker would push them.
+type corrupting struct {
+	partition.Runner
+	t        *testing.T
+	from, to []int64
+}
+
+func (c corrupting) Run(ctx context.Context, feeds map[string]*tf.Tensor, fetches, targets []string) ([]*tf.Tensor, error) {
+	out, err := c.Runner.Run(ctx, feeds, fetches, targets)
+	for i, v := range out {
+		if fmt.Sprint(v.Shape()) == fmt.Sprint(c.from) {
+			out[i], err = tf.NewTensor(zeros(c.to))
+			require.NoError(c.t, err)
+		}
+	}
+	return out, err
+}
+
+func zeros(shape []int64) [][]float32 {
+	z := make([][]float32, shape[0])
+	for i := range z {
+		z[i] = make([]float32, shape[1])
+	}
+	return z
+}
+
+// A value of the wrong shape fed to a ps task (a gradient of w, transposed
+// by a faulty worker) is refused before the run starts, naming the value,
+// both shapes and the variable it updates; w does not change, the step
+// does not count, and the next step runs.
+func TestWrongShapeIsRefusedBeforeTheRun(t *testing.T) {
+	m := partitiontest.NewModel(t)
+	hosts := partitiontest.NewHosts(t)
+	ctx := context.Background()
+	initPlan, stepPlan, readPlan := m.InitPlan(t), m.StepPlan(t), m.ReadPlan(t)
+	initRun, stepRun, readRun := hosts.Install(initPlan), hosts.Install(stepPlan), hosts.Install(readPlan)
+	_, err := initPlan.Execute(ctx, initRun, nil)
+	require.NoError(t, err)
+	before, err := readPlan.Execute(ctx, readRun, nil)
+	require.NoError(t, err)
+
+	bad := map[string]partition.Runner{}
+	for task, r := range stepRun {
+		bad[task] = r
+	}
+	bad[worker] = corrupting{Runner: stepRun[worker], t: t, from: []int64{4, 3}, to: []int64{3, 4}}
+	_, err = stepPlan.Execute(ctx, bad, m.Batch(t, 0))
+	var re *partition.RunError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, ps0, re.Task)
+	var fe *partition.FeedError
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, []string{"w"}, fe.Variables)
+	assert.Equal(t, "float32 [3 4]", fe.Got)
+	assert.Equal(t, "float32 [4 3]", fe.Want)
+	assert.ErrorContains(t, err, "it updates variable [w], left untouched")
+
+	after, err := readPlan.Execute(ctx, readRun, nil)
+	require.NoError(t, err)
+	assert.Equal(t, before[0].Value(), after[0].Value(), "w is untouched")
+	assert.Equal(t, float32(0), after[3].Value(), "the step did not count")
+	_, err = stepPlan.Execute(ctx, stepRun, m.Batch(t, 0))
+	require.NoError(t, err)
+}

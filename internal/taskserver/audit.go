@@ -12,12 +12,14 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tfdist/tfdist/internal/partition"
 	"github.com/tfdist/tfdist/mtls"
 )
 
 // The audit trail: one record, on the logger named "audit", for every
 // peer refused (a request, or under TLS a handshake), for every connection
-// whose first request is admitted (joined) and for its end (left). Each
+// whose first request is admitted (joined) and for its end (left), and for
+// every value a fragment refused (of the wrong dtype or shape). Each
 // carries the peer's address and, under TLS, the fingerprint, subject and
 // identity of the certificate it presented; never a key or a payload.
 
@@ -64,10 +66,7 @@ func (s *Server) connState(c net.Conn, st http.ConnState) {
 // or protocol version, or with a certificate of another job, and one that
 // expects another incarnation of the server.
 func (s *Server) admit(w http.ResponseWriter, r *http.Request) bool {
-	var cert mtls.Peer
-	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-		cert = mtls.PeerOf(r.TLS.PeerCertificates[0])
-	}
+	cert := certificate(r)
 	if status, reason := s.refusal(r, cert); reason != "" {
 		s.auditRefused(r.RemoteAddr, cert, reason, zap.String("path", r.URL.Path), zap.String("job_claimed", r.Header.Get(headerJob)))
 		s.reply(w, nil, status, &RefusedError{Reason: reason})
@@ -80,6 +79,25 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) bool {
 	}
 	s.joined(r, cert)
 	return true
+}
+
+// certificate returns the peer's certificate of r, if any.
+func certificate(r *http.Request) mtls.Peer {
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		return mtls.PeerOf(r.TLS.PeerCertificates[0])
+	}
+	return mtls.Peer{}
+}
+
+// auditValue records a value of r that a fragment refused (of another
+// dtype or shape than its placeholder's), with the peer that sent it.
+func (s *Server) auditValue(r *http.Request, err error) {
+	var fe *partition.FeedError
+	if !errors.As(err, &fe) {
+		return
+	}
+	fs := []zap.Field{zap.String("address", r.RemoteAddr), zap.String("reason", fe.Error()), zap.Strings("variables", fe.Variables)}
+	s.audit.Warn("value refused", append(fs, certificate(r).AuditFields()...)...)
 }
 
 // refusal returns why r is refused and the status that says so, or "".

@@ -153,6 +153,7 @@ func (s *Server) handle(decode func(*decoder) call) http.Handler {
 		ctx, cancel := requestContext(r)
 		defer cancel()
 		e, err := c(ctx)
+		s.auditValue(r, err)
 		s.reply(w, e, http.StatusOK, err)
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -168,7 +169,7 @@ func TestTensorsRoundTrip(t *testing.T) {
 }
 
 // TestTensorFlowErrorsKeepTheirCode: a run that TensorFlow fails (here,
-// a feed of the wrong dtype) fails on the client with the *tfrt.Error,
+// a placeholder not fed) fails on the client with the *tfrt.Error,
 // code and message, that the run on a local Host fails with.
 func TestTensorFlowErrorsKeepTheirCode(t *testing.T) {
 	n := start(t, "127.0.0.1:0")
@@ -179,7 +180,7 @@ func TestTensorFlowErrorsKeepTheirCode(t *testing.T) {
 	require.NoError(t, err)
 	defer host.Close()
 	require.NoError(t, host.Import("echo", echo(t)))
-	feeds := map[string]*tf.Tensor{in(tf.Float): tensor(t, int32(1))}
+	var feeds map[string]*tf.Tensor // the placeholder is not fed
 
 	_, remote := c.Runner("echo").Run(ctx, feeds, []string{out(tf.Float)}, nil)
 	var te *tfrt.Error
@@ -255,6 +256,64 @@ func TestUnknownPrefixOrPlan(t *testing.T) {
 	assert.ErrorIs(t, err, taskserver.ErrUnknown)
 	assert.ErrorContains(t, err, `"no plan"`)
 	assert.False(t, errors.Is(err, taskserver.ErrUnavailable))
+}
+
+// A value of the wrong shape sent to a ps task's fragment is refused with
+// the value, both shapes and the variable it updates; the audit log names
+// the peer that sent it; the task serves the fragment's next run. A run of
+// an op or a fragment the task does not hold is refused with its name.
+func TestWrongValuesAndNamesAreRefused(t *testing.T) {
+	log, logs := auditLog()
+	n := start(t, "127.0.0.1:0", taskserver.WithLogger(log))
+	c := client(t, n.addr)
+	ctx := context.Background()
+	m := partitiontest.NewModel(t)
+	init, step := m.InitPlan(t), m.StepPlan(t)
+	require.NoError(t, c.Import(ctx, "init", init.Fragments[partitiontest.PS0]))
+	require.NoError(t, c.Import(ctx, "step", step.Fragments[partitiontest.PS0]))
+	var targets []string
+	for _, round := range init.Rounds {
+		for _, r := range round {
+			if r.Task == partitiontest.PS0 {
+				targets = append(targets, r.Targets...)
+			}
+		}
+	}
+	_, err := c.Runner("init").Run(ctx, nil, nil, targets)
+	require.NoError(t, err)
+
+	bad := tensor(t, [][][]float32{{{1}}})
+	var refused []string
+	for _, round := range step.Rounds {
+		for _, r := range round {
+			if r.Task != partitiontest.PS0 {
+				continue
+			}
+			for _, f := range r.Feeds {
+				_, err := c.Runner("step").Run(ctx, map[string]*tf.Tensor{f.Tensor: bad}, nil, r.Targets)
+				require.ErrorContains(t, err, "fed float32 [1 1 1], expected ")
+				assert.ErrorContains(t, err, f.Tensor)
+				if strings.Contains(err.Error(), "it updates variable [w], left untouched") {
+					refused = append(refused, f.Tensor)
+				}
+			}
+		}
+	}
+	require.Len(t, refused, 1, "one value updates w")
+	records := logs.FilterLoggerName("audit").FilterMessage("value refused").All()
+	require.NotEmpty(t, records)
+	var named bool
+	for _, r := range records {
+		fields := r.ContextMap()
+		assert.Contains(t, fields, "address", "the record names the peer")
+		named = named || strings.Contains(fields["reason"].(string), refused[0])
+	}
+	assert.True(t, named, "a record names the value that updates w")
+
+	_, err = c.Runner("step").Run(ctx, nil, []string{"no_such_op:0"}, nil)
+	assert.ErrorContains(t, err, `fragment "step" has no op "no_such_op"`)
+	_, err = c.Runner("init").Run(ctx, nil, nil, targets)
+	assert.NoError(t, err, "the task goes on")
 }
 
 // TestRestartedServerIsReported: a client that reaches a new server at

@@ -7,11 +7,11 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
-	"strings"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	typespb "github.com/wamuir/graft/tensorflow/core/framework/types_go_proto"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
@@ -37,13 +37,6 @@ const maxRank = 254
 // empty string tensor, which Go values of its shape are made for.
 const maxEmptyStrings = 1 << 20
 
-func dtypeName(dt tf.DataType) string {
-	if n, ok := typespb.DataType_name[int32(dt)]; ok {
-		return strings.ToLower(strings.TrimPrefix(n, "DT_"))
-	}
-	return fmt.Sprintf("DataType(%d)", int(dt))
-}
-
 // checkDType returns an error naming the tensor unless a tensor of dt can
 // cross the wire.
 func checkDType(name string, dt tf.DataType) error {
@@ -54,7 +47,7 @@ func checkDType(name string, dt tf.DataType) error {
 	if dt == tf.DataType(typespb.DataType_DT_RESOURCE) || dt == tf.DataType(typespb.DataType_DT_VARIANT) {
 		why = "a handle means something only on its own task"
 	}
-	return fmt.Errorf("taskserver: tensor %q: dtype %s cannot cross tasks (%s)", name, dtypeName(dt), why)
+	return fmt.Errorf("taskserver: tensor %q: dtype %s cannot cross tasks (%s)", name, graphutil.DTypeName(dt), why)
 }
 
 func (e *encoder) tensor(name string, t *tf.Tensor) error {
@@ -86,7 +79,7 @@ func (e *encoder) tensor(name string, t *tf.Tensor) error {
 		err = fmt.Errorf("%d bytes of contents, expected %d", n, size)
 	}
 	if err != nil {
-		return fmt.Errorf("taskserver: tensor %q (%s %v): %w", name, dtypeName(dt), shape, err)
+		return fmt.Errorf("taskserver: tensor %q (%s %v): %w", name, graphutil.DTypeName(dt), shape, err)
 	}
 	return nil
 }
@@ -155,12 +148,12 @@ func (d *decoder) contents(name string, dt tf.DataType, shape []int64, n int64) 
 		return nil
 	}
 	if n > math.MaxInt64/elemSizes[dt] || size != n*elemSizes[dt] {
-		d.fail("tensor %q (%s %v): %d bytes of contents", name, dtypeName(dt), shape, size)
+		d.fail("tensor %q (%s %v): %d bytes of contents", name, graphutil.DTypeName(dt), shape, size)
 		return nil
 	}
 	t, err := tfrt.ReadTensor(dt, shape, io.LimitReader(d.r, size))
 	if err != nil {
-		d.fail("tensor %q (%s %v): %v", name, dtypeName(dt), shape, err)
+		d.fail("tensor %q (%s %v): %v", name, graphutil.DTypeName(dt), shape, err)
 		return nil
 	}
 	d.left -= size
