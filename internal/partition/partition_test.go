@@ -3,6 +3,7 @@ package partition_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -27,30 +28,41 @@ const (
 func TestPlanEqualsOneSession(t *testing.T) {
 	m := partitiontest.NewModel(t)
 	ref := partitiontest.NewOneSession(t, m)
-	hosts := partitiontest.NewHosts(t)
 	ctx := context.Background()
-
-	initPlan, stepPlan, readPlan := m.InitPlan(t), m.StepPlan(t), m.ReadPlan(t)
-	initRun, stepRun, readRun := hosts.Install(initPlan), hosts.Install(stepPlan), hosts.Install(readPlan)
-
-	_, err := initPlan.Execute(ctx, initRun, nil)
-	require.NoError(t, err)
+	p := install(t, m)
 	ref.Run(t, nil, nil, m.Init)
 	for i := range 6 {
 		feeds := m.Batch(t, i)
-		got, err := stepPlan.Execute(ctx, stepRun, feeds)
+		got, err := p.step.Execute(ctx, p.stepRun, feeds)
 		require.NoError(t, err)
 		want := ref.Run(t, feeds, []tf.Output{m.Loss}, m.Step)
 		assert.Equal(t, want[0].Value(), got[0].Value(), "loss of step %d", i)
 	}
 	reads := m.Reads()
-	got, err := readPlan.Execute(ctx, readRun, nil)
+	got, err := p.read.Execute(ctx, p.readRun, nil)
 	require.NoError(t, err)
 	want := ref.Run(t, nil, reads, nil)
 	for i := range reads {
 		assert.Equal(t, want[i].Value(), got[i].Value(), "variable %s", reads[i].Op.Name())
 	}
 	assert.Equal(t, float32(6), got[3].Value(), "the counter counts every step")
+}
+
+// plans are the model's plans, installed on hosts of their own, and their
+// runners.
+type plans struct {
+	init, step, read          *partition.Plan
+	initRun, stepRun, readRun map[string]partition.Runner
+}
+
+// install installs m's plans on new hosts and initialises the variables.
+func install(t *testing.T, m *partitiontest.Model) plans {
+	hosts := partitiontest.NewHosts(t)
+	p := plans{init: m.InitPlan(t), step: m.StepPlan(t), read: m.ReadPlan(t)}
+	p.initRun, p.stepRun, p.readRun = hosts.Install(p.init), hosts.Install(p.step), hosts.Install(p.read)
+	_, err := p.init.Execute(context.Background(), p.initRun, nil)
+	require.NoError(t, err)
+	return p
 }
 
 // TestStepCrossesEachLinkOnce: the step reads on the ps tasks, computes on
@@ -193,21 +205,14 @@ func zeros(shape []int64) [][]float32 {
 // does not count, and the next step runs.
 func TestWrongShapeIsRefusedBeforeTheRun(t *testing.T) {
 	m := partitiontest.NewModel(t)
-	hosts := partitiontest.NewHosts(t)
 	ctx := context.Background()
-	initPlan, stepPlan, readPlan := m.InitPlan(t), m.StepPlan(t), m.ReadPlan(t)
-	initRun, stepRun, readRun := hosts.Install(initPlan), hosts.Install(stepPlan), hosts.Install(readPlan)
-	_, err := initPlan.Execute(ctx, initRun, nil)
-	require.NoError(t, err)
-	before, err := readPlan.Execute(ctx, readRun, nil)
+	p := install(t, m)
+	before, err := p.read.Execute(ctx, p.readRun, nil)
 	require.NoError(t, err)
 
-	bad := map[string]partition.Runner{}
-	for task, r := range stepRun {
-		bad[task] = r
-	}
-	bad[worker] = corrupting{Runner: stepRun[worker], t: t, from: []int64{4, 3}, to: []int64{3, 4}}
-	_, err = stepPlan.Execute(ctx, bad, m.Batch(t, 0))
+	bad := maps.Clone(p.stepRun)
+	bad[worker] = corrupting{Runner: p.stepRun[worker], t: t, from: []int64{4, 3}, to: []int64{3, 4}}
+	_, err = p.step.Execute(ctx, bad, m.Batch(t, 0))
 	var re *partition.RunError
 	require.ErrorAs(t, err, &re)
 	assert.Equal(t, ps0, re.Task)
@@ -218,10 +223,10 @@ func TestWrongShapeIsRefusedBeforeTheRun(t *testing.T) {
 	assert.Equal(t, "float32 [4 3]", fe.Want)
 	assert.ErrorContains(t, err, "it updates variable [w], left untouched")
 
-	after, err := readPlan.Execute(ctx, readRun, nil)
+	after, err := p.read.Execute(ctx, p.readRun, nil)
 	require.NoError(t, err)
 	assert.Equal(t, before[0].Value(), after[0].Value(), "w is untouched")
 	assert.Equal(t, float32(0), after[3].Value(), "the step did not count")
-	_, err = stepPlan.Execute(ctx, stepRun, m.Batch(t, 0))
+	_, err = p.step.Execute(ctx, p.stepRun, m.Batch(t, 0))
 	require.NoError(t, err)
 }
