@@ -2,6 +2,7 @@ package paramserver
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"sort"
 	"testing"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/internal/pyenv"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -100,7 +103,8 @@ func values(t *testing.T, ctx context.Context, s *Strategy, names ...string) map
 // restores into one ps task (one shard) and into three (three shards): every
 // variable, the Adam slots and step count, and the applied-steps counter
 // come back, and training goes on. The table is one tensor in the
-// checkpoint, as Python's tf.train.load_checkpoint reads it.
+// checkpoint, and Python's tf.train.load_checkpoint reads every variable
+// and slot, element by element, as the job holds them.
 func TestCheckpointRestoresIntoOtherNumbersOfPS(t *testing.T) {
 	ctx := testContext(t, 2*time.Minute)
 	slots := []string{"proj/Adam/m", "proj/Adam/v", "Adam/iterations"} // proj's slots are sharded as proj is
@@ -127,6 +131,7 @@ func TestCheckpointRestoresIntoOtherNumbersOfPS(t *testing.T) {
 	assert.Equal(t, []int64{9, 4}, shapes["user_emb"], "the sharded table is one tensor")
 	assert.Equal(t, []int64{4, 1}, shapes["proj/Adam/m"])
 	assert.Contains(t, shapes, AppliedStepsKey)
+	readInPython(t, prefix, want)
 
 	for _, ps := range []int{1, 3} {
 		s := newInProcess(t, 1, ps)
@@ -148,6 +153,39 @@ func TestCheckpointRestoresIntoOtherNumbersOfPS(t *testing.T) {
 		require.NoError(t, err)
 		assert.EqualValues(t, 15, applied, "training goes on from the restored state")
 	}
+}
+
+// readInPython checks that Python TensorFlow reads every value of want
+// from the checkpoint at prefix, element by element.
+func readInPython(t *testing.T, prefix string, want map[string]any) {
+	var got map[string]struct {
+		Shape  []int64   `json:"shape"`
+		Values []float64 `json:"values"`
+	}
+	pyenv.TensorFlow(t).JSON(t, filepath.Join("testdata", "read_checkpoint.py"), map[string]string{"prefix": prefix}, &got)
+	for name, v := range want {
+		py, ok := got[name]
+		require.True(t, ok, "Python reads %s", name)
+		x, err := tf.NewTensor(v)
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprint(x.Shape()), fmt.Sprint(py.Shape), "shape of %s", name)
+		assert.Equal(t, flat(t, x), py.Values, "values of %s", name)
+	}
+}
+
+// flat returns the elements of x, a float32 tensor or an int64 scalar, as
+// float64s.
+func flat(t *testing.T, x *tf.Tensor) []float64 {
+	if x.DataType() == tf.Int64 && len(x.Shape()) == 0 {
+		return []float64{float64(x.Value().(int64))}
+	}
+	f := tensorutil.Float32s(x)
+	require.NotNil(t, f, "a float32 tensor")
+	out := make([]float64, len(f))
+	for i, v := range f {
+		out[i] = float64(v)
+	}
+	return out
 }
 
 // A checkpoint that does not fit the model is refused before anything
