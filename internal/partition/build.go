@@ -21,9 +21,32 @@ type runKey struct {
 
 // fragment is one task's graph as the plan builds it.
 type fragment struct {
-	nodes []*nodepb.NodeDef
-	names map[string]bool
-	recvs map[string]string // value -> the placeholder that receives it
+	tag    string // the task, as op names may hold it
+	nodes  []*nodepb.NodeDef
+	byName map[string]*nodepb.NodeDef
+	names  map[string]bool
+	recvs  map[string]received // by the value received
+	alive  map[string]string   // tensor -> its liveness (see liveness)
+	fedBy  map[string]string   // placeholder's tensor -> the value it receives
+}
+
+func newFragment(task string) *fragment {
+	return &fragment{tag: strings.NewReplacer("/", "_", ":", "_").Replace(strings.TrimPrefix(task, "/")),
+		byName: map[string]*nodepb.NodeDef{}, names: map[string]bool{}, recvs: map[string]received{}, alive: map[string]string{},
+		fedBy: map[string]string{}}
+}
+
+// received is how a fragment receives a value: the tensor that holds it,
+// and the feeds of each run that uses it.
+type received struct {
+	tensor string
+	feeds  []Feed
+}
+
+// append adds def to f.
+func (f *fragment) append(def *nodepb.NodeDef) {
+	f.nodes = append(f.nodes, def)
+	f.byName[def.Name] = def
 }
 
 // plan writes the fragments and the runs.
@@ -32,7 +55,7 @@ func (p *planner) plan(src *graphpb.GraphDef, order []*node) (*Plan, error) {
 	frag := func(task string) *fragment {
 		f := frags[task]
 		if f == nil {
-			f = &fragment{names: map[string]bool{}, recvs: map[string]string{}}
+			f = newFragment(task)
 			frags[task] = f
 		}
 		return f
@@ -70,21 +93,17 @@ func (p *planner) plan(src *graphpb.GraphDef, order []*node) (*Plan, error) {
 			case e.control():
 				def.Input = append(def.Input, "^"+e.from.def.Name)
 			case reswitched(e):
-				sw, err := f.reswitch(e.from, n.round, r, p.g, fetch)
+				sw, err := f.reswitch(e.from, n.round, func(in edge) (string, error) { return p.pass(f, frag, in, r, fetch) })
 				if err != nil {
 					return nil, err
 				}
 				def.Input = append(def.Input, fmt.Sprintf("%s:%d", sw, e.index))
 			case cut(e):
-				recv, err := f.recv(e, p.g)
+				in, err := p.pass(f, frag, e, r, fetch)
 				if err != nil {
 					return nil, err
 				}
-				def.Input = append(def.Input, recv)
-				r.addFeed(recv, e.value())
-				if !e.fed {
-					fetch(e.from, e.value())
-				}
+				def.Input = append(def.Input, in)
 			default:
 				if e.from.task != n.task {
 					f.copyOf(e.from)
@@ -92,7 +111,7 @@ func (p *planner) plan(src *graphpb.GraphDef, order []*node) (*Plan, error) {
 				def.Input = append(def.Input, e.from.def.Name+":"+fmt.Sprint(e.index))
 			}
 		}
-		f.nodes = append(f.nodes, def)
+		f.append(def)
 		if !recomputable(n) && !consumedIn(n, n.round) {
 			r.Targets = append(r.Targets, n.def.Name)
 		}
@@ -150,8 +169,8 @@ func rounds(runs map[runKey]*Run) [][]Run {
 }
 
 // reswitch returns the copy of Switch sw that runs in round, adding it on
-// first use: its inputs are the values of sw's, fed to r.
-func (f *fragment) reswitch(sw *node, round int, r *Run, g *tf.Graph, fetch func(*node, string)) (string, error) {
+// first use: its inputs are the values of sw's, which pass gives it.
+func (f *fragment) reswitch(sw *node, round int, pass func(edge) (string, error)) (string, error) {
 	name := fmt.Sprintf("%s/round_%d", sw.def.Name, round)
 	if f.names[name] {
 		return name, nil
@@ -169,18 +188,14 @@ func (f *fragment) reswitch(sw *node, round int, r *Run, g *tf.Graph, fetch func
 		case in.from.def.Op == "Switch":
 			return "", fmt.Errorf("partition: Switch %q reads Switch %q: a Switch run again in a later round reads live values", sw.def.Name, in.from.def.Name)
 		default:
-			recv, err := f.recv(in, g)
+			recv, err := pass(in)
 			if err != nil {
 				return "", err
 			}
 			def.Input = append(def.Input, recv)
-			r.addFeed(recv, in.value())
-			if !in.fed {
-				fetch(in.from, in.value())
-			}
 		}
 	}
-	f.nodes = append(f.nodes, def)
+	f.append(def)
 	return name, nil
 }
 
@@ -193,7 +208,7 @@ func (f *fragment) copyOf(n *node) {
 	def := proto.Clone(n.def).(*nodepb.NodeDef)
 	def.Device = n.local
 	delete(def.Attr, "_class")
-	f.nodes = append(f.nodes, def)
+	f.append(def)
 }
 
 func (r *Run) addFeed(tensor, value string) {
@@ -205,44 +220,113 @@ func (r *Run) addFeed(tensor, value string) {
 	r.Feeds = append(r.Feeds, Feed{Tensor: tensor, Value: value})
 }
 
-// recv returns the tensor of f that receives e's value: a placeholder of
-// its dtype and shape, which lists the variables the value updates, added
-// on first use.
-func (f *fragment) recv(e edge, g *tf.Graph) (string, error) {
+// pass passes e's value to f, e.to's fragment, in r, e.to's run, and
+// returns the tensor of f that holds it: a placeholder fed the value that
+// the producer's run fetches (or the caller feeds), or, for a value that
+// may be dead there, its sendable form made dead again when it was (see
+// liveness).
+func (p *planner) pass(f *fragment, frag func(task string) *fragment, e edge, r *Run, fetch func(*node, string)) (string, error) {
+	var from *fragment
+	alive := ""
+	if !e.fed {
+		from = frag(e.from.task)
+		alive = from.liveness(e.value())
+	}
 	v := e.value()
-	if name, ok := f.recvs[v]; ok {
-		return name + ":0", nil
-	}
-	out := e.from.op.Output(e.index)
-	dt, ok := typespb.DataType_name[int32(out.DataType())]
+	rc, ok := f.recvs[v]
 	if !ok {
-		return "", fmt.Errorf("partition: value %s: unknown dtype %d", v, out.DataType())
+		var err error
+		if rc, err = p.receive(f, from, e, alive, fetch); err != nil {
+			return "", err
+		}
+		f.recvs[v] = rc
 	}
-	base := "recv/" + strings.ReplaceAll(v, ":", "_")
-	name := base
-	for i := 1; f.names[name]; i++ {
-		name = fmt.Sprintf("%s_%d", base, i)
+	for _, fd := range rc.feeds {
+		r.addFeed(fd.Tensor, fd.Value)
 	}
-	f.names[name] = true
-	f.recvs[v] = name
-	attr := map[string]*attrpb.AttrValue{
-		"dtype": {Value: &attrpb.AttrValue_Type{Type: typespb.DataType(typespb.DataType_value[dt])}},
+	return rc.tensor, nil
+}
+
+// receive adds to f the ops that receive e's value, whose liveness in
+// from is alive, and has the producer's run fetch what they are fed.
+func (p *planner) receive(f, from *fragment, e edge, alive string, fetch func(*node, string)) (received, error) {
+	v := e.value()
+	out := e.from.op.Output(e.index)
+	dims := shapeDims(out.Shape())
+	if alive == "" {
+		recv, err := f.recv(e, v, dims)
+		if !e.fed {
+			fetch(e.from, v)
+		}
+		f.fedBy[recv] = v
+		return received{tensor: recv, feeds: []Feed{{Tensor: recv, Value: v}}}, err
 	}
-	if sh := shapeProto(out.Shape()); sh != nil {
-		attr["shape"] = &attrpb.AttrValue{Value: &attrpb.AttrValue_Shape{Shape: sh}}
+	if !fullyKnown(dims) {
+		dims = nil // a dead value's zero is a scalar
 	}
-	if vars := updatedBy(e); len(vars) > 0 {
-		attr[updatesAttr] = updatesList(vars)
+	sendable := from.sendable(v, alive, out.DataType(), dims)
+	fetch(e.from, sendable)
+	aliveValue, ok := from.fedBy[alive] // a run cannot fetch what it is fed: pass on the value it was
+	if !ok {
+		aliveValue = alive
+		owner := e.from // the run of an op of the source graph is its own
+		if n, ok := p.nodes[strings.SplitN(alive, ":", 2)[0]]; ok && n.task == e.from.task {
+			owner = n
+		}
+		fetch(owner, alive)
 	}
-	f.nodes = append(f.nodes, &nodepb.NodeDef{Name: name, Op: "Placeholder", Attr: attr})
+	recv, err := f.recv(e, sendable, dims)
+	if err != nil {
+		return received{}, err
+	}
+	recvAlive, err := f.placeholder("recv/"+strings.ReplaceAll(alive, ":", "_"), tf.Bool, []int64{}, nil)
+	if err != nil {
+		return received{}, err
+	}
+	typ := map[string]*attrpb.AttrValue{"T": {Value: &attrpb.AttrValue_Type{Type: typespb.DataType(out.DataType())}}}
+	live := strings.TrimSuffix(f.add("Live", "Switch", typ, recv, recvAlive), ":0") + ":1"
+	f.fedBy[recv], f.fedBy[recvAlive] = sendable, aliveValue
+	return received{tensor: live, feeds: []Feed{{Tensor: recv, Value: sendable}, {Tensor: recvAlive, Value: aliveValue}}}, nil
+}
+
+// recv returns a new placeholder of f that receives value, of e's dtype
+// and of shape dims (nil: any), which lists the variables e's value
+// updates.
+func (f *fragment) recv(e edge, value string, dims []int64) (string, error) {
+	return f.placeholder("recv/"+strings.ReplaceAll(value, ":", "_"), e.from.op.Output(e.index).DataType(), dims, updatedBy(e))
+}
+
+// placeholder adds a placeholder named after base, of dtype dt and shape
+// dims (nil: any), listing the variables updates, and returns its tensor.
+func (f *fragment) placeholder(base string, dt tf.DataType, dims []int64, updates []string) (string, error) {
+	if _, ok := typespb.DataType_name[int32(dt)]; !ok {
+		return "", fmt.Errorf("partition: placeholder %s: unknown dtype %d", base, dt)
+	}
+	name := f.unique(base)
+	attr := map[string]*attrpb.AttrValue{"dtype": {Value: &attrpb.AttrValue_Type{Type: typespb.DataType(dt)}}}
+	if dims != nil {
+		attr["shape"] = &attrpb.AttrValue{Value: &attrpb.AttrValue_Shape{Shape: shapeProto(dims)}}
+	}
+	if len(updates) > 0 {
+		attr[updatesAttr] = updatesList(updates)
+	}
+	f.append(&nodepb.NodeDef{Name: name, Op: "Placeholder", Attr: attr})
 	return name + ":0", nil
 }
 
-func shapeProto(s tf.Shape) *shapepb.TensorShapeProto {
-	dims, err := s.ToSlice()
-	if err != nil {
-		return nil // unknown rank: the placeholder takes any shape
+func fullyKnown(dims []int64) bool {
+	if dims == nil {
+		return false
 	}
+	for _, d := range dims {
+		if d < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func shapeProto(dims []int64) *shapepb.TensorShapeProto {
 	sh := &shapepb.TensorShapeProto{}
 	for _, d := range dims {
 		sh.Dim = append(sh.Dim, &shapepb.TensorShapeProto_Dim{Size: d})

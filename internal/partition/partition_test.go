@@ -230,3 +230,48 @@ func TestWrongShapeIsRefusedBeforeTheRun(t *testing.T) {
 	_, err = p.step.Execute(ctx, p.stepRun, m.Batch(t, 0))
 	require.NoError(t, err)
 }
+
+// A value that a Switch may leave dead crosses tasks: dead, the update it
+// feeds on the other task does not run; live, it does, as in one session.
+func TestMaybeDeadValueCrossesTasks(t *testing.T) {
+	g := tf.NewGraph()
+	s := op.NewScopeWithGraph(g)
+	on := func(name, task string) *op.Scope { return s.SubScope(name).WithDevice(task + "/device:CPU:0") }
+	thr := op.Placeholder(on("threshold", worker), tf.Float, op.PlaceholderShape(tf.ScalarShape()))
+	x := op.Const(on("x", ps0), float32(3))
+	taken := op.Less(on("taken", ps0), thr, x)
+	_, branch := op.Switch(on("switch", ps0), x, taken)
+	sq := op.Square(on("square", ps0), branch)
+	v := op.VarHandleOp(on("v", ps1), tf.Float, tf.ScalarShape(), op.VarHandleOpSharedName("v"))
+	initV := op.AssignVariableOp(on("init", ps1), v, op.Const(on("zero", ps1), float32(0)))
+	add := op.AssignAddVariableOp(on("add", ps1), v, sq)
+	read := op.ReadVariableOp(on("read", ps1), v, tf.Float)
+	require.NoError(t, s.Err())
+
+	hosts := partitiontest.NewHosts(t)
+	ctx := context.Background()
+	plan := func(spec partition.Spec) (*partition.Plan, map[string]partition.Runner) {
+		spec.Default = worker
+		p, err := partition.New(g, spec)
+		require.NoError(t, err)
+		return p, hosts.Install(p)
+	}
+	initP, initR := plan(partition.Spec{Targets: []*tf.Operation{initV}})
+	stepP, stepR := plan(partition.Spec{Feeds: []tf.Output{thr}, Targets: []*tf.Operation{add}})
+	readP, readR := plan(partition.Spec{Fetches: []tf.Output{read}})
+	_, err := initP.Execute(ctx, initR, nil)
+	require.NoError(t, err)
+	want := float32(0)
+	for _, threshold := range []float32{5, 1, 4, 2} {
+		thrT, err := tf.NewTensor(threshold)
+		require.NoError(t, err)
+		_, err = stepP.Execute(ctx, stepR, map[string]*tf.Tensor{partitiontest.Name(thr): thrT})
+		require.NoError(t, err, "threshold %v", threshold)
+		if threshold < 3 {
+			want += 9
+		}
+		got, err := readP.Execute(ctx, readR, nil)
+		require.NoError(t, err)
+		assert.Equal(t, want, got[0].Value(), "after threshold %v", threshold)
+	}
+}
