@@ -2,7 +2,10 @@ package paramserver
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -17,13 +20,37 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// stop stops the task with SIGSTOP until the test ends, or resume.
+// stop stops the task with SIGSTOP until the test ends, or resume, and
+// waits until every thread of it has stopped: a thread the signal has not
+// reached yet could still answer.
 func (c *task) stop(t *testing.T) (resume func()) {
 	t.Helper()
 	require.NoError(t, c.cmd.Process.Signal(syscall.SIGSTOP))
 	resume = func() { c.cmd.Process.Signal(syscall.SIGCONT) }
 	t.Cleanup(resume)
+	require.Eventually(t, func() bool { return stopped(c.cmd.Process.Pid) }, 10*time.Second, time.Millisecond,
+		"every thread of %s stopped", c.task)
 	return resume
+}
+
+// stopped reports whether every thread of pid is stopped ("T" in
+// /proc/PID/task/TID/stat).
+func stopped(pid int) bool {
+	stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(stats) == 0 {
+		return false
+	}
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return false
+		}
+		i := strings.LastIndexByte(string(b), ')') // the state follows the command's name
+		if i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+			return false
+		}
+	}
+	return true
 }
 
 // endsWithin checks that call, given a context whose deadline is 1 s
