@@ -183,7 +183,7 @@ func (h *Host) run(ctx context.Context, feeds map[tf.Output]*tf.Tensor, fetches 
 		}
 		return nil, err
 	}
-	return out, tfrt.Classify("run", err)
+	return out, tfrt.ClassifyStatus("run", err)
 }
 
 // feedSpec returns what the placeholder of output o, named name, takes;

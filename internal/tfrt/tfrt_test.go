@@ -268,3 +268,36 @@ func TestParseDevice(t *testing.T) {
 		assert.Error(t, err, bad)
 	}
 }
+
+// A run that TensorFlow fails keeps its status code through
+// ClassifyStatus, whatever its message says: graft's errors carry
+// TensorFlow's message only, and the code is read from their TF_Status.
+func TestGraftStatusCodes(t *testing.T) {
+	s := op.NewScope()
+	fed := op.Placeholder(s.SubScope("fed"), tf.Float)
+	v := op.VarHandleOp(s.SubScope("v"), tf.Float, tf.ScalarShape())
+	read := op.ReadVariableOp(s.SubScope("read"), v, tf.Float)
+	q := op.FIFOQueueV2(s.SubScope("queue"), []tf.DataType{tf.Float})
+	closeQ := op.QueueCloseV2(s.SubScope("close"), q)
+	dequeue := op.QueueDequeueV2(s.SubScope("dequeue"), q, []tf.DataType{tf.Float})
+	g, err := s.Finalize()
+	require.NoError(t, err)
+	sess, err := tf.NewSession(g, nil)
+	require.NoError(t, err)
+	defer sess.Close()
+	_, err = sess.Run(nil, nil, []*tf.Operation{closeQ})
+	require.NoError(t, err)
+	for _, c := range []struct {
+		fetch tf.Output
+		want  error
+	}{
+		{fed, tfrt.ErrInvalidArgument},     // a placeholder not fed
+		{read, tfrt.ErrFailedPrecondition}, // a variable never assigned
+		{dequeue[0], tfrt.ErrOutOfRange},   // a closed, empty queue
+	} {
+		_, err := sess.Run(nil, []tf.Output{c.fetch}, nil)
+		require.Error(t, err)
+		got := tfrt.ClassifyStatus("run", err)
+		assert.ErrorIs(t, got, c.want, "%v", got)
+	}
+}
