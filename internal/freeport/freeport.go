@@ -18,33 +18,40 @@ const lowest = 10000
 // when asked. They lie below the kernel's ephemeral range, so that no
 // outgoing connection takes one as its source port before its server
 // binds it, as happens with the ports a listener on port 0 gets: those
-// are ephemeral ones. Another process may still bind one first; servers
-// started on them fail naming the port in that case.
+// are ephemeral ones.
+//
+// Each port stays reserved for the life of the calling process: no later
+// call, in this process or in another that uses Loopback (two launchers,
+// or test binaries run side by side), returns it again, so that a server
+// started on it, or restarted on it after a failure, finds it free.
+// A process that binds ports by other means may still take one first;
+// servers started on it fail naming the port in that case.
 func Loopback(n int) ([]int, error) {
 	hi := ephemeralLow()
 	if hi-lowest < 4*n {
 		return nil, fmt.Errorf("pick %d free loopback ports: the ephemeral range starts at %d, leaving too few below it", n, hi)
 	}
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			_ = l.Close()
-		}
-	}()
 	ports := make([]int, 0, n)
 	for tries := 0; len(ports) < n; tries++ {
 		if tries == 1000 {
 			return nil, fmt.Errorf("pick %d free loopback ports between %d and %d: %d found after %d tries", n, lowest, hi, len(ports), tries)
 		}
 		p := lowest + rand.IntN(hi-lowest)
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-		if err != nil {
-			continue
+		if free(p) && reserve(p) {
+			ports = append(ports, p)
 		}
-		lns = append(lns, l)
-		ports = append(ports, p)
 	}
 	return ports, nil
+}
+
+// free reports whether a listener can bind port p on 127.0.0.1 now.
+func free(p int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
 }
 
 // ephemeralLow returns the first port of the kernel's ephemeral range

@@ -2,7 +2,10 @@ package freeport
 
 import (
 	"net"
+	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -33,4 +36,32 @@ func TestLoopbackPortsAreFreeAndNotEphemeral(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = c.Close() }()
 	assert.GreaterOrEqual(t, c.LocalAddr().(*net.TCPAddr).Port, ephemeralLow())
+}
+
+// A port once given is not given again for the life of the process: not
+// by a later call in this process, nor to another process that asks,
+// such as a second test binary picking ports for its own cluster.
+func TestPortsStayReservedAcrossProcesses(t *testing.T) {
+	if ports := os.Getenv("FREEPORT_CHILD_TRIES"); ports != "" {
+		for _, f := range strings.Fields(ports) {
+			p, err := strconv.Atoi(f)
+			require.NoError(t, err)
+			assert.False(t, reserve(p), "port %d, reserved by the parent, was given to this process", p)
+		}
+		return
+	}
+	first, err := Loopback(16)
+	require.NoError(t, err)
+	for _, p := range first {
+		assert.False(t, reserve(p), "port %d given twice in one process", p)
+	}
+	var args []string
+	for _, p := range first {
+		args = append(args, strconv.Itoa(p))
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPortsStayReservedAcrossProcesses$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "FREEPORT_CHILD_TRIES="+strings.Join(args, " "))
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the other process:\n%s", out)
+	require.Contains(t, string(out), "PASS")
 }
