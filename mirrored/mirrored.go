@@ -132,39 +132,13 @@ func New(opts ...Option) (*Strategy, error) {
 	}
 	sessOpts = append(sessOpts, tfrt.WithThreads(intra, inter))
 
-	devices := c.devices
-	if len(devices) == 0 {
-		if c.logicalCPUs > 0 {
-			for i := range c.logicalCPUs {
-				devices = append(devices, strategy.LocalCPU(i))
-			}
-		} else {
-			gpus, err := localGPUs(sessOpts)
-			if err != nil {
-				return nil, err
-			}
-			devices = gpus
-			if len(devices) == 0 {
-				devices = []string{strategy.LocalCPU(0)}
-			}
-		}
+	available, err := tfrt.LocalDevices(sessOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("mirrored: list devices: %w", err)
 	}
-	full := make([]string, len(devices))
-	for i, d := range devices {
-		spec, err := tfrt.ParseDevice(d)
-		if err != nil {
-			return nil, fmt.Errorf("mirrored: device %d: %w", i, err)
-		}
-		if spec.Type == "" {
-			return nil, fmt.Errorf("mirrored: device %q: expected a device type and index, e.g. /gpu:0", d)
-		}
-		if spec.Job == "" {
-			spec.Job, spec.Replica, spec.Task = "localhost", 0, 0
-		}
-		if spec.Index < 0 {
-			spec.Index = 0
-		}
-		full[i] = spec.String()
+	full, err := tfrt.ReplicaDevices(available, c.devices, c.logicalCPUs)
+	if err != nil {
+		return nil, fmt.Errorf("mirrored: %w", err)
 	}
 	cdo, err := chooseCrossDeviceOps(c, full)
 	if err != nil {
@@ -221,21 +195,6 @@ func chooseCrossDeviceOps(c config, devices []string) (strategy.CrossDeviceOps, 
 		cdo = ingraph.Packed{Inner: cdo, BytesPerPack: c.bytesPerPk}
 	}
 	return cdo, nil
-}
-
-// localGPUs lists this machine's GPUs as TensorFlow sees them.
-func localGPUs(opts []tfrt.ConfigOption) ([]string, error) {
-	devs, err := tfrt.LocalDevices(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("mirrored: list devices: %w", err)
-	}
-	var gpus []string
-	for _, d := range devs {
-		if d.Type == "GPU" {
-			gpus = append(gpus, d.Name)
-		}
-	}
-	return gpus, nil
 }
 
 // hostDevice returns the first CPU device among devices, else this

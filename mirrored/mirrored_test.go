@@ -80,7 +80,7 @@ func TestDevices(t *testing.T) {
 
 	_, err = mirrored.New(mirrored.WithDevices("/gpu:0"))
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "GPU:0")
+	assert.Contains(t, err.Error(), `"/gpu:0" does not exist`)
 	assert.Contains(t, err.Error(), "devices that exist")
 
 	_, err = mirrored.New(mirrored.WithLogicalCPUs(2), mirrored.WithCommunication(mirrored.NCCL))

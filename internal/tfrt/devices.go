@@ -124,3 +124,98 @@ func (d DeviceSpec) Matches(full string) bool {
 		(d.Type == "" || d.Type == f.Type) &&
 		(d.Index < 0 || d.Index == f.Index)
 }
+
+// ReplicaDevices chooses the devices a strategy runs one replica on each
+// of, among the devices a session has (available, as ListDevices gives
+// them): the named ones ("/gpu:1", "/device:CPU:0", or full names), else
+// the first logicalCPUs CPUs when logicalCPUs > 0, else every GPU, else
+// the first CPU. It returns the devices' full names. A name that matches
+// no device, or a device named twice, is an error that lists the devices
+// that exist.
+func ReplicaDevices(available []Device, named []string, logicalCPUs int) ([]string, error) {
+	var out []string
+	switch {
+	case len(named) > 0:
+		seen := map[string]int{}
+		for i, n := range named {
+			d, err := findDevice(available, n)
+			if err != nil {
+				return nil, fmt.Errorf("device %d: %w", i, err)
+			}
+			if j, ok := seen[d]; ok {
+				return nil, fmt.Errorf("device %d: %q appears twice (device %d is %s too); each replica needs its own device", i, n, j, d)
+			}
+			seen[d] = i
+			out = append(out, d)
+		}
+	case logicalCPUs > 0:
+		out = devicesOfType(available, "CPU")
+		if len(out) < logicalCPUs {
+			return nil, fmt.Errorf("%d logical CPUs asked for, the session has %d: %s", logicalCPUs, len(out), deviceNames(available))
+		}
+		out = out[:logicalCPUs]
+	default:
+		out = devicesOfType(available, "GPU")
+		if cpus := devicesOfType(available, "CPU"); len(out) == 0 && len(cpus) > 0 {
+			out = cpus[:1]
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no GPU or CPU among the session's devices: %s", deviceNames(available))
+	}
+	return out, nil
+}
+
+// findDevice returns the full name of the one device of available that
+// name names.
+func findDevice(available []Device, name string) (string, error) {
+	spec, err := ParseDevice(name)
+	if err != nil {
+		return "", err
+	}
+	if spec.Type == "" {
+		return "", fmt.Errorf("%q: expected a device type and index, e.g. /gpu:0", name)
+	}
+	if spec.Index < 0 {
+		spec.Index = 0
+	}
+	var found []string
+	for _, d := range available {
+		if spec.Matches(d.Name) {
+			found = append(found, d.Name)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return "", fmt.Errorf("%q does not exist; the devices that exist are %s", name, deviceNames(available))
+	case 1:
+		return found[0], nil
+	}
+	return "", fmt.Errorf("%q names %d devices (%s); expected one", name, len(found), strings.Join(found, ", "))
+}
+
+// devicesOfType returns the full names of available's devices of type t,
+// in TensorFlow's order.
+func devicesOfType(available []Device, t string) []string {
+	var out []string
+	for _, d := range available {
+		if d.Type == t {
+			out = append(out, d.Name)
+		}
+	}
+	return out
+}
+
+func deviceNames(available []Device) string {
+	names := make([]string, len(available))
+	for i, d := range available {
+		names[i] = d.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// IsGPU reports whether the device named full is a GPU.
+func IsGPU(full string) bool {
+	d, err := ParseDevice(full)
+	return err == nil && d.Type == "GPU"
+}
