@@ -38,8 +38,8 @@ type Config struct {
 	// parameter-server cluster TF_CONFIG describes).
 	Strategy string
 	// Devices is the number of logical CPU devices of each process under
-	// mirrored and multiworker; 0 takes every GPU under mirrored (one CPU
-	// device where there is none) and one CPU under multiworker.
+	// mirrored and multiworker; 0 takes every GPU of the process (one CPU
+	// device where there is none).
 	Devices int
 	// CollectiveTimeout bounds every collective under multiworker; 0
 	// keeps the strategy's default.
@@ -59,7 +59,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		c.Strategy = "default"
 	}
 	fs.StringVar(&c.Strategy, "strategy", c.Strategy, "distribution strategy: default, mirrored, multiworker or ps (TF_CONFIG names the cluster)")
-	fs.IntVar(&c.Devices, "devices", c.Devices, "logical CPU devices per process under mirrored and multiworker (0: every GPU under mirrored)")
+	fs.IntVar(&c.Devices, "devices", c.Devices, "logical CPU devices per process under mirrored and multiworker (0: every GPU, else one CPU)")
 	fs.DurationVar(&c.CollectiveTimeout, "collective-timeout", c.CollectiveTimeout, "bound on each collective under multiworker (0: the default)")
 }
 
@@ -137,7 +137,10 @@ func New(ctx context.Context, c Config) (strategy.Strategy, error) {
 		}
 		return made(mirrored.New(opts...))
 	case "multiworker":
-		opts := []multiworker.Option{multiworker.WithLogger(log), multiworker.WithLogicalCPUs(max(c.Devices, 1))}
+		opts := []multiworker.Option{multiworker.WithLogger(log)}
+		if c.Devices > 0 {
+			opts = append(opts, multiworker.WithLogicalCPUs(c.Devices))
+		}
 		if c.CollectiveTimeout > 0 {
 			opts = append(opts, multiworker.WithCollectiveTimeout(c.CollectiveTimeout))
 		}

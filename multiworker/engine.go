@@ -2,9 +2,11 @@ package multiworker
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
@@ -22,8 +24,8 @@ import (
 // engineOps is the CrossDeviceOps of MultiWorkerMirrored on tfdist's own
 // engine: a worker first combines its local replicas' values on its host
 // CPU, then one collective op per tensor (per pack, with packing) hands the
-// result to the collective.Group, and the result is copied to every local
-// replica's device. The ops are async kernels: a pack's all-reduce starts as
+// result to the collective.Group, and the result goes back to every local
+// replica's device (see sumOnHost and fromHost). The ops are async kernels: a pack's all-reduce starts as
 // soon as its gradients exist and overlaps the rest of the step.
 //
 // Op names are handed out in build order, so workers that build the same
@@ -66,27 +68,6 @@ func (c *engineOps) check(what string, values [][]tf.Output) error {
 	return nil
 }
 
-// local combines value k of every local replica on the host with combine.
-func local(s *op.Scope, values [][]tf.Output, k int, combine func(*op.Scope, []tf.Output) tf.Output) tf.Output {
-	parts := make([]tf.Output, len(values))
-	for r := range values {
-		parts[r] = values[r][k]
-	}
-	if len(parts) == 1 {
-		return op.Identity(s, parts[0])
-	}
-	return combine(s, parts)
-}
-
-// toReplicas copies a host result to every local replica's device.
-func toReplicas(s *op.Scope, v tf.Output, devices []string) []tf.Output {
-	out := make([]tf.Output, len(devices))
-	for r := range devices {
-		out[r] = op.Identity(s.SubScope(fmt.Sprintf("to_%d", r)).WithDevice(devices[r]), v)
-	}
-	return out
-}
-
 // appendPerReplica appends value k of every replica, vals[r], to out[r].
 func appendPerReplica(out [][]tf.Output, vals []tf.Output) {
 	for r, v := range vals {
@@ -103,7 +84,7 @@ func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]t
 	for k := range values[0] {
 		name := c.name("allreduce")
 		hs := s.SubScope(name).WithDevice(c.host)
-		sum := local(hs.SubScope("local"), values, k, op.AddN)
+		sum := sumOnHost(s.SubScope(name).SubScope("local"), c.host, column(values, k), devices)
 		var v tf.Output
 		if n := c.sparseSize(sum); n > 0 {
 			v = c.sparseSum(hs.SubScope("top_k"), name, sum, n)
@@ -114,7 +95,7 @@ func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]t
 			n := op.Cast(hs.SubScope("n"), op.Const(hs.SubScope("replicas"), int32(c.replicas)), v.DataType())
 			v = op.Div(hs.SubScope("mean"), v, n)
 		}
-		appendPerReplica(out, toReplicas(hs, v, devices))
+		appendPerReplica(out, fromHost(s.SubScope(name), v, devices))
 	}
 	return out, s.Err()
 }
@@ -128,10 +109,8 @@ func (c *engineOps) BatchGather(s *op.Scope, values [][]tf.Output, devices []str
 	for k := range values[0] {
 		name := c.name("allgather")
 		hs := s.SubScope(name).WithDevice(c.host)
-		cat := local(hs.SubScope("local"), values, k, func(s *op.Scope, parts []tf.Output) tf.Output {
-			return op.ConcatV2(s, parts, op.Const(s.SubScope("axis"), int32(0)))
-		})
-		appendPerReplica(out, toReplicas(hs, engineops.AllGather(hs.SubScope("engine"), cat, c.group, name), devices))
+		cat := concatOnHost(hs.SubScope("local"), column(values, k))
+		appendPerReplica(out, fromHost(s.SubScope(name), engineops.AllGather(hs.SubScope("engine"), cat, c.group, name), devices))
 	}
 	return out, s.Err()
 }
@@ -144,7 +123,7 @@ func (c *engineOps) Broadcast(s *op.Scope, value tf.Output, devices []string) ([
 	}
 	name := c.name("broadcast")
 	hs := s.SubScope(name).WithDevice(c.host)
-	return toReplicas(hs, engineops.Broadcast(hs.SubScope("engine"), value, c.group, name, 0), devices), s.Err()
+	return fromHost(s.SubScope(name), engineops.Broadcast(hs.SubScope("engine"), value, c.group, name, 0), devices), s.Err()
 }
 
 // newOnEngine runs the collectives on tfdist's engine: the worker listens on
@@ -174,11 +153,15 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	w.log.Info("collective group joined", zap.String("address", members[w.workerID].Addr),
 		zap.Int("workers", len(w.workers)), zap.Int("local_replicas", w.nLocal))
-	id, unregister := engineops.RegisterGroup(g)
-	var devices []string
-	for j := range w.nLocal {
-		devices = append(devices, strategy.LocalCPU(j))
+	if err := checkReplicaCounts(ctx, g, w, c.startupTimeout); err != nil {
+		cctx, cancel := context.WithTimeout(context.Background(), c.closeTimeout())
+		defer cancel()
+		g.Abort(err)
+		_ = g.Close(cctx) // it reports the abort, err
+		return nil, err
 	}
+	id, unregister := engineops.RegisterGroup(g)
+	devices := w.devices
 	cdo := &engineOps{group: id, host: strategy.LocalCPU(0), replicas: w.nLocal * len(w.workers), names: &opNames{}}
 	cross := c.packed(cdo)
 	s := &Strategy{resolver: c.resolver, task: w.task, workerID: w.workerID, workers: w.workers,
@@ -234,6 +217,23 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	s.engine = e
 	return s, nil
+}
+
+// checkReplicaCounts refuses, on every worker, a cluster whose workers
+// have different numbers of replicas: each worker's replicas are a fixed
+// share of the global batch and of NumReplicasInSync.
+func checkReplicaCounts(ctx context.Context, g *collective.Group, w joined, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	all, err := g.AllGather(ctx, "tfdist_replica_counts", collective.Int64, binary.LittleEndian.AppendUint64(nil, uint64(w.nLocal)))
+	if err != nil {
+		return fmt.Errorf("multiworker: task %s: gather the workers' replica counts: %w", w.task, err)
+	}
+	counts := make([]int, len(all))
+	for i, b := range all {
+		counts[i] = int(binary.LittleEndian.Uint64(b))
+	}
+	return sameReplicaCounts(w.task, w.devices, w.workers, counts)
 }
 
 // engineSessionOptions tunes a worker's session for steps that wait on

@@ -8,6 +8,13 @@
 // with WithCommunication, by TensorFlow's collective ops over the worker's
 // in-process TensorFlow server (ring all-reduce over gRPC, or NCCL on GPUs).
 //
+// Each worker runs one replica on each of its GPUs, else one on its CPU
+// (WithDevices and WithLogicalCPUs choose others); every worker must have
+// as many. On tfdist's engine a worker sums its replicas' values first
+// (with NCCL on GPUs), and that one sum per tensor or pack crosses the
+// workers. The GPU paths are untested: no machine that tests tfdist has a
+// GPU.
+//
 // With no TF_CONFIG, or one that names a single worker, it runs like the
 // Mirrored strategy on the local devices.
 //
@@ -22,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -75,6 +83,7 @@ type Strategy struct {
 
 type config struct {
 	resolver       cluster.Resolver
+	devices        []string
 	logicalCPUs    int
 	comm           Communication
 	bytesPerPack   int64
@@ -100,9 +109,18 @@ type Option func(*config)
 // WithResolver takes the cluster from r instead of TF_CONFIG.
 func WithResolver(r cluster.Resolver) Option { return func(c *config) { c.resolver = r } }
 
-// WithLogicalCPUs runs n replicas per worker on n logical CPU devices
-// (default: every GPU of the worker, else one CPU replica). Every worker must
+// WithDevices runs one replica on each named device of the worker
+// ("/gpu:0", "/device:CPU:1", or full names) instead of the default: every
+// GPU the worker's TensorFlow sees, else one CPU replica. Every worker must
 // have the same number of replicas.
+func WithDevices(devices ...string) Option {
+	return func(c *config) { c.devices = append([]string(nil), devices...) }
+}
+
+// WithLogicalCPUs splits the worker's CPU into n logical devices and, unless
+// WithDevices names others, runs one replica on each: how tfdist tests
+// several devices per worker without GPUs. Every worker must have the same
+// number of replicas.
 func WithLogicalCPUs(n int) Option { return func(c *config) { c.logicalCPUs = n } }
 
 // Communication chooses who moves tensors between workers (see
@@ -110,8 +128,10 @@ func WithLogicalCPUs(n int) Option { return func(c *config) { c.logicalCPUs = n 
 type Communication int
 
 const (
-	// Auto is tfdist's own engine, the default: the strategy's replicas
-	// run on CPU devices, whose tensors the engine reads in place.
+	// Auto is tfdist's own engine, the default: a worker sums its
+	// replicas' values onto its host (with NCCL on GPUs), the engine
+	// all-reduces that one sum per tensor or pack across workers, and the
+	// result goes back to every replica.
 	Auto Communication = iota
 	// Ring is TensorFlow's ring all-reduce over gRPC (CPU and GPU).
 	Ring
@@ -244,7 +264,11 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		log.Warn("collective timeout 0: a step waits forever for its peers, so a dead or stopped peer hangs this worker")
 	}
 
-	w := joined{spec: spec, task: task, workers: workers, workerID: workerID, nLocal: max(c.logicalCPUs, 1), log: log}
+	devices, err := c.localDevices(task)
+	if err != nil {
+		return nil, err
+	}
+	w := joined{spec: spec, task: task, workers: workers, workerID: workerID, devices: devices, nLocal: len(devices), log: log}
 	if c.comm == Engine || c.comm == Auto {
 		return newOnEngine(ctx, c, w)
 	}
@@ -260,8 +284,42 @@ type joined struct {
 	task     cluster.Task
 	workers  []cluster.Task
 	workerID int
+	devices  []string // the local replicas', as the in-process session names them
 	nLocal   int
 	log      *zap.Logger
+}
+
+// localDevices chooses this worker's replica devices (see WithDevices),
+// named as an in-process session names them, and checks that NCCL, when
+// asked for, has GPUs.
+func (c config) localDevices(task cluster.Task) ([]string, error) {
+	available, err := tfrt.LocalDevices(c.cpuOptions()...)
+	if err != nil {
+		return nil, fmt.Errorf("multiworker: task %s: list devices: %w", task, err)
+	}
+	return c.chooseDevices(available, task)
+}
+
+// chooseDevices chooses the replicas' devices among available.
+func (c config) chooseDevices(available []tfrt.Device, task cluster.Task) ([]string, error) {
+	devices, err := tfrt.ReplicaDevices(available, c.devices, c.logicalCPUs)
+	if err != nil {
+		return nil, fmt.Errorf("multiworker: task %s: %w", task, err)
+	}
+	if c.comm == NCCL {
+		if err := ingraph.RequireGPUs(devices); err != nil {
+			return nil, fmt.Errorf("multiworker: task %s: WithCommunication(NCCL): %w", task, err)
+		}
+	}
+	return devices, nil
+}
+
+// cpuOptions splits the CPU into WithLogicalCPUs's devices.
+func (c config) cpuOptions() []tfrt.ConfigOption {
+	if c.logicalCPUs > 0 {
+		return []tfrt.ConfigOption{tfrt.WithLogicalCPUs(c.logicalCPUs)}
+	}
+	return nil
 }
 
 // sessionOptions are the session's thread pools and logical CPUs.
@@ -273,7 +331,7 @@ func (w joined) sessionOptions(c config, more ...tfrt.ConfigOption) []tfrt.Confi
 	if c.inter > 0 {
 		inter = c.inter
 	}
-	return append([]tfrt.ConfigOption{tfrt.WithLogicalCPUs(w.nLocal), tfrt.WithThreads(intra, inter)}, more...)
+	return append(append(c.cpuOptions(), tfrt.WithThreads(intra, inter)), more...)
 }
 
 // newOnServer runs the collectives on TensorFlow's: this task starts its
@@ -299,17 +357,9 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	log.Info("server started", zap.String("target", srv.Target()), zap.Int("workers", len(workers)), zap.Int("local_replicas", nLocal))
 
-	var devices []string
-	for j := range nLocal {
-		devices = append(devices, cluster.DeviceName(string(task.Type), task.Index, "CPU", j))
-	}
+	devices := onTask(w.devices, task)
 	ring := &ringOps{GroupSize: nLocal * len(workers), GroupKey: 1, FirstReplica: workerID * nLocal,
 		Communication: c.comm}
-	if c.comm == NCCL {
-		if err := ring.check(devices); err != nil {
-			return nil, err
-		}
-	}
 	var cross strategy.CrossDeviceOps = ring
 	if c.bytesPerPack > 0 {
 		cross = ingraph.Packed{Inner: ring, BytesPerPack: c.bytesPerPack}
@@ -323,7 +373,7 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 	e, err := ingraph.New(ingraph.Config{
 		Name:              "multiworker",
 		Devices:           devices,
-		HostDevice:        cluster.DeviceName(string(task.Type), task.Index, "CPU", 0),
+		HostDevice:        onTask([]string{strategy.LocalCPU(0)}, task)[0],
 		NumReplicasInSync: nLocal * len(workers),
 		FirstReplicaID:    workerID * nLocal,
 		NumWorkers:        len(workers),
@@ -340,6 +390,7 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 	s.ring, s.sessOpts, s.closeTimeout = ring, sessOpts, c.closeTimeout()
 	if err := s.handshake(ctx, spec, c.startupTimeout); err != nil {
 		e.Close()
+		srv.Close()
 		return nil, err
 	}
 	log.Info("all workers joined", zap.Int("replicas_in_sync", e.NumReplicasInSync()))
@@ -349,18 +400,18 @@ func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
 // newLocal is the single-worker case: collectives among the local devices
 // of an in-process session.
 func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
-	n := max(c.logicalCPUs, 1)
-	var devices []string
-	for j := range n {
-		devices = append(devices, strategy.LocalCPU(j))
+	devices, err := c.localDevices(task)
+	if err != nil {
+		return nil, err
 	}
+	n := len(devices)
 	ring := &ringOps{GroupSize: n, GroupKey: 1, Communication: c.comm}
 	var cross strategy.CrossDeviceOps = ring
 	if c.bytesPerPack > 0 && n > 1 {
 		cross = ingraph.Packed{Inner: ring, BytesPerPack: c.bytesPerPack}
 	}
 	intra, inter := tfrt.DefaultThreads()
-	so, err := tfrt.SessionOptions("", tfrt.WithLogicalCPUs(n), tfrt.WithThreads(intra, inter))
+	so, err := tfrt.SessionOptions("", append(c.cpuOptions(), tfrt.WithThreads(intra, inter))...)
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}
@@ -371,6 +422,18 @@ func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}
 	return &Strategy{engine: e, resolver: c.resolver, task: task, workers: []cluster.Task{task}, log: log}, nil
+}
+
+// onTask renames local devices (as an in-process session names them) as
+// task's devices on its TensorFlow server.
+func onTask(local []string, task cluster.Task) []string {
+	out := make([]string, len(local))
+	for i, d := range local {
+		spec, _ := tfrt.ParseDevice(d) // names TensorFlow gave, which parse
+		spec.Job, spec.Replica, spec.Task = string(task.Type), 0, task.Index
+		out[i] = spec.String()
+	}
+	return out
 }
 
 // workerTasks orders the tasks that train: the chief first, then workers.
@@ -401,8 +464,34 @@ func (s *Strategy) handshake(ctx context.Context, spec cluster.ClusterSpec, time
 	if err := cluster.CheckFingerprints(fp, got); err != nil {
 		return fmt.Errorf("multiworker: task %s: %w", s.task, err)
 	}
+	all, err = s.round(ctx, "replica_counts", int64(s.NumLocalReplicas()), timeout)
+	if err != nil {
+		return fmt.Errorf("multiworker: task %s: gather the workers' replica counts: %w", s.task, err)
+	}
+	counts := make([]int, len(all))
+	for i, n := range all {
+		counts[i] = int(n)
+	}
+	return sameReplicaCounts(s.task, s.Devices(), s.workers, counts)
+}
+
+// sameReplicaCounts refuses a cluster whose workers have different
+// numbers of replicas (counts[w] is worker w's): each worker's replicas
+// are a fixed share of the global batch and of NumReplicasInSync.
+func sameReplicaCounts(task cluster.Task, devices []string, workers []cluster.Task, counts []int) error {
+	for w, n := range counts {
+		if n != len(devices) {
+			return fmt.Errorf("multiworker: task %s has %d replicas (%s) and task %s has %d; every worker needs the same number (WithDevices, WithLogicalCPUs, or the GPUs each worker sees)",
+				task, len(devices), strings.Join(devices, ", "), workers[w], n)
+		}
+	}
 	return nil
 }
+
+// roundGroupKey is the TensorFlow collective group of the rounds: each
+// worker's host CPU, one member per worker whatever its replicas, so that
+// workers with different numbers of replicas can still find it out.
+const roundGroupKey = 2
 
 // round all-gathers one value from every worker on TensorFlow's
 // collectives and returns worker w's at index w. It runs in a graph and
@@ -410,17 +499,13 @@ func (s *Strategy) handshake(ctx context.Context, spec cluster.ClusterSpec, time
 // collective timeout; its instance key comes next in build order, so every
 // worker must hold its rounds at the same point of the program.
 func (s *Strategy) round(ctx context.Context, label string, value int64, timeout time.Duration) ([]int64, error) {
-	hs := &ringOps{GroupSize: s.ring.GroupSize, GroupKey: s.ring.GroupKey, FirstReplica: s.ring.FirstReplica,
-		Communication: s.ring.Communication}
+	hs := &ringOps{GroupSize: len(s.workers), GroupKey: roundGroupKey, FirstReplica: s.workerID, Communication: Ring}
 	hs.next = s.ring.instanceKey() - 1
 	g := tf.NewGraph()
 	sc := op.NewScopeWithGraph(g).SubScope(label)
-	devices := s.Devices()
-	vals := make([][]tf.Output, len(devices))
-	for r, d := range devices {
-		vals[r] = []tf.Output{op.Const(sc.SubScope(fmt.Sprintf("value_%d", r)).WithDevice(d), []int64{value})}
-	}
-	out, err := hs.BatchGather(sc.SubScope("gather"), vals, devices)
+	host := onTask([]string{strategy.LocalCPU(0)}, s.task)
+	vals := [][]tf.Output{{op.Const(sc.SubScope("value").WithDevice(host[0]), []int64{value})}}
+	out, err := hs.BatchGather(sc.SubScope("gather"), vals, host)
 	if err != nil {
 		return nil, fmt.Errorf("build the %s: %w", label, err)
 	}
@@ -428,10 +513,7 @@ func (s *Strategy) round(ctx context.Context, label string, value int64, timeout
 	if err != nil {
 		return nil, err
 	}
-	var targets []*tf.Operation
-	for r := range out {
-		targets = append(targets, out[r][0].Op)
-	}
+	targets := []*tf.Operation{out[0][0].Op}
 	// TensorFlow ends the run at timeout; the context's deadline, later,
 	// is a safety net.
 	rctx, cancel := context.WithTimeout(ctx, timeout+30*time.Second)
@@ -450,13 +532,7 @@ func (s *Strategy) round(ctx context.Context, label string, value int64, timeout
 		}
 		return nil, err
 	}
-	all := tensorutil.Value(t[0]).([]int64)
-	n := s.NumLocalReplicas()
-	vals2 := make([]int64, len(s.workers))
-	for w := range s.workers {
-		vals2[w] = all[w*n]
-	}
-	return vals2, nil
+	return tensorutil.Value(t[0]).([]int64), nil
 }
 
 // Task returns this process's task.

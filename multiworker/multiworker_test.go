@@ -17,7 +17,6 @@ import (
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
-	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -66,30 +65,37 @@ func matchDefault(t *testing.T, model string, steps int) {
 }
 
 // matchDefaultPlan trains p (on global batches of 32) with the default
-// strategy and on 2 workers of 2 devices, and checks that they agree: the
-// final loss within 1e-4 of the default's, every element of every variable
-// within 1e-4 of its variable's largest magnitude (testmodel.MaxVarDiff;
-// measured: at most 8.3e-7 on the three models), and both workers' variables
-// bit for bit.
+// strategy and on 2 workers of 2 devices, and checks that they agree (see
+// matchOnTwoWorkers).
 func matchDefaultPlan(t *testing.T, p testmodel.Plan) {
-	ctx := context.Background()
 	p.MicroBatches = []int{32}
-	def, err := onedevice.New()
+	want, err := testmodel.TrainDefault(context.Background(), optimizer.NewSGD(optimizer.Constant(0.1)), p)
 	require.NoError(t, err)
-	defer def.Close()
-	want, err := testmodel.TrainPlan(ctx, def, optimizer.NewSGD(optimizer.Constant(0.1)), p)
-	require.NoError(t, err)
+	matchOnTwoWorkers(t, p, want, 2)
+}
 
+// matchOnTwoWorkers trains p on 2 workers of local devices each, with
+// opts, and checks that it ends with want: the final loss within 1e-4 of
+// want's, every element of every variable within 1e-4 of its variable's
+// largest magnitude (testmodel.MaxVarDiff; measured: at most 8.3e-7 on
+// the three models), and both workers' variables bit for bit. It returns
+// worker 0's outcome and the bytes it sent on tfdist's engine.
+func matchOnTwoWorkers(t *testing.T, p testmodel.Plan, want testmodel.Outcome, local int, opts ...multiworker.Option) (testmodel.Outcome, int64) {
+	t.Helper()
 	got := make([]testmodel.Outcome, 2)
-	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLogicalCPUs(2),
-		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+	var sent int64
+	errs := onWorkers(loopbackSpec(t, 2), append([]multiworker.Option{multiworker.WithLogicalCPUs(local),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)}, opts...),
 		func(w int, s *multiworker.Strategy) error {
-			assert.Equal(t, 4, s.NumReplicasInSync())
+			assert.Equal(t, 2*local, s.NumReplicasInSync())
 			assert.Equal(t, w == 0, s.IsChief())
 			var err error
 			wp := p
-			wp.FirstReplica = w * 2
-			got[w], err = testmodel.TrainPlan(ctx, s, optimizer.NewSGD(optimizer.Constant(0.1)), wp)
+			wp.FirstReplica = w * local
+			got[w], err = testmodel.TrainPlan(context.Background(), s, optimizer.NewSGD(optimizer.Constant(0.1)), wp)
+			if w == 0 {
+				sent = s.CollectiveStats().BytesSent
+			}
 			return err
 		})
 	require.NoError(t, errs[0])
@@ -100,6 +106,7 @@ func matchDefaultPlan(t *testing.T, p testmodel.Plan) {
 		assert.Less(t, d, 1e-4, "worker %d: largest difference at %s", w, at)
 	}
 	assert.Equal(t, got[0].Vars, got[1].Vars, "both workers hold identical variables")
+	return got[0], sent
 }
 
 // A peer that never comes up is a clear error within the start-up timeout.

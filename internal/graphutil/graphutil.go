@@ -135,3 +135,18 @@ func LookupRows(s *op.Scope, name string, shape []int64, value, ids tf.Output) (
 	}
 	return out, nil
 }
+
+// StaticShape returns o's shape as the graph knows it, and whether every
+// dimension is known.
+func StaticShape(o tf.Output) ([]int64, bool) {
+	dims, err := o.Shape().ToSlice()
+	if err != nil {
+		return nil, false
+	}
+	for _, d := range dims {
+		if d < 0 {
+			return dims, false
+		}
+	}
+	return dims, true
+}

@@ -195,15 +195,12 @@ func elemBytes(dt tf.DataType) int64 {
 }
 
 func staticSize(o tf.Output) (int64, bool) {
-	shape, err := o.Shape().ToSlice()
-	if err != nil {
+	shape, ok := graphutil.StaticShape(o)
+	if !ok {
 		return 0, false
 	}
 	n := int64(1)
 	for _, d := range shape {
-		if d < 0 {
-			return 0, false
-		}
 		n *= d
 	}
 	return n, true
