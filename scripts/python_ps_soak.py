@@ -17,7 +17,8 @@ updates (tf.timestamp inside the step), and each chunk of 100 scheduled
 steps from the first Schedule to Join. It counts the lines of TensorFlow's
 repeated-request refusal ("received twice") in every task's log.
 
-  ~/.cache/tfdist/tensorflow-venv-*/bin/python scripts/python_ps_soak.py --steps 300000
+  ~/.cache/tfdist/tensorflow-venv-*/bin/python scripts/python_ps_soak.py --steps 15000
+  ~/.cache/tfdist/tensorflow-venv-*/bin/python scripts/python_ps_soak.py --steps 1000000000 --seconds 1800
 
 (the Python environment the tests install; any Python with TensorFlow 2.18
 will do).
@@ -71,7 +72,7 @@ def chief(cluster, steps, seconds, out):
     x = rng.normal(0, 1, (1797, FEATURES)).astype("float32")
     y = rng.integers(0, CLASSES, 1797).astype("int32")
 
-    def dataset_fn(_):
+    def dataset_fn():
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1797).repeat()
         return ds.batch(BATCH, drop_remainder=True)
 
@@ -121,10 +122,10 @@ def quantile(xs, q):
     return xs[min(len(xs) - 1, max(0, int(q * len(xs) + 0.999999) - 1))]
 
 
-def report(tasks, samples, result, logs):
+def report(tasks, workers, samples, result, logs):
     print(f"python-ps: {result['steps']} steps in {result['elapsed']:.0f}s "
           f"({result['steps'] / result['elapsed']:.0f} steps/s)")
-    steps = result["step_ms"][len(tasks):]  # each worker's first step is warm-up
+    steps = result["step_ms"][workers:]  # each worker's first step is warm-up
     med = quantile(steps, 0.5)
     print(f"steps: median {med:.2f} ms, 99% {quantile(steps, 0.99):.2f} ms, 99.9% {quantile(steps, 0.999):.2f} ms, "
           f"slowest {max(steps):.1f} ms ({max(steps) / med:.1f} times the median)")
@@ -204,7 +205,7 @@ def main():
     with open(out) as f:
         result = json.load(f)
     os.remove(out)
-    report(tasks, samples, result, counts)
+    report(tasks, a.workers, samples, result, counts)
     return 0
 
 
