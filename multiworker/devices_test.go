@@ -2,7 +2,6 @@ package multiworker_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/optimizer"
@@ -43,34 +43,6 @@ func TestTwoLevelAllReduce(t *testing.T) {
 	assert.Equal(t, sent[1], sent[4], "bytes sent by a worker of 4 devices, against one of 1")
 }
 
-// newWorkers calls New for each worker of a loopback cluster at once, worker w
-// with opts[w], closes the strategies that start, and returns each New's
-// error.
-func newWorkers(t *testing.T, opts ...[]multiworker.Option) []error {
-	spec := loopbackSpec(t, len(opts))
-	errs := make([]error, len(opts))
-	var wg sync.WaitGroup
-	for w := range opts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: w})
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			s, err := multiworker.New(context.Background(), append([]multiworker.Option{multiworker.WithResolver(r),
-				multiworker.WithStartupTimeout(20 * time.Second)}, opts[w]...)...)
-			if err == nil {
-				err = s.Close()
-			}
-			errs[w] = err
-		}()
-	}
-	wg.Wait()
-	return errs
-}
-
 // Workers with different numbers of devices are refused at start-up, on
 // every worker and on both backends, with an error that names both
 // workers and both counts.
@@ -80,7 +52,9 @@ func TestWorkersWithDifferentDeviceCounts(t *testing.T) {
 			with := func(n int) []multiworker.Option {
 				return []multiworker.Option{multiworker.WithCommunication(comm), multiworker.WithLogicalCPUs(n)}
 			}
-			errs := newWorkers(t, with(2), with(4))
+			errs := testcluster.OnWorkersWith(loopbackSpec(t, 2), func(w int) []multiworker.Option {
+				return append(with(2+2*w), multiworker.WithStartupTimeout(20*time.Second))
+			}, func(int, *multiworker.Strategy) error { return nil })
 			require.Error(t, errs[0])
 			require.Error(t, errs[1])
 			assert.ErrorContains(t, errs[0], "task worker:0 has 2 replicas")
