@@ -57,17 +57,18 @@ func (c *engineOps) ReduceGradients(s *op.Scope, values [][]tf.Output, devices [
 		return nil, err
 	}
 	name := c.name("aggregate")
-	hs := s.SubScope(name).WithDevice(c.host)
+	ns := s.SubScope(name)
+	hs := ns.WithDevice(c.host)
 	k := len(values[0])
 	sums := make([]tf.Output, k)
 	for i := range k {
-		sums[i] = sumOnHost(s.SubScope(name).SubScope(fmt.Sprintf("local_%d", i)), c.host, column(values, i), devices)
+		sums[i] = sumOnHost(ns.SubScope(fmt.Sprintf("local_%d", i)), c.host, column(values, i), devices)
 	}
 	agg := engineops.Aggregate(hs.SubScope("engine"), voting.Flatten(hs, sums), c.group, name, c.aggregator)
 	grads := voting.Unflatten(hs, agg, voting.Sizes(hs, sums), values[0])
 	out := make([][]tf.Output, len(values))
 	for i, g := range grads {
-		appendPerReplica(out, fromHost(s.SubScope(name).SubScope(fmt.Sprintf("copies_%d", i)), g, devices))
+		appendPerReplica(out, fromHost(ns.SubScope(fmt.Sprintf("copies_%d", i)), g, devices))
 	}
 	return out, s.Err()
 }

@@ -25,8 +25,9 @@ import (
 // engine: a worker first combines its local replicas' values on its host
 // CPU, then one collective op per tensor (per pack, with packing) hands the
 // result to the collective.Group, and the result goes back to every local
-// replica's device (see sumOnHost and fromHost). The ops are async kernels: a pack's all-reduce starts as
-// soon as its gradients exist and overlaps the rest of the step.
+// replica's device (see sumOnHost and fromHost). The ops are async
+// kernels: a pack's all-reduce starts as soon as its gradients exist and
+// overlaps the rest of the step.
 //
 // Op names are handed out in build order, so workers that build the same
 // program match their ops without talking.
@@ -83,8 +84,9 @@ func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]t
 	out := make([][]tf.Output, len(values))
 	for k := range values[0] {
 		name := c.name("allreduce")
-		hs := s.SubScope(name).WithDevice(c.host)
-		sum := sumOnHost(s.SubScope(name).SubScope("local"), c.host, column(values, k), devices)
+		ns := s.SubScope(name)
+		hs := ns.WithDevice(c.host)
+		sum := sumOnHost(ns.SubScope("local"), c.host, column(values, k), devices)
 		var v tf.Output
 		if n := c.sparseSize(sum); n > 0 {
 			v = c.sparseSum(hs.SubScope("top_k"), name, sum, n)
@@ -95,7 +97,7 @@ func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]t
 			n := op.Cast(hs.SubScope("n"), op.Const(hs.SubScope("replicas"), int32(c.replicas)), v.DataType())
 			v = op.Div(hs.SubScope("mean"), v, n)
 		}
-		appendPerReplica(out, fromHost(s.SubScope(name), v, devices))
+		appendPerReplica(out, fromHost(ns, v, devices))
 	}
 	return out, s.Err()
 }
@@ -108,9 +110,10 @@ func (c *engineOps) BatchGather(s *op.Scope, values [][]tf.Output, devices []str
 	out := make([][]tf.Output, len(values))
 	for k := range values[0] {
 		name := c.name("allgather")
-		hs := s.SubScope(name).WithDevice(c.host)
+		ns := s.SubScope(name)
+		hs := ns.WithDevice(c.host)
 		cat := concatOnHost(hs.SubScope("local"), column(values, k))
-		appendPerReplica(out, fromHost(s.SubScope(name), engineops.AllGather(hs.SubScope("engine"), cat, c.group, name), devices))
+		appendPerReplica(out, fromHost(ns, engineops.AllGather(hs.SubScope("engine"), cat, c.group, name), devices))
 	}
 	return out, s.Err()
 }
@@ -122,8 +125,8 @@ func (c *engineOps) Broadcast(s *op.Scope, value tf.Output, devices []string) ([
 		return nil, err
 	}
 	name := c.name("broadcast")
-	hs := s.SubScope(name).WithDevice(c.host)
-	return fromHost(s.SubScope(name), engineops.Broadcast(hs.SubScope("engine"), value, c.group, name, 0), devices), s.Err()
+	ns := s.SubScope(name)
+	return fromHost(ns, engineops.Broadcast(ns.WithDevice(c.host).SubScope("engine"), value, c.group, name, 0), devices), s.Err()
 }
 
 // newOnEngine runs the collectives on tfdist's engine: the worker listens on
@@ -152,7 +155,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		return nil, fmt.Errorf("multiworker: task %s: %w", w.task, err)
 	}
 	w.log.Info("collective group joined", zap.String("address", members[w.workerID].Addr),
-		zap.Int("workers", len(w.workers)), zap.Int("local_replicas", w.nLocal))
+		zap.Int("workers", len(w.workers)), zap.Int("local_replicas", w.nLocal()))
 	if err := checkReplicaCounts(ctx, g, w, c.startupTimeout); err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), c.closeTimeout())
 		defer cancel()
@@ -162,7 +165,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	id, unregister := engineops.RegisterGroup(g)
 	devices := w.devices
-	cdo := &engineOps{group: id, host: strategy.LocalCPU(0), replicas: w.nLocal * len(w.workers), names: &opNames{}}
+	cdo := &engineOps{group: id, host: strategy.LocalCPU(0), replicas: w.nLocal() * len(w.workers), names: &opNames{}}
 	cross := c.packed(cdo)
 	s := &Strategy{resolver: c.resolver, task: w.task, workerID: w.workerID, workers: w.workers,
 		group: g, unregister: unregister, closeTimeout: c.closeTimeout(), log: w.log}
@@ -190,14 +193,14 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	if s.residuals != nil {
 		pendingInit = s.residuals.pending
 	}
-	so, err := tfrt.SessionOptions("", w.sessionOptions(c, engineSessionOptions(c, w.nLocal)...)...)
+	so, err := tfrt.SessionOptions("", w.sessionOptions(c, engineSessionOptions(c, w.nLocal())...)...)
 	var e *ingraph.Engine
 	if err == nil {
 		e, err = ingraph.New(ingraph.Config{
 			Name:              "multiworker",
 			Devices:           devices,
-			NumReplicasInSync: w.nLocal * len(w.workers),
-			FirstReplicaID:    w.workerID * w.nLocal,
+			NumReplicasInSync: w.nLocal() * len(w.workers),
+			FirstReplicaID:    w.workerID * w.nLocal(),
 			NumWorkers:        len(w.workers),
 			WorkerID:          w.workerID,
 			CrossDeviceOps:    cross,
@@ -225,7 +228,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 func checkReplicaCounts(ctx context.Context, g *collective.Group, w joined, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	all, err := g.AllGather(ctx, "tfdist_replica_counts", collective.Int64, binary.LittleEndian.AppendUint64(nil, uint64(w.nLocal)))
+	all, err := g.AllGather(ctx, "tfdist_replica_counts", collective.Int64, binary.LittleEndian.AppendUint64(nil, uint64(w.nLocal())))
 	if err != nil {
 		return fmt.Errorf("multiworker: task %s: gather the workers' replica counts: %w", w.task, err)
 	}

@@ -268,7 +268,7 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := joined{spec: spec, task: task, workers: workers, workerID: workerID, devices: devices, nLocal: len(devices), log: log}
+	w := joined{spec: spec, task: task, workers: workers, workerID: workerID, devices: devices, log: log}
 	if c.comm == Engine || c.comm == Auto {
 		return newOnEngine(ctx, c, w)
 	}
@@ -285,9 +285,11 @@ type joined struct {
 	workers  []cluster.Task
 	workerID int
 	devices  []string // the local replicas', as the in-process session names them
-	nLocal   int
 	log      *zap.Logger
 }
+
+// nLocal is the number of local replicas.
+func (w joined) nLocal() int { return len(w.devices) }
 
 // localDevices chooses this worker's replica devices (see WithDevices),
 // named as an in-process session names them, and checks that NCCL, when
@@ -337,7 +339,7 @@ func (w joined) sessionOptions(c config, more ...tfrt.ConfigOption) []tfrt.Confi
 // newOnServer runs the collectives on TensorFlow's: this task starts its
 // TensorFlow server, and every step runs through it.
 func newOnServer(ctx context.Context, c config, w joined) (*Strategy, error) {
-	spec, task, workers, workerID, nLocal, log := w.spec, w.task, w.workers, w.workerID, w.nLocal, w.log
+	spec, task, workers, workerID, nLocal, log := w.spec, w.task, w.workers, w.workerID, w.nLocal(), w.log
 	leader := cluster.TaskDevice(string(workers[0].Type), workers[0].Index)
 	sessOpts := w.sessionOptions(c,
 		tfrt.WithCollectiveGroupLeader(leader),
