@@ -7,7 +7,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/graphutil"
-	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/internal/ingraph"
 )
 
 // On tfdist's engine a worker's all-reduce has two levels, as Horovod's
@@ -36,13 +36,8 @@ func column(values [][]tf.Output, k int) []tf.Output {
 // type dt on devices: two or more, every one a GPU, and a type NCCL's
 // TensorFlow kernels take.
 func ncclLocal(devices []string, dt tf.DataType) bool {
-	if len(devices) < 2 {
+	if len(devices) < 2 || ingraph.RequireGPUs(devices) != nil {
 		return false
-	}
-	for _, d := range devices {
-		if !tfrt.IsGPU(d) {
-			return false
-		}
 	}
 	switch dt {
 	case tf.Half, tf.Float, tf.Double, tf.Int32, tf.Int64:

@@ -2,13 +2,13 @@ package ingraph
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/google/uuid"
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -142,7 +142,7 @@ func (NCCLAllReduce) BatchGather(s *op.Scope, values [][]tf.Output, devices []st
 // RequireGPUs returns an error naming the first device that is not a GPU.
 func RequireGPUs(devices []string) error {
 	for _, d := range devices {
-		if !strings.Contains(strings.ToUpper(d), "GPU:") {
+		if !tfrt.IsGPU(d) {
 			return fmt.Errorf("NCCL needs every device to be a GPU; %q is not (use ReductionToOneDevice on CPUs)", d)
 		}
 	}
