@@ -1,0 +1,77 @@
+package timeline
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+)
+
+// event is one Chrome trace event: a complete span ("X") or a name of a
+// process or thread ("M").
+type event struct {
+	Name string         `json:"name"`
+	Cat  string         `json:"cat,omitempty"`
+	Ph   string         `json:"ph"`
+	TS   float64        `json:"ts"` // microseconds since the Unix epoch
+	Dur  float64        `json:"dur,omitempty"`
+	PID  int            `json:"pid"`
+	TID  int            `json:"tid"`
+	Args map[string]any `json:"args,omitempty"`
+}
+
+// trace is a Chrome trace file (the JSON object form).
+type trace struct {
+	TraceEvents     []event        `json:"traceEvents"`
+	DisplayTimeUnit string         `json:"displayTimeUnit"`
+	OtherData       map[string]any `json:"otherData,omitempty"`
+}
+
+// Write writes r's spans as a Chrome trace of one track, named task, with
+// process id pid. Times are microseconds since the Unix epoch, so that
+// the traces of tasks on one host share a clock.
+func Write(w io.Writer, r *Recorder, task string, pid int) error {
+	spans, dropped := r.Spans()
+	t := trace{DisplayTimeUnit: "ms", OtherData: map[string]any{"dropped_spans": map[string]int64{task: dropped}}}
+	t.TraceEvents = append(t.TraceEvents, event{Name: "process_name", Ph: "M", PID: pid, Args: map[string]any{"name": task}})
+	for _, s := range spans {
+		t.TraceEvents = append(t.TraceEvents, event{
+			Name: s.Name, Cat: string(s.Phase), Ph: "X", PID: pid, TID: s.Lane, Args: s.Args,
+			TS:  float64(s.Start.UnixNano()) / 1e3,
+			Dur: float64(s.End.Sub(s.Start).Nanoseconds()) / 1e3,
+		})
+	}
+	if err := json.NewEncoder(w).Encode(t); err != nil {
+		return fmt.Errorf("timeline: write the trace of %s: %w", task, err)
+	}
+	return nil
+}
+
+// Merge reads the traces Write wrote, one per task, and writes them as one
+// trace with one track per task, in the order given: the i-th trace's
+// events get process id i.
+func Merge(w io.Writer, traces ...io.Reader) error {
+	out := trace{DisplayTimeUnit: "ms", OtherData: map[string]any{}}
+	dropped := map[string]int64{}
+	for i, r := range traces {
+		var t trace
+		if err := json.NewDecoder(r).Decode(&t); err != nil {
+			return fmt.Errorf("timeline: merge: trace %d: %w", i, err)
+		}
+		for _, e := range t.TraceEvents {
+			e.PID = i
+			out.TraceEvents = append(out.TraceEvents, e)
+		}
+		if d, ok := t.OtherData["dropped_spans"].(map[string]any); ok {
+			for task, n := range d {
+				if f, ok := n.(float64); ok {
+					dropped[task] = int64(f)
+				}
+			}
+		}
+	}
+	out.OtherData["dropped_spans"] = dropped
+	if err := json.NewEncoder(w).Encode(out); err != nil {
+		return fmt.Errorf("timeline: merge: %w", err)
+	}
+	return nil
+}
