@@ -168,13 +168,6 @@ func (c *pacedConn) duration(n int) time.Duration {
 	return time.Duration(float64(n) / c.rate * float64(time.Second))
 }
 
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
 func (c *pacedConn) CloseWrite() error { return c.Conn.(*net.TCPConn).CloseWrite() }
 
 // BenchmarkAllReduceTLS is BenchmarkAllReduce over mutual TLS, and the

@@ -31,16 +31,18 @@ type Group struct {
 	conns   []*peerConn       // by rank; nil for this member and until connected
 	wg      sync.WaitGroup
 
-	mu         sync.Mutex
-	applied    *sync.Cond // on mu: a reader ended an in-place application (see ringRecv)
-	names      map[string]*nameState
-	left       []bool // the peer closed its group in order
-	closing    []bool // the peer (or, at rank, this member) is closing: it starts no operation
-	err        error
-	broken     chan struct{} // closed when err is set
-	setup      setupState
-	handshakes map[net.Conn]struct{}
-	offers     map[string]chan shmDelivery // shared-memory offers by nonce
+	mu          sync.Mutex
+	applied     *sync.Cond // on mu: a reader ended an in-place application (see ringRecv)
+	names       map[string]*nameState
+	left        []bool // the peer closed its group in order
+	closing     []bool // the peer (or, at rank, this member) is closing: it starts no operation
+	err         error
+	broken      chan struct{} // closed when err is set
+	setup       setupState
+	handshakes  map[net.Conn]struct{}
+	offers      map[string]chan shmDelivery // shared-memory offers by nonce
+	peerWait    time.Duration               // time operations waited for peers to arrive, overlaps counted once
+	waitedUntil time.Time                   // the end of the last such wait
 
 	hostMu  sync.Mutex
 	hostIPs map[netip.Addr]bool
@@ -62,6 +64,10 @@ type Stats struct {
 	// BytesSent counts the payload bytes of the operations' frames this
 	// member wrote: what compression reduces.
 	BytesSent int64
+	// PeerWait is the time operations spent waiting, from their start,
+	// for the last member they hear from (Record.Wait); waits that
+	// overlap in time count once.
+	PeerWait time.Duration
 }
 
 // Stats returns the operations this member has started since the group
@@ -73,7 +79,14 @@ func (g *Group) Stats() Stats {
 		Broadcasts: g.started[opBroadcast].Load(),
 		Barriers:   g.started[opBarrier].Load(),
 		BytesSent:  g.sent.Load(),
+		PeerWait:   g.waited(),
 	}
+}
+
+func (g *Group) waited() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.peerWait
 }
 
 func newGroup(cfg config, members []Member, rank int) *Group {

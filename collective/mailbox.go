@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // frame is a received data frame: its header (without name) and payload.
@@ -38,10 +39,11 @@ type mailbox struct {
 	active    bool          // a local operation owns the mailbox
 	abandoned bool          // the local operation was cancelled; drop frames
 	ring      *ringRecv     // the receive side of a ring all-reduce, if any
+	first     []time.Time   // by peer rank: when its first frame arrived
 }
 
 func newMailbox(n int) *mailbox {
-	return &mailbox{queues: make([][]frame, n), signal: make(chan struct{}, 1)}
+	return &mailbox{queues: make([][]frame, n), signal: make(chan struct{}, 1), first: make([]time.Time, n)}
 }
 
 func (b *mailbox) notify() {
@@ -166,6 +168,9 @@ func (g *Group) arriveLocked(peer int, h header) (*mailbox, frame) {
 	b := g.box(h.name, h.seq)
 	if b.abandoned {
 		return nil, frame{}
+	}
+	if b.first[peer].IsZero() {
+		b.first[peer] = time.Now()
 	}
 	f := frame{h: h}
 	f.h.name = nil

@@ -26,17 +26,18 @@ type op struct {
 	ref        [remoteRefLen]byte // a remote chunk's payload scratch
 	pushedTo   bool               // peers may write into this call's result, at pushedInto of the arena (push.go)
 	pushedInto int
+	begun      time.Time // when the call started
+	warnAt     time.Time // when the timer next fires to warn of a hang rather than time out; zero once warned
+	bytes      int       // the payload of this member's buffer (Record)
+	algorithm  string    // how the call moves data (Record)
 }
 
 // start registers a call under the next sequence number of its name.
 func (g *Group) start(ctx context.Context, name string, self header) (*op, error) {
-	o := &op{g: g, ctx: ctx, name: name, self: self}
+	o := &op{g: g, ctx: ctx, name: name, self: self, begun: time.Now(), algorithm: self.op.algorithm()}
 	o.self.kind, o.self.epoch, o.self.name = kindData, g.cfg.epoch, []byte(name)
-	if d := g.cfg.timeout; d > 0 {
-		o.timer = time.NewTimer(d)
-		o.timerC = o.timer.C
-		o.deadline = time.Now().Add(d)
-	}
+	o.bytes = int(self.count) * self.dtype.Size()
+	o.startTimer()
 	if d, ok := ctx.Deadline(); ok && (o.deadline.IsZero() || d.Before(o.deadline)) {
 		o.deadline = d
 	}
@@ -63,6 +64,27 @@ func (g *Group) start(ctx context.Context, name string, self header) (*op, error
 	return o, nil
 }
 
+// startTimer sets the timer to the call's first hang warning or its
+// timeout, whichever comes first.
+func (o *op) startTimer() {
+	cfg := o.g.cfg
+	first := cfg.hangWarning
+	if cfg.timeout > 0 {
+		o.deadline = o.begun.Add(cfg.timeout)
+		if first <= 0 || first >= cfg.timeout {
+			first = cfg.timeout
+		}
+	}
+	if first <= 0 {
+		return
+	}
+	if first != cfg.timeout {
+		o.warnAt = o.begun.Add(first)
+	}
+	o.timer = time.NewTimer(first)
+	o.timerC = o.timer.C
+}
+
 func (o *op) stopTimer() {
 	if o.timer != nil {
 		o.timer.Stop()
@@ -80,12 +102,16 @@ func (o *op) end(err error) error {
 		o.box.ring.detach()
 	}
 	o.box.drop()
+	rec := o.record(err)
 	if o.cancelled {
 		o.box.abandoned = true
 	} else {
 		delete(g.names[o.name].boxes, o.self.seq)
 	}
 	g.mu.Unlock()
+	if g.cfg.observer != nil {
+		g.cfg.observer(rec)
+	}
 	if err != nil && o.pushedTo {
 		g.arena.quarantine(o.pushedInto)
 	}
@@ -164,7 +190,17 @@ func (o *op) wait(peer int, later []int) error {
 		o.cancelled = true
 		return fmt.Errorf("collective: %s %q waiting for %s: %w", o.self.op, o.name, o.g.members[peer], o.ctx.Err())
 	case <-o.timerC:
-		return o.timeoutErr(peer, later)
+		if o.warnAt.IsZero() {
+			return o.timeoutErr(peer, later)
+		}
+		o.warnAt = time.Time{}
+		o.warnHang(peer, later)
+		if o.g.cfg.timeout <= 0 {
+			o.timerC = nil
+		} else {
+			o.timer.Reset(time.Until(o.begun.Add(o.g.cfg.timeout)))
+		}
+		return nil
 	}
 }
 

@@ -17,6 +17,7 @@ const (
 	defaultChunkBytes     = 1 << 20
 	defaultDirectMax      = 256 << 10
 	defaultRingWindow     = 2
+	defaultHangWarning    = 10 * time.Second
 )
 
 // Option configures New.
@@ -31,6 +32,8 @@ type config struct {
 	tlsConfig      *tls.Config
 	sharedMemory   bool
 	log            *zap.Logger
+	observer       func(Record)
+	hangWarning    time.Duration
 
 	// Tuning, set by this package's tests.
 	helloTimeout time.Duration         // bound on an accepted connection's hello
@@ -50,6 +53,7 @@ func defaultConfig() config {
 		startupTimeout: defaultStartupTimeout,
 		sharedMemory:   true,
 		log:            zap.NewNop(),
+		hangWarning:    defaultHangWarning,
 		helloTimeout:   defaultHelloTimeout,
 		linger:         defaultLinger,
 		chunkBytes:     defaultChunkBytes,

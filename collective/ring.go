@@ -60,6 +60,9 @@ func (o *op) ringReduce(dst, src []byte) error {
 	if err != nil {
 		return err
 	}
+	if o.algorithm = "ring"; offs != nil {
+		o.algorithm = "ring, pushed"
+	}
 	r := newRing(len(dst)/o.self.dtype.Size(), n, max(1, g.cfg.chunkBytes/o.wireSize()))
 	rr := o.receiveRing(r, dst, src, offs)
 	sent0, window := 0, g.cfg.ringWindow
