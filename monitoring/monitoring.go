@@ -18,6 +18,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
+// Env is the environment variable that gives the address a task serves
+// its metrics on: tfdist launch --metrics sets it for each task, and the
+// multi-worker strategy reads it as it reads TF_CONFIG.
+const Env = "TFDIST_METRICS_ADDR"
+
 // Metrics are one process's metrics, labelled with its task.
 type Metrics struct {
 	reg *prometheus.Registry

@@ -11,6 +11,11 @@ import (
 	"time"
 )
 
+// Env is the environment variable that names the file a task writes its
+// trace to when it ends: tfdist launch --timeline sets it for each task,
+// and the multi-worker strategy reads it as it reads TF_CONFIG.
+const Env = "TFDIST_TIMELINE"
+
 // Phase is what a span's time was spent on.
 type Phase string
 
