@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -178,7 +179,13 @@ type Batch struct {
 	Padding bool
 
 	agree *agreement // set in a pass whose workers must agree on its end
+
+	asked, got time.Time // when Next was called for the batch and when it returned it
 }
+
+// InputTime returns when Next was called for the batch and when it
+// returned it: the time a step waited for its input.
+func (b *Batch) InputTime() (asked, got time.Time) { return b.asked, b.got }
 
 // LocalCount returns the number of examples of this worker's replicas.
 func (b *Batch) LocalCount() int {
@@ -457,10 +464,16 @@ func (it *DistIterator) Next(ctx context.Context) (*Batch, error) {
 	if it.closed {
 		return nil, errClosed
 	}
+	asked := time.Now()
+	next := it.next
 	if it.uneven {
-		return it.agreedNext(ctx)
+		next = it.agreedNext
 	}
-	return it.next(ctx)
+	b, err := next(ctx)
+	if b != nil {
+		b.asked, b.got = asked, time.Now()
+	}
+	return b, err
 }
 
 // next returns the next batch of this worker's input.

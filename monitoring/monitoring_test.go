@@ -1,42 +1,17 @@
 package monitoring_test
 
 import (
-	"bytes"
 	"context"
-	"io"
 	"net"
-	"net/http"
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	dto "github.com/prometheus/client_model/go"
-
+	"github.com/tfdist/tfdist/internal/promtest"
 	"github.com/tfdist/tfdist/monitoring"
 )
-
-// scrape reads the metrics served at addr, by name.
-func scrape(t *testing.T, addr net.Addr) map[string]*dto.MetricFamily {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr.String()+"/metrics", nil)
-	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer func() { _ = resp.Body.Close() }()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
-	require.NoError(t, err)
-	return fams
-}
 
 // A scrape over HTTP finds every metric, labelled with the task; the
 // counters grow between two scrapes, and the step-time histogram counts
@@ -64,9 +39,9 @@ func TestScrapeFindsEveryMetric(t *testing.T) {
 	step(5)
 	m.Restarts.Inc()
 	m.CollectiveTimeouts.Inc()
-	first := scrape(t, addr)
+	first := promtest.Scrape(t, addr.String())
 	step(7)
-	second := scrape(t, addr)
+	second := promtest.Scrape(t, addr.String())
 
 	for _, name := range []string{"steps_total", "examples_total", "allreduced_bytes_total", "restarts_total",
 		"collective_timeouts_total", "step_seconds", "allreduce_seconds", "input_wait_seconds", "loss", "learning_rate",
@@ -75,7 +50,7 @@ func TestScrapeFindsEveryMetric(t *testing.T) {
 		if !assert.True(t, ok, "tfdist_%s is served", name) {
 			continue
 		}
-		assert.Equal(t, "worker:1", label(f.Metric[0], "task"), name)
+		assert.Equal(t, "worker:1", promtest.Label(f.Metric[0], "task"), name)
 	}
 	for _, name := range []string{"tfdist_steps_total", "tfdist_examples_total", "tfdist_allreduced_bytes_total"} {
 		assert.Greater(t, second[name].Metric[0].GetCounter().GetValue(), first[name].Metric[0].GetCounter().GetValue(), name)
@@ -94,13 +69,4 @@ func TestAddressInUse(t *testing.T) {
 	_, err = monitoring.New("worker:0").Serve(context.Background(), ln.Addr().String())
 	require.Error(t, err)
 	assert.ErrorContains(t, err, ln.Addr().String())
-}
-
-func label(m *dto.Metric, name string) string {
-	for _, l := range m.Label {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
 }

@@ -150,6 +150,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		collective.WithTimeout(c.timeout),
 		collective.WithStartupTimeout(c.startupTimeout),
 		collective.WithSharedMemory(!c.tcpOnly),
+		collective.WithObserver(w.obs.collective),
 		collective.WithLogger(w.log))...)
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: task %s: %w", w.task, err)

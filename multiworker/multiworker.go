@@ -45,7 +45,9 @@ import (
 	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/internal/voting"
 	"github.com/tfdist/tfdist/logging"
+	"github.com/tfdist/tfdist/monitoring"
 	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/timeline"
 )
 
 // Strategy is MultiWorkerMirroredStrategy: tfdist's in-graph engine (one
@@ -76,6 +78,8 @@ type Strategy struct {
 	residuals *residuals
 	// closeTimeout bounds Close's barrier.
 	closeTimeout time.Duration
+	// obs records the worker's steps and collectives.
+	obs *observer
 
 	closeOnce sync.Once
 	closeErr  error
@@ -96,6 +100,8 @@ type config struct {
 	compression    Compression
 	tcpOnly        bool
 	log            *zap.Logger
+	timeline       *timeline.Recorder
+	metrics        *monitoring.Metrics
 }
 
 // closeTimeout bounds Close's barrier: as long as New waits for the
@@ -238,7 +244,7 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		if err := c.checkGradients(1); err != nil {
 			return nil, err
 		}
-		return newLocal(c, task, log)
+		return observed(c, task, func(obs *observer) (*Strategy, error) { return newLocal(c, task, log) })
 	}
 	if task.Type != cluster.Chief && task.Type != cluster.Worker {
 		return nil, fmt.Errorf("multiworker: task %s: MultiWorkerMirrored runs on chief and worker tasks; expected TF_CONFIG task.type chief or worker", task)
@@ -268,14 +274,30 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := joined{spec: spec, task: task, workers: workers, workerID: workerID, devices: devices, log: log}
-	if c.comm == Engine || c.comm == Auto {
-		return newOnEngine(ctx, c, w)
-	}
-	if err := c.checkPlaintext(log); err != nil {
+	return observed(c, task, func(obs *observer) (*Strategy, error) {
+		w := joined{spec: spec, task: task, workers: workers, workerID: workerID, devices: devices, log: log, obs: obs}
+		if c.comm == Engine || c.comm == Auto {
+			return newOnEngine(ctx, c, w)
+		}
+		if err := c.checkPlaintext(log); err != nil {
+			return nil, err
+		}
+		return newOnServer(ctx, c, w)
+	})
+}
+
+// observed sets up the worker's observer, then the strategy with newS.
+func observed(c config, task cluster.Task, newS func(*observer) (*Strategy, error)) (*Strategy, error) {
+	obs, err := newObserver(c, task.String())
+	if err != nil {
 		return nil, err
 	}
-	return newOnServer(ctx, c, w)
+	s, err := newS(obs)
+	if err != nil {
+		return nil, errors.Join(err, obs.close())
+	}
+	s.obs = obs
+	return s, nil
 }
 
 // joined is what New learnt of this worker's place in the cluster.
@@ -286,6 +308,7 @@ type joined struct {
 	workerID int
 	devices  []string // the local replicas', as the in-process session names them
 	log      *zap.Logger
+	obs      *observer
 }
 
 // nLocal is the number of local replicas.
@@ -582,6 +605,9 @@ func (s *Strategy) Close() error {
 
 func (s *Strategy) close() error {
 	err := s.engine.Close()
+	if s.obs != nil {
+		err = errors.Join(err, s.obs.close())
+	}
 	if s.group != nil {
 		s.unregister()
 		failed := s.engine.Err()

@@ -13,7 +13,7 @@ type Breakdown struct {
 	// overlapping spans of one phase count once. Shares of different
 	// phases overlap where the phases do (a collective during backprop).
 	Share map[Phase]float64
-	// Idle is the share of Wall that no span covers.
+	// Idle is the share of Wall that no span covers but a whole step's.
 	Idle float64
 	// Overlapped is the share of collective time that compute time
 	// covered: communication hidden behind computation.
@@ -32,7 +32,9 @@ func Summarize(spans []Span) Breakdown {
 	for _, s := range spans {
 		iv := interval{s.Start, s.End}
 		byPhase[s.Phase] = append(byPhase[s.Phase], iv)
-		all = append(all, iv)
+		if s.Phase != Step {
+			all = append(all, iv)
+		}
 		if s.Start.Before(first) {
 			first = s.Start
 		}

@@ -21,6 +21,7 @@ type Phase string
 
 // The phases a worker's time splits into.
 const (
+	Step       Phase = "step"       // a whole step, its input included
 	Input      Phase = "input"      // waiting for the next batch
 	Compute    Phase = "compute"    // a step's kernels
 	Collective Phase = "collective" // an all-reduce, gather or broadcast

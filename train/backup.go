@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tfdist/tfdist/checkpoint"
 )
@@ -108,6 +109,7 @@ func (b *BackupAndRestore) save(ctx context.Context, r *Run, epoch, step int, to
 		return err
 	}
 	md := checkpoint.Metadata{backupEpoch: int64(epoch), backupStep: int64(step), backupTotals: string(text)}
+	defer r.t.checkpointed("backup", time.Now())
 	_, err = b.mgr.Save(ctx, b.base+r.Steps(), md)
 	return err
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+
+	"github.com/tfdist/tfdist/straggler"
 )
 
 // Callback is called by Fit as it trains, as a Keras callback: at the
@@ -66,6 +68,7 @@ type Run struct {
 	resumed                 bool
 	resumeEpoch, resumeStep int
 	resumeTotals            []float64 // the resumed epoch's totals so far
+	stragglers              *straggler.Detector
 }
 
 // Trainer returns the model being trained.
@@ -95,6 +98,9 @@ func (r *Run) Stopping() bool { return r.stop }
 // restoring a backup.
 func (r *Run) resumeAt(epoch, step int, totals []float64) {
 	r.resumed, r.resumeEpoch, r.resumeStep, r.resumeTotals = true, epoch, step, totals
+	if m := r.t.monitoring(); m != nil {
+		m.Restarts.Inc()
+	}
 }
 
 // callbacks calls a list of callbacks, naming the one that fails.

@@ -9,6 +9,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 
 	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/timeline"
 )
 
 // Logs are the values a step or an epoch reports, by name: "loss", each
@@ -199,6 +200,9 @@ func (t *Trainer) epoch(ctx context.Context, r *Run, f feed, st any, epoch int, 
 			acc.add(logs)
 			r.steps++
 			k++
+			if err := t.stepEnded(ctx, r, logs); err != nil {
+				return err
+			}
 			return r.cbs.batchEnd(ctx, r, k-1, acc.logs(""))
 		})
 		step, trained = step+ran, trained+ran
@@ -222,7 +226,9 @@ func (t *Trainer) epoch(ctx context.Context, r *Run, f feed, st any, epoch int, 
 			logs["val_"+k] = v
 		}
 	}
-	return logs, r.cbs.epochEnd(ctx, r, epoch, logs)
+	err := r.cbs.epochEnd(ctx, r, epoch, logs)
+	t.epochEnded(logs)
+	return logs, err
 }
 
 // stepFor builds (or finds) the step of kind for the elements of ds,
@@ -277,6 +283,7 @@ func (t *Trainer) Evaluate(ctx context.Context, ds dataset.Dataset, steps int) (
 
 // evaluate runs the test step st on ds and adds up its logs.
 func (t *Trainer) evaluate(ctx context.Context, st any, ds dataset.Dataset, steps int) (Logs, error) {
+	defer t.timeline().Begin(timeline.Evaluate, "evaluate")(nil)
 	acc := t.newTotals()
 	if err := t.eng.evaluate(ctx, st, ds, steps, func(logs []float64) error { acc.add(logs); return nil }); err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/internal/role"
@@ -185,6 +186,7 @@ func (c *ModelCheckpoint) save(ctx context.Context, r *Run, batch int, logs Logs
 	for k, v := range logs {
 		md[CheckpointLogsPrefix+k] = v
 	}
+	defer r.t.checkpointed("model checkpoint", time.Now())
 	if _, err := c.m.Save(ctx, r.Steps(), md); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}

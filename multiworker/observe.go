@@ -1,0 +1,278 @@
+package multiworker
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/dataset"
+	"github.com/tfdist/tfdist/internal/fsutil"
+	"github.com/tfdist/tfdist/monitoring"
+	"github.com/tfdist/tfdist/straggler"
+	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/timeline"
+)
+
+// WithTimeline records this worker's spans onto rec: each step's input
+// wait and compute, and, on tfdist's engine, each collective operation
+// with the time it waited for the last peer. Without it, a worker whose
+// environment names a file in TFDIST_TIMELINE (tfdist launch --timeline
+// sets it) records into a Recorder of its own and writes its trace there
+// at Close.
+func WithTimeline(rec *timeline.Recorder) Option { return func(c *config) { c.timeline = rec } }
+
+// WithMonitoring records this worker's steps, examples, input waits and,
+// on tfdist's engine, all-reduces and collective timeouts into m. Without
+// it, a worker whose environment gives an address in TFDIST_METRICS_ADDR
+// (tfdist launch --metrics sets it) serves metrics of its own there until
+// Close.
+func WithMonitoring(m *monitoring.Metrics) Option { return func(c *config) { c.metrics = m } }
+
+// observer is what a worker records of its own steps and collectives.
+type observer struct {
+	rec       *timeline.Recorder // nil: no timeline
+	m         *monitoring.Metrics
+	tracePath string             // write rec here at Close
+	stopServe context.CancelFunc // stops serving m
+	task      string
+
+	mu       sync.Mutex
+	lanes    []time.Time // by lane (1 on): the end of its last collective span
+	steps    int64
+	lastEnd  time.Time
+	inputs   []time.Duration // the current window's, by step
+	computes []time.Duration
+}
+
+// newObserver sets up the timeline and metrics c and the environment ask
+// for.
+func newObserver(c config, task string) (*observer, error) {
+	o := &observer{rec: c.timeline, m: c.metrics, task: task}
+	if path := os.Getenv(timeline.Env); path != "" && o.rec == nil {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("multiworker: %s=%q: the timeline cannot be written: %w", timeline.Env, path, err)
+		}
+		f.Close()
+		o.rec, o.tracePath = timeline.New(0), path
+	}
+	if addr := os.Getenv(monitoring.Env); addr != "" && o.m == nil {
+		o.m = monitoring.New(task)
+		sctx, cancel := context.WithCancel(context.Background())
+		if _, err := o.m.Serve(sctx, addr); err != nil {
+			cancel()
+			return nil, fmt.Errorf("multiworker: %s=%q: %w", monitoring.Env, addr, err)
+		}
+		o.stopServe = cancel
+	}
+	return o, nil
+}
+
+// collective is the group's observer: a span per operation, and the
+// all-reduces' bytes, times and timeouts.
+func (o *observer) collective(r collective.Record) {
+	if o.m != nil {
+		if r.Op == "all-reduce" {
+			o.m.AllReducedBytes.Add(float64(r.Bytes))
+			o.m.AllReduceSeconds.Observe(r.End.Sub(r.Start).Seconds())
+		}
+		var timeout *collective.TimeoutError
+		if errors.As(r.Err, &timeout) {
+			o.m.CollectiveTimeouts.Inc()
+		}
+	}
+	if o.rec == nil {
+		return
+	}
+	lane := o.lane(r.Start, r.End)
+	args := map[string]any{"op": r.Op, "bytes": r.Bytes, "algorithm": r.Algorithm, "transport": r.Transport,
+		"last": r.Last.Name, "margin_us": r.Margin.Microseconds()}
+	if r.Err != nil {
+		args["error"] = r.Err.Error()
+	}
+	o.rec.Add(timeline.Span{Phase: timeline.Collective, Name: r.Name, Start: r.Start, End: r.End, Lane: lane, Args: args})
+	if r.Wait > 0 {
+		o.rec.Add(timeline.Span{Phase: timeline.Wait, Name: "wait for " + r.Last.Name, Start: r.Start, End: r.Start.Add(r.Wait), Lane: lane})
+	}
+}
+
+// lane returns the first lane whose spans all end by start, and makes
+// end its last.
+func (o *observer) lane(start, end time.Time) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i, last := range o.lanes {
+		if !last.After(start) {
+			o.lanes[i] = end
+			return i + 1
+		}
+	}
+	o.lanes = append(o.lanes, end)
+	return len(o.lanes)
+}
+
+// step records a step that ran from begin to end on b, having waited
+// waited for its peers.
+func (o *observer) step(b *dataset.Batch, begin, end time.Time, waited time.Duration) {
+	asked, got := b.InputTime()
+	if asked.IsZero() {
+		asked, got = begin, begin
+	}
+	o.mu.Lock()
+	o.steps++
+	n := o.steps
+	wall := end.Sub(asked)
+	if !o.lastEnd.IsZero() && o.lastEnd.Before(asked) {
+		wall = end.Sub(o.lastEnd)
+	}
+	o.lastEnd = end
+	input := got.Sub(asked)
+	o.inputs = append(o.inputs, input)
+	o.computes = append(o.computes, max(0, wall-input-waited))
+	o.mu.Unlock()
+	if o.m != nil {
+		o.m.Step(b.LocalCount(), end.Sub(asked), end)
+		o.m.InputWaitSeconds.Observe(input.Seconds())
+	}
+	if o.rec != nil {
+		name := "step " + strconv.FormatInt(n, 10)
+		o.rec.Add(timeline.Span{Phase: timeline.Step, Name: name, Start: asked, End: end, Args: map[string]any{"examples": b.LocalCount()}})
+		o.rec.Add(timeline.Span{Phase: timeline.Input, Name: "input", Start: asked, End: got})
+		o.rec.Add(timeline.Span{Phase: timeline.Compute, Name: "run", Start: begin, End: end})
+	}
+}
+
+// window returns the medians of the steps since the last window, and
+// starts the next.
+func (o *observer) window() straggler.Window {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	w := straggler.Window{Input: median(o.inputs), Compute: median(o.computes)}
+	o.inputs, o.computes = o.inputs[:0], o.computes[:0]
+	return w
+}
+
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// close writes the trace, if asked, and stops serving the metrics.
+func (o *observer) close() error {
+	if o == nil {
+		return nil
+	}
+	if o.stopServe != nil {
+		o.stopServe()
+	}
+	if o.tracePath == "" {
+		return nil
+	}
+	var buf bytes.Buffer
+	if err := timeline.Write(&buf, o.rec, o.task, os.Getpid()); err != nil {
+		return err
+	}
+	if err := fsutil.WriteFileAtomic(o.tracePath, buf.Bytes()); err != nil {
+		return fmt.Errorf("multiworker: write the timeline to %s: %w", o.tracePath, err)
+	}
+	return nil
+}
+
+// Run runs step on batch, as strategy.Strategy's Run, and records the
+// step on the worker's timeline and metrics when it has them.
+func (s *Strategy) Run(ctx context.Context, step strategy.Step, batch *dataset.Batch) (strategy.Result, error) {
+	o := s.obs
+	if o == nil || batch == nil {
+		return s.engine.Run(ctx, step, batch)
+	}
+	begin := time.Now()
+	before := s.CollectiveStats().PeerWait
+	res, err := s.engine.Run(ctx, step, batch)
+	if err == nil {
+		o.step(batch, begin, time.Now(), s.CollectiveStats().PeerWait-before)
+	}
+	return res, err
+}
+
+// Timeline returns the Recorder this worker's spans go to, nil without
+// one (see WithTimeline).
+func (s *Strategy) Timeline() *timeline.Recorder {
+	if s.obs == nil {
+		return nil
+	}
+	return s.obs.rec
+}
+
+// Monitoring returns this worker's metrics, nil without them (see
+// WithMonitoring).
+func (s *Strategy) Monitoring() *monitoring.Metrics {
+	if s.obs == nil {
+		return nil
+	}
+	return s.obs.m
+}
+
+// CheckStragglers compares the workers' steps since the last call: every
+// worker's median input wait and compute time (a step's time but its
+// input and its wait for peers), gathered from all of them. It is a
+// collective: every worker calls it after the same steps, as Fit does
+// every few steps. It returns the workers d names (it keeps the scores of
+// the calls before), sets each worker's straggler score in the metrics,
+// and the chief logs a warning for each straggler. On TensorFlow's
+// collectives, or with one worker, it compares nothing and returns nil.
+func (s *Strategy) CheckStragglers(ctx context.Context, d *straggler.Detector) ([]straggler.Straggler, error) {
+	if s.group == nil || s.obs == nil {
+		return nil, nil
+	}
+	w := s.obs.window()
+	mine := binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, uint64(w.Input)), uint64(w.Compute))
+	all, err := s.group.AllGather(ctx, "tfdist_straggler_window", collective.Int64, mine)
+	if err != nil {
+		return nil, fmt.Errorf("multiworker: task %s: gather the workers' step times: %w", s.task, err)
+	}
+	windows := make([]straggler.Window, len(all))
+	for i, b := range all {
+		if len(b) != 16 {
+			return nil, fmt.Errorf("multiworker: task %s: worker %d sent %d bytes of step times, expected 16", s.task, i, len(b))
+		}
+		windows[i] = straggler.Window{Input: time.Duration(binary.LittleEndian.Uint64(b)), Compute: time.Duration(binary.LittleEndian.Uint64(b[8:]))}
+	}
+	if m := s.obs.m; m != nil {
+		for _, sc := range straggler.Scores(windows) {
+			m.StragglerScore.WithLabelValues(s.workers[sc.Worker].String()).Set(sc.Relative)
+		}
+	}
+	found := d.Observe(windows)
+	if s.IsChief() {
+		for _, st := range found {
+			s.log.Warn("straggler", zap.String("straggler", s.workers[st.Worker].String()), zap.String("host", s.hostOf(st.Worker)),
+				zap.Float64("score", st.Relative), zap.String("slow_phase", st.Phase), zap.Int("windows", st.Windows),
+				zap.Duration("input", windows[st.Worker].Input), zap.Duration("compute", windows[st.Worker].Compute))
+		}
+	}
+	return found, nil
+}
+
+// hostOf returns the host of worker w's address.
+func (s *Strategy) hostOf(w int) string {
+	addr := s.group.Members()[w].Addr
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
+}
