@@ -71,7 +71,7 @@ func TestTimelineOfTwoWorkers(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(merged.Bytes(), &file), "Chrome trace JSON")
 
-	steps := map[int]map[string]traceEvent{}        // by task, step name
+	steps := map[int]map[string]traceEvent{}       // by task, step name
 	collectives := map[int]map[string]traceEvent{} // by task, op name
 	children := map[int][]traceEvent{}
 	for _, e := range file.TraceEvents {
