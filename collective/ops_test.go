@@ -261,7 +261,9 @@ func TestStatsCountOperations(t *testing.T) {
 		if i == 0 {
 			sent += 4 // the broadcast's root
 		}
-		assert.Equal(t, Stats{AllReduces: 3, AllGathers: 1, Broadcasts: 1, Barriers: 1, BytesSent: sent}, g.Stats(), "member %d", i)
+		st := g.Stats()
+		st.PeerWait = 0 // timing: TestRecordsNameTheLastMember
+		assert.Equal(t, Stats{AllReduces: 3, AllGathers: 1, Broadcasts: 1, Barriers: 1, BytesSent: sent}, st, "member %d", i)
 	}
 }
 

@@ -8,16 +8,16 @@ import (
 // Breakdown splits the wall time of a window of spans (from the first
 // span's start to the last span's end) into its phases.
 type Breakdown struct {
-	Wall time.Duration
+	Wall time.Duration `json:"wall_ns"`
 	// Share is each phase's share of Wall: the union of its spans, so that
 	// overlapping spans of one phase count once. Shares of different
 	// phases overlap where the phases do (a collective during backprop).
-	Share map[Phase]float64
+	Share map[Phase]float64 `json:"share"`
 	// Idle is the share of Wall that no span covers but a whole step's.
-	Idle float64
+	Idle float64 `json:"idle"`
 	// Overlapped is the share of collective time that compute time
 	// covered: communication hidden behind computation.
-	Overlapped float64
+	Overlapped float64 `json:"overlapped"`
 }
 
 // Summarize returns the breakdown of spans.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -129,4 +130,48 @@ func TestBreakdown(t *testing.T) {
 	assert.InDelta(t, 0.10, b.Idle, 1e-9, "70..80 ms")
 	assert.InDelta(t, 20.0/30, b.Overlapped, 1e-9, "40..60 of 40..70")
 	assert.Equal(t, timeline.Breakdown{Share: map[timeline.Phase]float64{}}, timeline.Summarize(nil))
+}
+
+// A merged trace's breakdown, read back per task, is each task's own
+// Summarize, and the table shows a row per task with its shares.
+func TestBreakdownsOfAMergedTrace(t *testing.T) {
+	var files []io.Reader
+	want := map[string]timeline.Breakdown{}
+	for task := range 2 {
+		r := timeline.New(0)
+		r.Add(span(timeline.Input, 0, 2+task))
+		r.Add(span(timeline.Compute, 4, 10))
+		r.Add(span(timeline.Collective, 8, 12))
+		var b bytes.Buffer
+		name := fmt.Sprintf("worker:%d", task)
+		require.NoError(t, timeline.Write(&b, r, name, 0))
+		files = append(files, &b)
+		spans, _ := r.Spans()
+		want[name] = timeline.Summarize(spans)
+	}
+	var merged bytes.Buffer
+	require.NoError(t, timeline.Merge(&merged, files...))
+	got, err := timeline.Breakdowns(bytes.NewReader(merged.Bytes()))
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	for name, w := range want {
+		assert.Equal(t, w.Wall, got[name].Wall, name)
+		assert.InDelta(t, w.Share[timeline.Input], got[name].Share[timeline.Input], 1e-6, name)
+		assert.InDelta(t, w.Overlapped, got[name].Overlapped, 1e-6, name)
+	}
+	assert.InDelta(t, 0.25, got["worker:1"].Share[timeline.Input], 1e-6, "3 ms of 12")
+	assert.InDelta(t, 0.5, got["worker:1"].Overlapped, 1e-6, "2 ms of the collective's 4 under compute")
+
+	var file struct {
+		OtherData map[string]json.RawMessage `json:"otherData"`
+	}
+	require.NoError(t, json.Unmarshal(merged.Bytes(), &file))
+	assert.Contains(t, string(file.OtherData["breakdown"]), `"worker:1"`, "the breakdown is in the trace's JSON")
+
+	var table bytes.Buffer
+	require.NoError(t, timeline.WriteTable(&table, got))
+	lines := strings.Split(strings.TrimSpace(table.String()), "\n")
+	require.Len(t, lines, 3, "a header and a row per task")
+	assert.Contains(t, lines[2], "worker:1")
+	assert.Contains(t, lines[2], "25.0%")
 }

@@ -70,6 +70,7 @@ func Merge(w io.Writer, traces ...io.Reader) error {
 		}
 	}
 	out.OtherData["dropped_spans"] = dropped
+	out.OtherData["breakdown"] = breakdowns(out.TraceEvents)
 	if err := json.NewEncoder(w).Encode(out); err != nil {
 		return fmt.Errorf("timeline: merge: %w", err)
 	}
