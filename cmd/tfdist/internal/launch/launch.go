@@ -65,6 +65,8 @@ type Launcher struct {
 	basePort    int
 	tls         bool
 	tlsFiles    map[cluster.Task]mtls.Files // set by Run when tls
+	timeline    string                      // the merged trace's file, or ""
+	timelineDir string                      // the tasks' traces, made by Run when timeline is set
 	env         []string
 	dir         string
 	stdout      io.Writer
@@ -137,6 +139,15 @@ func WithBasePort(p int) Option { return func(l *Launcher) { l.basePort = p } }
 // The certificates are valid for mtls.DefaultLifetime, or the run's
 // timeout if longer.
 func WithCertificates(on bool) Option { return func(l *Launcher) { l.tls = on } }
+
+// WithTimeline gathers the tasks' step timelines into the file path, a
+// Chrome trace with one track per task in task order. Each task is told,
+// in timeline.Env, a file of its own to write its trace to when it ends (the
+// multi-worker strategy does); when Run ends, whatever the outcome, the
+// traces written are merged and renamed over path. Run first checks that
+// path can be written, before any task starts; a task that writes no trace
+// is logged, not a failure.
+func WithTimeline(path string) Option { return func(l *Launcher) { l.timeline = path } }
 
 // WithEnv sets the environment every task starts from (default
 // os.Environ()); the launcher adds TF_CONFIG and its TFDIST_ variables.
@@ -255,8 +266,16 @@ var errTimeout = errors.New("launch timeout")
 // it returns a *TaskError for the task that failed (after the restarts
 // WithMaxRestarts and WithTaskRestarts allow), a *TimeoutError, an *InterruptedError after Signal, or the
 // context's error; ExitCode maps each to the launcher's exit status. Every
-// task's process group is gone when Run returns.
-func (l *Launcher) Run(ctx context.Context) error {
+// task's process group is gone when Run returns. With WithTimeline, an
+// unwritable timeline file is an error before any task starts, and failing
+// to write it at the end is the error of a run that otherwise succeeded.
+func (l *Launcher) Run(ctx context.Context) (err error) {
+	if l.timeline != "" {
+		if err := l.prepareTimeline(); err != nil {
+			return err
+		}
+		defer func() { err = l.gatherTimeline(err) }()
+	}
 	if l.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, l.timeout, errTimeout)

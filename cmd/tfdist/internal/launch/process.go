@@ -14,6 +14,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/mtls"
+	"github.com/tfdist/tfdist/timeline"
 )
 
 // proc is one process of a task.
@@ -51,7 +52,7 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 	}
 	env := slices.DeleteFunc(slices.Clone(l.env), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
-		return k == cluster.EnvVar || k == EnvTaskType || k == EnvTaskIndex || k == EnvRestart ||
+		return k == cluster.EnvVar || k == EnvTaskType || k == EnvTaskIndex || k == EnvRestart || k == timeline.Env ||
 			l.tls && (k == mtls.EnvCA || k == mtls.EnvCert || k == mtls.EnvKey || k == mtls.EnvRequire)
 	})
 	env = append(env,
@@ -61,6 +62,7 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 		EnvRestart+"="+strconv.Itoa(start),
 	)
 	env = append(env, l.tlsEnv(t)...)
+	env = append(env, l.timelineEnv(t)...)
 	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, EnvMallocArenaMax+"=") }) {
 		env = append(env, EnvMallocArenaMax+"="+DefaultMallocArenaMax)
 	}
