@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -56,4 +57,17 @@ func TestLaunchTimelineUnwritable(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "tfdist launch: timeline "+path+": cannot be written")
 	assert.NotContains(t, stdout, "ran")
+}
+
+// --metrics prints, for each task, the URL of the address it was given.
+func TestLaunchMetricsFlag(t *testing.T) {
+	code, stdout, stderr := runHere(nil, "", "launch", "--workers", "2", "--metrics", "--timeout", "60s", "--",
+		"sh", "-c", `echo "addr=$TFDIST_METRICS_ADDR"`)
+	require.Equal(t, 0, code, stderr)
+	addrs := regexp.MustCompile(`(?m)^\[(worker:\d)\] addr=(127\.0\.0\.1:\d+)$`).FindAllStringSubmatch(stdout, -1)
+	require.Len(t, addrs, 2, stdout)
+	assert.NotEqual(t, addrs[0][2], addrs[1][2])
+	for _, a := range addrs {
+		assert.Regexp(t, `"task": "`+a[1]+`", "url": "http://`+regexp.QuoteMeta(a[2])+`/metrics"`, stderr)
+	}
 }

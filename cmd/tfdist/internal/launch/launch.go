@@ -74,6 +74,10 @@ type Launcher struct {
 	log         *zap.Logger
 	onStart     func(t cluster.Task, attempt, pid int)
 
+	// Each task's metrics address, set by each attempt when metrics.
+	metrics      bool
+	metricsAddrs map[cluster.Task]string
+
 	// A worker of a parameter-server cluster restarts on its own.
 	taskRestarts        int
 	backoff, maxBackoff time.Duration
@@ -149,6 +153,13 @@ func WithCertificates(on bool) Option { return func(l *Launcher) { l.tls = on } 
 // is logged, not a failure.
 func WithTimeline(path string) Option { return func(l *Launcher) { l.timeline = path } }
 
+// WithMetrics, when on, gives each task a loopback address of its own to
+// serve its Prometheus metrics on, in monitoring.Env, and logs each task's
+// URL when the cluster starts. The ports are picked as the tasks' are, on
+// each attempt; with WithBasePort they follow the tasks' ports, in task
+// order.
+func WithMetrics(on bool) Option { return func(l *Launcher) { l.metrics = on } }
+
 // WithEnv sets the environment every task starts from (default
 // os.Environ()); the launcher adds TF_CONFIG and its TFDIST_ variables.
 func WithEnv(env []string) Option { return func(l *Launcher) { l.env = slices.Clone(env) } }
@@ -211,8 +222,9 @@ func New(command []string, opts ...Option) (*Launcher, error) {
 		return nil, fmt.Errorf("timeout: %v, expected >= 0 (0 means none)", l.timeout)
 	case l.grace <= 0:
 		return nil, fmt.Errorf("grace period: %v, expected > 0", l.grace)
-	case l.basePort < 0 || l.basePort > 0 && l.basePort+len(l.Tasks())-1 > 65535:
-		return nil, fmt.Errorf("base port: %d, expected 1..%d for %d tasks", l.basePort, 65536-len(l.Tasks()), len(l.Tasks()))
+	case l.basePort < 0 || l.basePort > 0 && l.basePort+l.numPorts()-1 > 65535:
+		return nil, fmt.Errorf("base port: %d, expected 1..%d for %d tasks (%d ports)",
+			l.basePort, 65536-l.numPorts(), len(l.Tasks()), l.numPorts())
 	}
 	return l, nil
 }
@@ -308,17 +320,17 @@ func (l *Launcher) Run(ctx context.Context) (err error) {
 	}
 }
 
-// ports returns n loopback ports: base, base+1, … when a base port is set,
-// else free ports below the ephemeral range (freeport.Loopback).
+// ports returns n loopback ports, for what portUser says: base, base+1, …
+// when a base port is set, else free ports below the ephemeral range
+// (freeport.Loopback).
 func (l *Launcher) ports(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	if l.basePort > 0 {
-		tasks := l.Tasks()
 		for i := range n {
 			p := l.basePort + i
 			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 			if err != nil {
-				return nil, fmt.Errorf("base port %d: port %d (for %s) is not free: %w", l.basePort, p, tasks[i], err)
+				return nil, fmt.Errorf("base port %d: port %d (for %s) is not free: %w", l.basePort, p, l.portUser(i), err)
 			}
 			ln.Close()
 			ports = append(ports, p)
