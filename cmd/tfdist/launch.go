@@ -30,6 +30,11 @@ in its environment:
 	                    whole cluster, or of this task alone)
 	MALLOC_ARENA_MAX    2, unless set already: glibc's arenas, which TensorFlow's
 	                    thread per step otherwise spreads memory over
+	TFDIST_TIMELINE     with --timeline: the file of its own the task writes its
+	                    step timeline to when it ends (the multi-worker strategy
+	                    does), gathered into FILE when the run ends
+	TFDIST_METRICS_ADDR with --metrics: 127.0.0.1:PORT, where the task serves its
+	                    Prometheus metrics (/metrics); launch prints each URL
 
 With --tls, each task also finds its own certificate, made for the run in
 a private temporary directory that launch removes when the run ends (see
@@ -96,6 +101,10 @@ Examples
 	tfdist launch --chief --workers 2 --ps 1 --timeout 30m -- sh -c \
 	  'if [ "$TFDIST_TASK_TYPE" = chief ]; then exec ./trainer; else exec tfdist server; fi'
 
+	# Where each worker's time goes, one track per worker in trace.json, and
+	# its Prometheus metrics while it trains, at the URLs launch prints:
+	tfdist launch --workers 2 --timeline trace.json --metrics -- go run ./examples/classifier -strategy multiworker
+
 	# See what each task is given:
 	tfdist launch --chief --workers 2 -- tfdist config validate
 `,
@@ -108,8 +117,10 @@ Examples
 		taskRestarts := fs.Int("task-restarts", launch.DefaultTaskRestarts, "with --ps: restart each worker that exits up to `N` times, alone, at its address")
 		timeout := fs.Duration("timeout", 0, "stop everything after `D` (e.g. 10m), restarts included; 0 means never")
 		grace := fs.Duration("grace", launch.DefaultGracePeriod, "time stopping tasks get between SIGTERM and SIGKILL")
-		basePort := fs.Int("base-port", 0, "give the tasks ports `P`, P+1, ... in the order chief, workers, ps, evaluator (default: free ports)")
+		basePort := fs.Int("base-port", 0, "give the tasks ports `P`, P+1, ... in the order chief, workers, ps, evaluator, then their --metrics ports (default: free ports)")
 		useTLS := fs.Bool("tls", false, "make a CA and a certificate per task for the run and require TLS between the tasks")
+		timeline := fs.String("timeline", "", "gather every task's step timeline into `FILE`, a Chrome trace that Perfetto and chrome://tracing open")
+		metrics := fs.Bool("metrics", false, "serve each task's Prometheus metrics on a port of its own, printed at start")
 		quiet := fs.Bool("quiet", false, "print only launch's warnings and errors, not each task's start and exit")
 		return func(e *env, args []string) int {
 			if len(args) == 0 {
@@ -124,6 +135,7 @@ Examples
 				launch.WithWorkers(*workers), launch.WithChief(*chief), launch.WithPS(*ps),
 				launch.WithEvaluator(*evaluator), launch.WithMaxRestarts(*restarts), launch.WithTaskRestarts(*taskRestarts),
 				launch.WithTimeout(*timeout), launch.WithGracePeriod(*grace), launch.WithBasePort(*basePort), launch.WithCertificates(*useTLS),
+				launch.WithTimeline(*timeline), launch.WithMetrics(*metrics),
 				launch.WithOutput(e.stdout, e.stderr), launch.WithLogger(cliLogger(e, level, "launch")))
 			if err != nil {
 				fmt.Fprintf(e.stderr, "tfdist launch: %v\nRun 'tfdist launch -h' for help.\n", err)

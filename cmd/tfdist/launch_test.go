@@ -1,6 +1,10 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -27,4 +31,43 @@ func TestLaunchTaskRestartsMustNotBeNegative(t *testing.T) {
 	code, _, stderr := runHere(nil, "", "launch", "--chief", "--ps", "1", "--task-restarts", "-1", "--", "true")
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, stderr, "task restarts: -1, expected >= 0")
+}
+
+// --timeline leaves one trace of every task that wrote one, and says where.
+func TestLaunchTimelineFlag(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.json")
+	code, _, stderr := runHere(nil, "", "launch", "--workers", "2", "--timeline", path, "--timeout", "60s", "--",
+		"sh", "-c", `printf '{"traceEvents":[{"name":"step","ph":"X","ts":1,"dur":2,"pid":0,"tid":0}],"displayTimeUnit":"ms"}' > "$TFDIST_TIMELINE"`)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, "timeline written")
+	assert.Contains(t, stderr, path)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var trace struct {
+		TraceEvents []struct{ PID int } `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(b, &trace))
+	require.Len(t, trace.TraceEvents, 2)
+	assert.ElementsMatch(t, []int{0, 1}, []int{trace.TraceEvents[0].PID, trace.TraceEvents[1].PID})
+}
+
+func TestLaunchTimelineUnwritable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "missing", "trace.json")
+	code, stdout, stderr := runHere(nil, "", "launch", "--timeline", path, "--", "echo", "ran")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "tfdist launch: timeline "+path+": cannot be written")
+	assert.NotContains(t, stdout, "ran")
+}
+
+// --metrics prints, for each task, the URL of the address it was given.
+func TestLaunchMetricsFlag(t *testing.T) {
+	code, stdout, stderr := runHere(nil, "", "launch", "--workers", "2", "--metrics", "--timeout", "60s", "--",
+		"sh", "-c", `echo "addr=$TFDIST_METRICS_ADDR"`)
+	require.Equal(t, 0, code, stderr)
+	addrs := regexp.MustCompile(`(?m)^\[(worker:\d)\] addr=(127\.0\.0\.1:\d+)$`).FindAllStringSubmatch(stdout, -1)
+	require.Len(t, addrs, 2, stdout)
+	assert.NotEqual(t, addrs[0][2], addrs[1][2])
+	for _, a := range addrs {
+		assert.Regexp(t, `"task": "`+a[1]+`", "url": "http://`+regexp.QuoteMeta(a[2])+`/metrics"`, stderr)
+	}
 }

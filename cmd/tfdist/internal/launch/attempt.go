@@ -38,7 +38,7 @@ type clusterRun struct {
 // attempt runs the cluster once.
 func (l *Launcher) attempt(ctx context.Context, attempt int) error {
 	tasks := l.Tasks()
-	ports, err := l.ports(len(tasks))
+	ports, err := l.ports(l.numPorts())
 	if err != nil {
 		return err
 	}
@@ -52,6 +52,7 @@ func (l *Launcher) attempt(ctx context.Context, attempt int) error {
 	}
 	l.log.Info("starting the cluster", zap.Int("attempt", attempt), zap.Stringer("cluster", spec),
 		zap.Stringer("fingerprint", spec.Fingerprint()))
+	l.assignMetrics(tasks, ports[len(tasks):])
 
 	r := &clusterRun{l: l, attempt: attempt, spec: spec, out: &syncWriters{stdout: l.stdout, stderr: l.stderr},
 		exits: make(chan exitEvent, len(tasks)), restarts: make([]int, len(tasks)),

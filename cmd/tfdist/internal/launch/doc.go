@@ -27,6 +27,12 @@
 // Every task gets the whole cluster, the evaluator included, as TensorFlow
 // expects; cluster.ClusterSpec.SplitEvaluator gives each side its part.
 //
+// WithTimeline gives each task a file of its own to write its step
+// timeline to (timeline.Env) and, when Run ends, merges the traces the
+// tasks wrote into one Chrome trace, a track per task. WithMetrics gives
+// each task a loopback address of its own to serve its Prometheus metrics
+// on (monitoring.Env).
+//
 // After a failure, WithMaxRestarts restarts the whole cluster, on new ports,
 // as torchrun does; the program then resumes from its last checkpoint. Every
 // task runs in its own process group, so that signals and the final sweep

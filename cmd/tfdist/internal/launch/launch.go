@@ -65,12 +65,18 @@ type Launcher struct {
 	basePort    int
 	tls         bool
 	tlsFiles    map[cluster.Task]mtls.Files // set by Run when tls
+	timeline    string                      // the merged trace's file, or ""
+	timelineDir string                      // the tasks' traces, made by Run when timeline is set
 	env         []string
 	dir         string
 	stdout      io.Writer
 	stderr      io.Writer
 	log         *zap.Logger
 	onStart     func(t cluster.Task, attempt, pid int)
+
+	// Each task's metrics address, set by each attempt when metrics.
+	metrics      bool
+	metricsAddrs map[cluster.Task]string
 
 	// A worker of a parameter-server cluster restarts on its own.
 	taskRestarts        int
@@ -138,6 +144,22 @@ func WithBasePort(p int) Option { return func(l *Launcher) { l.basePort = p } }
 // timeout if longer.
 func WithCertificates(on bool) Option { return func(l *Launcher) { l.tls = on } }
 
+// WithTimeline gathers the tasks' step timelines into the file path, a
+// Chrome trace with one track per task in task order. Each task is told,
+// in timeline.Env, a file of its own to write its trace to when it ends (the
+// multi-worker strategy does); when Run ends, whatever the outcome, the
+// traces written are merged and renamed over path. Run first checks that
+// path can be written, before any task starts; a task that writes no trace
+// is logged, not a failure.
+func WithTimeline(path string) Option { return func(l *Launcher) { l.timeline = path } }
+
+// WithMetrics, when on, gives each task a loopback address of its own to
+// serve its Prometheus metrics on, in monitoring.Env, and logs each task's
+// URL when the cluster starts. The ports are picked as the tasks' are, on
+// each attempt; with WithBasePort they follow the tasks' ports, in task
+// order.
+func WithMetrics(on bool) Option { return func(l *Launcher) { l.metrics = on } }
+
 // WithEnv sets the environment every task starts from (default
 // os.Environ()); the launcher adds TF_CONFIG and its TFDIST_ variables.
 func WithEnv(env []string) Option { return func(l *Launcher) { l.env = slices.Clone(env) } }
@@ -200,8 +222,9 @@ func New(command []string, opts ...Option) (*Launcher, error) {
 		return nil, fmt.Errorf("timeout: %v, expected >= 0 (0 means none)", l.timeout)
 	case l.grace <= 0:
 		return nil, fmt.Errorf("grace period: %v, expected > 0", l.grace)
-	case l.basePort < 0 || l.basePort > 0 && l.basePort+len(l.Tasks())-1 > 65535:
-		return nil, fmt.Errorf("base port: %d, expected 1..%d for %d tasks", l.basePort, 65536-len(l.Tasks()), len(l.Tasks()))
+	case l.basePort < 0 || l.basePort > 0 && l.basePort+l.numPorts()-1 > 65535:
+		return nil, fmt.Errorf("base port: %d, expected 1..%d for %d tasks (%d ports)",
+			l.basePort, 65536-l.numPorts(), len(l.Tasks()), l.numPorts())
 	}
 	return l, nil
 }
@@ -255,8 +278,16 @@ var errTimeout = errors.New("launch timeout")
 // it returns a *TaskError for the task that failed (after the restarts
 // WithMaxRestarts and WithTaskRestarts allow), a *TimeoutError, an *InterruptedError after Signal, or the
 // context's error; ExitCode maps each to the launcher's exit status. Every
-// task's process group is gone when Run returns.
-func (l *Launcher) Run(ctx context.Context) error {
+// task's process group is gone when Run returns. With WithTimeline, an
+// unwritable timeline file is an error before any task starts, and failing
+// to write it at the end is the error of a run that otherwise succeeded.
+func (l *Launcher) Run(ctx context.Context) (err error) {
+	if l.timeline != "" {
+		if err := l.prepareTimeline(); err != nil {
+			return err
+		}
+		defer func() { err = l.gatherTimeline(err) }()
+	}
 	if l.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, l.timeout, errTimeout)
@@ -289,17 +320,17 @@ func (l *Launcher) Run(ctx context.Context) error {
 	}
 }
 
-// ports returns n loopback ports: base, base+1, … when a base port is set,
-// else free ports below the ephemeral range (freeport.Loopback).
+// ports returns n loopback ports, for what portUser says: base, base+1, …
+// when a base port is set, else free ports below the ephemeral range
+// (freeport.Loopback).
 func (l *Launcher) ports(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	if l.basePort > 0 {
-		tasks := l.Tasks()
 		for i := range n {
 			p := l.basePort + i
 			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 			if err != nil {
-				return nil, fmt.Errorf("base port %d: port %d (for %s) is not free: %w", l.basePort, p, tasks[i], err)
+				return nil, fmt.Errorf("base port %d: port %d (for %s) is not free: %w", l.basePort, p, l.portUser(i), err)
 			}
 			ln.Close()
 			ports = append(ports, p)

@@ -442,6 +442,8 @@ func TestNewRejectsNonsense(t *testing.T) {
 		"timeout":          {cmd, []launch.Option{launch.WithTimeout(-time.Second)}, "timeout"},
 		"grace":            {cmd, []launch.Option{launch.WithGracePeriod(0)}, "grace"},
 		"base port":        {cmd, []launch.Option{launch.WithWorkers(3), launch.WithBasePort(65534)}, "base port: 65534"},
+		"base port and metrics": {cmd, []launch.Option{launch.WithWorkers(2), launch.WithMetrics(true), launch.WithBasePort(65533)},
+			"base port: 65533, expected 1..65532 for 2 tasks (4 ports)"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

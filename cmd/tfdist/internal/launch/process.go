@@ -13,7 +13,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/monitoring"
 	"github.com/tfdist/tfdist/mtls"
+	"github.com/tfdist/tfdist/timeline"
 )
 
 // proc is one process of a task.
@@ -52,6 +54,7 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 	env := slices.DeleteFunc(slices.Clone(l.env), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
 		return k == cluster.EnvVar || k == EnvTaskType || k == EnvTaskIndex || k == EnvRestart ||
+			k == timeline.Env || k == monitoring.Env ||
 			l.tls && (k == mtls.EnvCA || k == mtls.EnvCert || k == mtls.EnvKey || k == mtls.EnvRequire)
 	})
 	env = append(env,
@@ -61,6 +64,8 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 		EnvRestart+"="+strconv.Itoa(start),
 	)
 	env = append(env, l.tlsEnv(t)...)
+	env = append(env, l.timelineEnv(t)...)
+	env = append(env, l.metricsEnv(t)...)
 	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, EnvMallocArenaMax+"=") }) {
 		env = append(env, EnvMallocArenaMax+"="+DefaultMallocArenaMax)
 	}

@@ -1,0 +1,123 @@
+package launch
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/fsutil"
+	"github.com/tfdist/tfdist/timeline"
+)
+
+// prepareTimeline checks that the timeline file can be replaced (a file
+// made next to it is renamed over it once the run ends) and makes the
+// private directory the tasks write their traces in.
+func (l *Launcher) prepareTimeline() error {
+	if fi, err := os.Stat(l.timeline); err == nil && fi.IsDir() {
+		return fmt.Errorf("timeline %s: a directory, expected a file", l.timeline)
+	}
+	f, err := os.CreateTemp(filepath.Dir(l.timeline), "."+filepath.Base(l.timeline)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("timeline %s: cannot be written: %w", l.timeline, err)
+	}
+	f.Close()
+	os.Remove(f.Name())
+	dir, err := os.MkdirTemp("", "tfdist-launch-timeline-")
+	if err != nil {
+		return fmt.Errorf("timeline %s: a directory for the tasks' traces: %w", l.timeline, err)
+	}
+	if l.timelineDir, err = filepath.Abs(dir); err != nil {
+		os.RemoveAll(dir)
+		return fmt.Errorf("timeline %s: a directory for the tasks' traces: %w", l.timeline, err)
+	}
+	return nil
+}
+
+// timelineFile is where task t writes its trace.
+func (l *Launcher) timelineFile(t cluster.Task) string {
+	return filepath.Join(l.timelineDir, fmt.Sprintf("%s-%d.json", t.Type, t.Index))
+}
+
+// timelineEnv returns the environment that names t's trace file, if any.
+func (l *Launcher) timelineEnv(t cluster.Task) []string {
+	if l.timelineDir == "" {
+		return nil
+	}
+	return []string{timeline.Env + "=" + l.timelineFile(t)}
+}
+
+// gatherTimeline merges the traces the tasks wrote into the timeline file
+// and removes their directory. Failing to write the file is the run's
+// error when the run succeeded; when it failed, it is logged.
+func (l *Launcher) gatherTimeline(runErr error) error {
+	defer os.RemoveAll(l.timelineDir)
+	err := l.mergeTimeline()
+	switch {
+	case err == nil:
+		return runErr
+	case runErr == nil:
+		return err
+	}
+	l.log.Error("timeline not written", zap.String("path", l.timeline), zap.Error(err))
+	return runErr
+}
+
+// mergeTimeline writes the tasks' traces, in task order, as one trace to
+// the timeline file, replacing it atomically; it leaves the file as it
+// was when no task wrote a trace.
+func (l *Launcher) mergeTimeline() error {
+	traces, tasks := l.readTraces()
+	if len(traces) == 0 {
+		l.log.Warn("no timeline written: no task wrote a trace", zap.String("path", l.timeline))
+		return nil
+	}
+	var buf bytes.Buffer
+	if err := timeline.Merge(&buf, traces...); err != nil {
+		return fmt.Errorf("timeline %s: %w", l.timeline, err)
+	}
+	if err := fsutil.WriteFileAtomic(l.timeline, buf.Bytes()); err != nil {
+		return fmt.Errorf("timeline %s: %w", l.timeline, err)
+	}
+	l.log.Info("timeline written: open it in Perfetto (ui.perfetto.dev) or chrome://tracing",
+		zap.String("path", l.timeline), zap.Stringers("tasks", tasks))
+	return nil
+}
+
+// readTraces returns the traces the tasks wrote, in task order, and their
+// tasks. It logs the tasks that wrote none (only a program that uses the
+// multi-worker strategy writes one) and leaves out, logged, a trace that
+// cannot be read, such as one cut short by SIGKILL.
+func (l *Launcher) readTraces() ([]io.Reader, []cluster.Task) {
+	var (
+		traces      []io.Reader
+		tasks, none []cluster.Task
+	)
+	for _, t := range l.Tasks() {
+		b, err := os.ReadFile(l.timelineFile(t))
+		if errors.Is(err, fs.ErrNotExist) {
+			none = append(none, t)
+			continue
+		}
+		if err == nil {
+			err = timeline.Merge(io.Discard, bytes.NewReader(b))
+		}
+		if err != nil {
+			l.log.Warn("task's trace left out of the timeline", zap.Stringer("task", t), zap.Error(err))
+			continue
+		}
+		traces = append(traces, bytes.NewReader(b))
+		tasks = append(tasks, t)
+	}
+	if len(none) > 0 {
+		l.log.Warn("tasks wrote no trace for the timeline (a program writes one through the multi-worker strategy)",
+			zap.Stringers("tasks", none))
+	}
+	return traces, tasks
+}
