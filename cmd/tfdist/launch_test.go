@@ -71,3 +71,62 @@ func TestLaunchMetricsFlag(t *testing.T) {
 		assert.Regexp(t, `"task": "`+a[1]+`", "url": "http://`+regexp.QuoteMeta(a[2])+`/metrics"`, stderr)
 	}
 }
+
+// A 2-worker job under --timeline leaves one Chrome trace with a track
+// per worker on one clock: each collective runs at the same time on both,
+// and each step's input and compute add up to the step within 5%. Launch
+// prints each task's breakdown, and each worker's -json line carries its
+// own.
+func TestLaunchTimelineOfATwoWorkerJob(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.json")
+	cmd, stdout, stderr := tfdist(t, nil, "launch", "--workers", "2", "--timeline", path, "--timeout", "150s", "--",
+		os.Args[0], "demo", "-strategy", "multiworker", "-steps", "40", "-json")
+	require.Equal(t, 0, exitCode(t, cmd, 180*time.Second), "stderr: %s", stderr)
+	assert.Contains(t, stderr.String(), "Where each task's time went")
+	assert.Regexp(t, `(?m)^\s*worker:1\s+\d`, stderr.String(), "a row per task")
+	assert.Equal(t, 2, strings.Count(stdout.String(), `"breakdown":{"wall_ns"`), stdout)
+
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var trace struct {
+		TraceEvents []struct {
+			Name, Cat, Ph string
+			TS, Dur       float64
+			PID           int
+		} `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(b, &trace), "Chrome trace JSON")
+	type span struct{ start, end float64 }
+	steps := map[int][]span{}
+	parts := map[int][]span{}
+	collectives := map[int]map[string]span{0: {}, 1: {}}
+	for _, e := range trace.TraceEvents {
+		s := span{e.TS, e.TS + e.Dur}
+		switch e.Cat {
+		case "step":
+			steps[e.PID] = append(steps[e.PID], s)
+		case "input", "compute":
+			parts[e.PID] = append(parts[e.PID], s)
+		case "collective":
+			collectives[e.PID][e.Name] = s
+		}
+	}
+	for pid := range 2 {
+		require.GreaterOrEqual(t, len(steps[pid]), 40, "task %d: a span per step, the evaluation's after the 40 training steps", pid)
+		for i, st := range steps[pid] {
+			sum := 0.0
+			for _, p := range parts[pid] {
+				if p.start >= st.start-1 && p.end <= st.end+1 { // µs, rounded
+					sum += p.end - p.start
+				}
+			}
+			assert.InEpsilon(t, st.end-st.start, sum, 0.05, "task %d, step %d", pid, i+1)
+		}
+	}
+	require.NotEmpty(t, collectives[0])
+	for name, a := range collectives[0] {
+		if b, ok := collectives[1][name]; ok {
+			assert.True(t, a.start <= b.end && b.start <= a.end, "%s runs at the same time on both tasks: one clock", name)
+		}
+	}
+}

@@ -34,6 +34,7 @@ import (
 	"github.com/tfdist/tfdist/savedmodel"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/summary"
+	"github.com/tfdist/tfdist/timeline"
 )
 
 // Options are the classifier's flags.
@@ -108,6 +109,9 @@ type Result struct {
 	DiscardedVotes []int64 `json:"discarded_votes,omitempty"`
 	// StepTimes are how long the training steps this task ran took.
 	StepTimes *StepTimes `json:"step_times,omitempty"`
+	// Breakdown splits this task's time into its phases, when its
+	// strategy kept a timeline (tfdist launch --timeline).
+	Breakdown *timeline.Breakdown `json:"breakdown,omitempty"`
 	// ExportDir is, under -export-dir, the directory of the SavedModel
 	// this task wrote ("" on a worker other than the chief).
 	ExportDir string `json:"export_dir,omitempty"`

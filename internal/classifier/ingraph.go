@@ -17,6 +17,7 @@ import (
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/timeline"
 )
 
 // engine is what the classifier needs of a strategy: the Strategy contract
@@ -176,7 +177,15 @@ func (g *inGraph) checkpoint(ctx context.Context, step int) error {
 	return g.backup.AfterStep(ctx, int64(step))
 }
 
-func (g *inGraph) finish(context.Context, *Result, io.Writer) error { return nil }
+// finish adds the breakdown of the worker's timeline, when it kept one.
+func (g *inGraph) finish(_ context.Context, res *Result, _ io.Writer) error {
+	if o, ok := g.s.(interface{ Timeline() *timeline.Recorder }); ok && o.Timeline() != nil {
+		spans, _ := o.Timeline().Spans()
+		b := timeline.Summarize(spans)
+		res.Breakdown = &b
+	}
+	return nil
+}
 
 func (g *inGraph) evaluate(ctx context.Context, test digits.Data) (float64, error) {
 	return models.Accuracy(ctx, g.s, g.eval, g.acc, test, g.o.GlobalBatch)

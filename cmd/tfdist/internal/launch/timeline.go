@@ -87,6 +87,20 @@ func (l *Launcher) mergeTimeline() error {
 	}
 	l.log.Info("timeline written: open it in Perfetto (ui.perfetto.dev) or chrome://tracing",
 		zap.String("path", l.timeline), zap.Stringers("tasks", tasks))
+	return l.printBreakdown(buf.Bytes())
+}
+
+// printBreakdown prints each task's share of time in each phase of the
+// merged trace.
+func (l *Launcher) printBreakdown(trace []byte) error {
+	bs, err := timeline.Breakdowns(bytes.NewReader(trace))
+	if err == nil {
+		fmt.Fprintf(l.stderr, "Where each task's time went (%s):\n", l.timeline)
+		err = timeline.WriteTable(l.stderr, bs)
+	}
+	if err != nil {
+		return fmt.Errorf("timeline %s: %w", l.timeline, err)
+	}
 	return nil
 }
 
