@@ -47,18 +47,19 @@ type observer struct {
 	stopServe context.CancelFunc // stops serving m
 	task      string
 
-	mu       sync.Mutex
-	lanes    []time.Time // by lane (1 on): the end of its last collective span
-	steps    int64
-	lastEnd  time.Time
-	inputs   []time.Duration // the current window's, by step
-	computes []time.Duration
+	mu        sync.Mutex
+	lanes     []time.Time       // by lane (1 on): the end of its last collective span
+	waitNames map[string]string // "wait for " + a member's name, by name
+	steps     int64
+	lastEnd   time.Time
+	inputs    []time.Duration // the current window's, by step
+	computes  []time.Duration
 }
 
 // newObserver sets up the timeline and metrics c and the environment ask
 // for.
 func newObserver(c config, task string) (*observer, error) {
-	o := &observer{rec: c.timeline, m: c.metrics, task: task}
+	o := &observer{rec: c.timeline, m: c.metrics, task: task, waitNames: map[string]string{}}
 	if path := os.Getenv(timeline.Env); path != "" && o.rec == nil {
 		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
 		if err != nil {
@@ -95,31 +96,47 @@ func (o *observer) collective(r collective.Record) {
 	if o.rec == nil {
 		return
 	}
-	lane := o.lane(r.Start, r.End)
-	args := map[string]any{"op": r.Op, "bytes": r.Bytes, "algorithm": r.Algorithm, "transport": r.Transport,
-		"last": r.Last.Name, "margin_us": r.Margin.Microseconds()}
+	lane, wait := o.lane(r)
+	args := &collectiveArgs{Op: r.Op, Bytes: r.Bytes, Algorithm: r.Algorithm, Transport: r.Transport,
+		Last: r.Last.Name, MarginUS: r.Margin.Microseconds()}
 	if r.Err != nil {
-		args["error"] = r.Err.Error()
+		args.Error = r.Err.Error()
 	}
 	o.rec.Add(timeline.Span{Phase: timeline.Collective, Name: r.Name, Start: r.Start, End: r.End, Lane: lane, Args: args})
 	if r.Wait > 0 {
-		o.rec.Add(timeline.Span{Phase: timeline.Wait, Name: "wait for " + r.Last.Name, Start: r.Start, End: r.Start.Add(r.Wait), Lane: lane})
+		o.rec.Add(timeline.Span{Phase: timeline.Wait, Name: wait, Start: r.Start, End: r.Start.Add(r.Wait), Lane: lane})
 	}
 }
 
-// lane returns the first lane whose spans all end by start, and makes
-// end its last.
-func (o *observer) lane(start, end time.Time) int {
+// collectiveArgs are what a collective's span shows.
+type collectiveArgs struct {
+	Op        string `json:"op"`
+	Bytes     int    `json:"bytes"`
+	Algorithm string `json:"algorithm"`
+	Transport string `json:"transport"`
+	Last      string `json:"last"`
+	MarginUS  int64  `json:"margin_us"`
+	Error     string `json:"error,omitempty"`
+}
+
+// lane returns the first lane whose spans all end by r's start, making
+// r's end its last, and the name of r's wait.
+func (o *observer) lane(r collective.Record) (int, string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	wait, ok := o.waitNames[r.Last.Name]
+	if !ok {
+		wait = "wait for " + r.Last.Name
+		o.waitNames[r.Last.Name] = wait
+	}
 	for i, last := range o.lanes {
-		if !last.After(start) {
-			o.lanes[i] = end
-			return i + 1
+		if !last.After(r.Start) {
+			o.lanes[i] = r.End
+			return i + 1, wait
 		}
 	}
-	o.lanes = append(o.lanes, end)
-	return len(o.lanes)
+	o.lanes = append(o.lanes, r.End)
+	return len(o.lanes), wait
 }
 
 // step records a step that ran from begin to end on b, having waited
@@ -147,10 +164,15 @@ func (o *observer) step(b *dataset.Batch, begin, end time.Time, waited time.Dura
 	}
 	if o.rec != nil {
 		name := "step " + strconv.FormatInt(n, 10)
-		o.rec.Add(timeline.Span{Phase: timeline.Step, Name: name, Start: asked, End: end, Args: map[string]any{"examples": b.LocalCount()}})
+		o.rec.Add(timeline.Span{Phase: timeline.Step, Name: name, Start: asked, End: end, Args: stepArgs{b.LocalCount()}})
 		o.rec.Add(timeline.Span{Phase: timeline.Input, Name: "input", Start: asked, End: got})
 		o.rec.Add(timeline.Span{Phase: timeline.Compute, Name: "run", Start: begin, End: end})
 	}
+}
+
+// stepArgs are what a step's span shows.
+type stepArgs struct {
+	Examples int `json:"examples"`
 }
 
 // window returns the medians of the steps since the last window, and

@@ -27,7 +27,8 @@ func breakdowns(events []event) map[string]Breakdown {
 	for _, e := range events {
 		switch e.Ph {
 		case "M":
-			if n, ok := e.Args["name"].(string); ok && e.Name == "process_name" {
+			args, _ := e.Args.(map[string]any)
+			if n, ok := args["name"].(string); ok && e.Name == "process_name" {
 				names[e.PID] = n
 			}
 		case "X":

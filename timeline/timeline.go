@@ -40,7 +40,10 @@ type Span struct {
 	// Lane separates spans that overlap in time (a collective running
 	// while backprop still computes): 0 is the step's own.
 	Lane int
-	Args map[string]any
+	// Args are what the trace shows of the span: nil, or a value that
+	// encodes as a JSON object (a map, or a struct, which costs less to
+	// record).
+	Args any
 }
 
 // Duration returns the span's length.
@@ -56,9 +59,9 @@ const DefaultCapacity = 1 << 20
 // or not a timeline was asked for.
 type Recorder struct {
 	mu      sync.Mutex
-	spans   []Span
+	spans   []Span // grows up to limit
+	limit   int
 	next    int // where the next span goes once spans is full
-	full    bool
 	dropped int64
 }
 
@@ -68,7 +71,7 @@ func New(capacity int) *Recorder {
 	if capacity <= 0 {
 		capacity = DefaultCapacity
 	}
-	return &Recorder{spans: make([]Span, 0, capacity)}
+	return &Recorder{limit: capacity}
 }
 
 // Add records s.
@@ -78,11 +81,10 @@ func (r *Recorder) Add(s Span) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.full && len(r.spans) < cap(r.spans) {
+	if len(r.spans) < r.limit {
 		r.spans = append(r.spans, s)
 		return
 	}
-	r.full = true
 	r.spans[r.next] = s
 	r.next = (r.next + 1) % len(r.spans)
 	r.dropped++
@@ -90,12 +92,12 @@ func (r *Recorder) Add(s Span) {
 
 // Begin starts a span of phase p named name and returns the function that
 // ends and records it, with args.
-func (r *Recorder) Begin(p Phase, name string) func(args map[string]any) {
+func (r *Recorder) Begin(p Phase, name string) func(args any) {
 	if r == nil {
-		return func(map[string]any) {}
+		return func(any) {}
 	}
 	start := time.Now()
-	return func(args map[string]any) {
+	return func(args any) {
 		r.Add(Span{Phase: p, Name: name, Start: start, End: time.Now(), Args: args})
 	}
 }

@@ -16,7 +16,7 @@ type event struct {
 	Dur  float64        `json:"dur,omitempty"`
 	PID  int            `json:"pid"`
 	TID  int            `json:"tid"`
-	Args map[string]any `json:"args,omitempty"`
+	Args any            `json:"args,omitempty"`
 }
 
 // trace is a Chrome trace file (the JSON object form).
