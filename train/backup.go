@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tfdist/tfdist/checkpoint"
+	"github.com/tfdist/tfdist/timeline"
 )
 
 // BackupAndRestore is Keras's BackupAndRestore callback: it backs up every
@@ -66,10 +67,12 @@ func (b *BackupAndRestore) OnTrainBegin(ctx context.Context, r *Run) error {
 	if b.mgr, err = checkpoint.NewManager(src, b.Dir, checkpoint.WithMaxToKeep(2), checkpoint.WithCheckpointName("backup")); err != nil {
 		return err
 	}
+	start := time.Now()
 	step, md, err := b.mgr.RestoreLatest(ctx)
 	if err != nil || md == nil {
 		return err
 	}
+	r.t.timeline().Add(timeline.Span{Phase: timeline.Restart, Name: "resume from backup", Start: start, End: time.Now()})
 	epoch, ok1 := md.Int64(backupEpoch)
 	inEpoch, ok2 := md.Int64(backupStep)
 	text, ok3 := md.Text(backupTotals)

@@ -306,3 +306,36 @@ func TestTimelineAndMetricsFromTheEnvironment(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, strings.Contains(err.Error(), bad), "the error names the path: %v", err)
 }
+
+// A run that resumes from its backup counts a restart and shows it on the
+// timeline, with its backups' saves, whose time the metrics keep.
+func TestResumeIsARestart(t *testing.T) {
+	rec, m := timeline.New(0), monitoring.New("worker:0")
+	s, err := multiworker.New(context.Background(), multiworker.WithLogicalCPUs(1),
+		multiworker.WithTimeline(rec), multiworker.WithMonitoring(m))
+	require.NoError(t, err)
+	defer s.Close()
+	tr := compiled(t, s)
+	ds, _ := overfitting(t)
+	backup := &train.BackupAndRestore{Dir: t.TempDir(), KeepBackup: true}
+	_, err = tr.Fit(context.Background(), ds, train.Epochs(1), train.WithCallbacks(backup))
+	require.NoError(t, err)
+	_, err = tr.Fit(context.Background(), ds, train.Epochs(2), train.WithCallbacks(&train.BackupAndRestore{Dir: backup.Dir}))
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, err := m.Serve(ctx, "127.0.0.1:0")
+	require.NoError(t, err)
+	values := scrapeValues(t, addr.String())
+	assert.EqualValues(t, 1, values["tfdist_restarts_total"])
+	assert.Positive(t, values["tfdist_checkpoint_seconds"])
+	spans, _ := rec.Spans()
+	phases := map[timeline.Phase]int{}
+	for _, sp := range spans {
+		phases[sp.Phase]++
+	}
+	assert.Equal(t, 1, phases[timeline.Restart], "the resume")
+	assert.Equal(t, 2, phases[timeline.Checkpoint], "a backup at the end of each epoch trained")
+	assert.Equal(t, 6, phases[timeline.Step], "3 steps an epoch, 2 epochs")
+}
