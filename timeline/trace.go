@@ -9,14 +9,14 @@ import (
 // event is one Chrome trace event: a complete span ("X") or a name of a
 // process or thread ("M").
 type event struct {
-	Name string         `json:"name"`
-	Cat  string         `json:"cat,omitempty"`
-	Ph   string         `json:"ph"`
-	TS   float64        `json:"ts"` // microseconds since the Unix epoch
-	Dur  float64        `json:"dur,omitempty"`
-	PID  int            `json:"pid"`
-	TID  int            `json:"tid"`
-	Args any            `json:"args,omitempty"`
+	Name string  `json:"name"`
+	Cat  string  `json:"cat,omitempty"`
+	Ph   string  `json:"ph"`
+	TS   float64 `json:"ts"` // microseconds since the Unix epoch
+	Dur  float64 `json:"dur,omitempty"`
+	PID  int     `json:"pid"`
+	TID  int     `json:"tid"`
+	Args any     `json:"args,omitempty"`
 }
 
 // trace is a Chrome trace file (the JSON object form).
