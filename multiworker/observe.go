@@ -39,6 +39,10 @@ func WithTimeline(rec *timeline.Recorder) Option { return func(c *config) { c.ti
 // Close.
 func WithMonitoring(m *monitoring.Metrics) Option { return func(c *config) { c.metrics = m } }
 
+// maxWindow bounds the steps a straggler window keeps, for a loop that
+// never calls CheckStragglers.
+const maxWindow = 4096
+
 // observer is what a worker records of its own steps and collectives.
 type observer struct {
 	rec       *timeline.Recorder // nil: no timeline
@@ -155,6 +159,10 @@ func (o *observer) step(b *dataset.Batch, begin, end time.Time, waited time.Dura
 	}
 	o.lastEnd = end
 	input := got.Sub(asked)
+	if len(o.inputs) == maxWindow { // no CheckStragglers for long: keep the recent half
+		o.inputs = append(o.inputs[:0], o.inputs[maxWindow/2:]...)
+		o.computes = append(o.computes[:0], o.computes[maxWindow/2:]...)
+	}
 	o.inputs = append(o.inputs, input)
 	o.computes = append(o.computes, max(0, wall-input-waited))
 	o.mu.Unlock()
