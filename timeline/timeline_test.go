@@ -94,11 +94,16 @@ func TestTracesMergeIntoOneChromeTrace(t *testing.T) {
 		} `json:"traceEvents"`
 	}
 	require.NoError(t, json.Unmarshal(merged.Bytes(), &tr))
-	require.Len(t, tr.TraceEvents, 6)
+	require.Len(t, tr.TraceEvents, 10, "per task: its name, two spans, and its two lanes' names")
 	names := map[int]string{}
+	lanes := map[[2]int]string{}
 	for _, e := range tr.TraceEvents {
-		if e.Ph == "M" {
+		if e.Ph == "M" && e.Name == "process_name" {
 			names[e.PID] = e.Args["name"].(string)
+			continue
+		}
+		if e.Ph == "M" {
+			lanes[[2]int{e.PID, e.TID}] = e.Args["name"].(string)
 			continue
 		}
 		assert.Equal(t, "X", e.Ph)
@@ -110,6 +115,38 @@ func TestTracesMergeIntoOneChromeTrace(t *testing.T) {
 		}
 	}
 	assert.Equal(t, map[int]string{0: "worker:0", 1: "worker:1"}, names)
+	assert.Equal(t, map[[2]int]string{{0, 0}: "steps", {0, 1}: "collectives 1", {1, 0}: "steps", {1, 1}: "collectives 1"}, lanes)
+}
+
+// A span inside another stays inside it on the trace, however their
+// times fall between microseconds: viewers draw a span that ends after
+// its parent on a row of its own.
+func TestNestedSpansStayNested(t *testing.T) {
+	r := timeline.New(0)
+	for i := range 1000 {
+		base := t0.Add(time.Duration(i) * 7777 * time.Nanosecond)
+		r.Add(timeline.Span{Phase: timeline.Step, Start: base.Add(300), End: base.Add(10_650)})
+		r.Add(timeline.Span{Phase: timeline.Compute, Start: base.Add(5_210), End: base.Add(10_650)})
+	}
+	var b bytes.Buffer
+	require.NoError(t, timeline.Write(&b, r, "worker:0", 0))
+	var tr struct {
+		TraceEvents []struct {
+			Cat     string
+			TS, Dur float64
+		} `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(b.Bytes(), &tr))
+	var step struct{ TS, Dur float64 }
+	for _, e := range tr.TraceEvents {
+		switch e.Cat {
+		case "step":
+			step.TS, step.Dur = e.TS, e.Dur
+		case "compute":
+			assert.GreaterOrEqual(t, e.TS, step.TS)
+			assert.LessOrEqual(t, e.TS+e.Dur, step.TS+step.Dur)
+		}
+	}
 }
 
 // A window's wall time splits into its phases: overlapping spans of a

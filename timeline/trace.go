@@ -26,24 +26,41 @@ type trace struct {
 	OtherData       map[string]any `json:"otherData,omitempty"`
 }
 
-// Write writes r's spans as a Chrome trace of one track, named task, with
-// process id pid. Times are microseconds since the Unix epoch, so that
-// the traces of tasks on one host share a clock.
+// Write writes r's spans as a Chrome trace of one process, named task,
+// with process id pid and a thread per lane. Times are whole microseconds
+// since the Unix epoch, so that the traces of tasks on one host share a
+// clock.
 func Write(w io.Writer, r *Recorder, task string, pid int) error {
 	spans, dropped := r.Spans()
 	t := trace{DisplayTimeUnit: "ms", OtherData: map[string]any{"dropped_spans": map[string]int64{task: dropped}}}
 	t.TraceEvents = append(t.TraceEvents, event{Name: "process_name", Ph: "M", PID: pid, Args: map[string]any{"name": task}})
+	lanes := map[int]bool{}
 	for _, s := range spans {
+		// Whole microseconds, exact in a float64, so that a span inside
+		// another ends inside it on the trace too.
+		start, end := s.Start.UnixMicro(), s.End.UnixMicro()
 		t.TraceEvents = append(t.TraceEvents, event{
 			Name: s.Name, Cat: string(s.Phase), Ph: "X", PID: pid, TID: s.Lane, Args: s.Args,
-			TS:  float64(s.Start.UnixNano()) / 1e3,
-			Dur: float64(s.End.Sub(s.Start).Nanoseconds()) / 1e3,
+			TS: float64(start), Dur: float64(end - start),
 		})
+		lanes[s.Lane] = true
+	}
+	for lane := range lanes {
+		t.TraceEvents = append(t.TraceEvents, event{Name: "thread_name", Ph: "M", PID: pid, TID: lane, Args: map[string]any{"name": laneName(lane)}})
 	}
 	if err := json.NewEncoder(w).Encode(t); err != nil {
 		return fmt.Errorf("timeline: write the trace of %s: %w", task, err)
 	}
 	return nil
+}
+
+// laneName names a lane's track: the steps, then the collectives that
+// overlap them.
+func laneName(lane int) string {
+	if lane == 0 {
+		return "steps"
+	}
+	return fmt.Sprintf("collectives %d", lane)
 }
 
 // Merge reads the traces Write wrote, one per task, and writes them as one
