@@ -22,8 +22,7 @@
 #      on a pipe (--remote-debugging-pipe) by a Python script that uses only the
 #      standard library: it zooms to TIMELINE_WINDOW_MS from the start of step
 #      TIMELINE_STEP (or of the first later step whose window has no overlapping spans
-#      in a row: a span that ends a fraction of a microsecond after its parent, from
-#      rounding, is drawn over its neighbours), collapses the lanes with nothing in
+#      in a row, which the viewer would draw over each other), collapses the lanes with nothing in
 #      that window, selects the collective with the longest wait for a peer there (its
 #      arguments fill the bottom panel), fits the page's height to the lanes, and
 #      takes the screenshot. optipng shrinks it when installed.
@@ -258,10 +257,8 @@ try:
           lanes.push({track: k, rows: Array.from(k.children).flatMap(c => c.subRows || [])});
         }
       })(v.trackView);
-      // A window is clean when no two spans of a row overlap there. The viewer draws a
-      // span that sticks out of its parent, even by a rounding error (a trace's
-      // microseconds since the epoch, as doubles, are a quarter of a microsecond
-      // apart), on its parent's row, over its neighbours.
+      // A window is clean when no two spans of a row overlap there: the viewer
+      // would draw them over each other.
       const clean = (lo, hi) => lanes.every(l => l.rows.every(row => {
         const in_ = row.filter(sl => sl.end > lo && sl.start < hi).sort((a, b) => a.start - b.start);
         return in_.every((sl, i) => i === 0 || sl.start >= in_[i - 1].end);
@@ -314,7 +311,7 @@ try:
     print(f"window {result['lo']:.1f}-{result['hi']:.1f} ms from step {result['step']}, "
           f"selected {result['selected']}", file=sys.stderr)
     if not result["clean"]:
-        print("warning: every window from step %s on has a span that sticks out of its parent" % step,
+        print("warning: every window from step %s on has spans that overlap in a row" % step,
               file=sys.stderr)
     try:
         call("Browser.close")

@@ -94,7 +94,7 @@ func TestTracesMergeIntoOneChromeTrace(t *testing.T) {
 		} `json:"traceEvents"`
 	}
 	require.NoError(t, json.Unmarshal(merged.Bytes(), &tr))
-	require.Len(t, tr.TraceEvents, 10, "per task: its name, two spans, and its two lanes' names")
+	require.Len(t, tr.TraceEvents, 14, "per task: its name, two spans, and its two lanes' names and places")
 	names := map[int]string{}
 	lanes := map[[2]int]string{}
 	for _, e := range tr.TraceEvents {
@@ -102,8 +102,12 @@ func TestTracesMergeIntoOneChromeTrace(t *testing.T) {
 			names[e.PID] = e.Args["name"].(string)
 			continue
 		}
-		if e.Ph == "M" {
+		if e.Ph == "M" && e.Name == "thread_name" {
 			lanes[[2]int{e.PID, e.TID}] = e.Args["name"].(string)
+			continue
+		}
+		if e.Ph == "M" {
+			assert.EqualValues(t, e.TID, e.Args["sort_index"], "lanes in order, steps first")
 			continue
 		}
 		assert.Equal(t, "X", e.Ph)

@@ -12,8 +12,8 @@ type event struct {
 	Name string  `json:"name"`
 	Cat  string  `json:"cat,omitempty"`
 	Ph   string  `json:"ph"`
-	TS   float64 `json:"ts"` // microseconds since the Unix epoch
-	Dur  float64 `json:"dur,omitempty"`
+	TS   float64 `json:"ts"`  // microseconds since the Unix epoch
+	Dur  float64 `json:"dur"` // a complete event without one never ends, to viewers
 	PID  int     `json:"pid"`
 	TID  int     `json:"tid"`
 	Args any     `json:"args,omitempty"`
@@ -46,7 +46,9 @@ func Write(w io.Writer, r *Recorder, task string, pid int) error {
 		lanes[s.Lane] = true
 	}
 	for lane := range lanes {
-		t.TraceEvents = append(t.TraceEvents, event{Name: "thread_name", Ph: "M", PID: pid, TID: lane, Args: map[string]any{"name": laneName(lane)}})
+		t.TraceEvents = append(t.TraceEvents,
+			event{Name: "thread_name", Ph: "M", PID: pid, TID: lane, Args: map[string]any{"name": laneName(lane)}},
+			event{Name: "thread_sort_index", Ph: "M", PID: pid, TID: lane, Args: map[string]any{"sort_index": lane}})
 	}
 	if err := json.NewEncoder(w).Encode(t); err != nil {
 		return fmt.Errorf("timeline: write the trace of %s: %w", task, err)
