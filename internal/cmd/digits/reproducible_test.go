@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/internal/classifier"
+)
+
+// The same seed, data and topology give the same model, bit for bit, run
+// after run (equal params_sha256): the default strategy, mirrored on 2
+// devices and 2 workers of 2 devices, three runs each; one of the
+// multi-worker runs is killed (SIGKILL) after step 57 and resumes from its
+// checkpoint of step 40, and still ends with the others' model.
+func TestRunsAreReproducible(t *testing.T) {
+	needBinaries(t)
+	args := []string{"-steps", "100", "-global-batch", "32", "-log-every", "0", "-json"}
+	for _, s := range []struct{ strategy, devices string }{{"default", "1"}, {"mirrored", "2"}} {
+		runs := map[string]classifier.Result{}
+		for i := range 3 {
+			res, err := classifier.Run(context.Background(), options(t, append(args, "-strategy", s.strategy, "-devices", s.devices)...), io.Discard)
+			require.NoError(t, err)
+			runs[fmt.Sprintf("run %d", i)] = res
+		}
+		assertOneModel(t, runs, s.strategy+": three runs")
+	}
+
+	runs := map[string]classifier.Result{}
+	for i := range 3 {
+		f, launchArgs := classifier.Faults{}, []string{"--workers", "2"}
+		if i == 2 {
+			f = classifier.Faults{CrashAtStep: 57, CrashTask: "worker:1"}
+			launchArgs = append(launchArgs, "--max-restarts", "1", "--grace", "5s")
+		}
+		out, err := launchFaulty(t, f, 4*time.Minute, launchArgs, append(args, "-strategy", "multiworker", "-devices", "2",
+			"-checkpoint-dir", t.TempDir(), "-checkpoint-every", "20", "-collective-timeout", "10s")...)
+		require.NoError(t, err, out)
+		if i == 2 {
+			assert.Contains(t, out, "resuming after step 40")
+		}
+		got := results(t, out)
+		require.Len(t, got, 2, out)
+		assertOneModel(t, got, "the workers of one run")
+		runs[fmt.Sprintf("run %d", i)] = got["worker:0"]
+	}
+	assertOneModel(t, runs, "multiworker 2×2: three runs, the last killed and resumed")
+}
