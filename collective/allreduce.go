@@ -44,6 +44,9 @@ func (g *Group) AllReduceTo(ctx context.Context, name string, red Reduction, dt 
 	if err != nil {
 		return err
 	}
+	if h.order == orderTree {
+		return o.end(o.treeReduce(dst, src))
+	}
 	if len(src) <= g.cfg.directMax {
 		copyIfDistinct(dst, src)
 		return o.end(o.directReduce(dst))
@@ -124,6 +127,50 @@ func (o *op) directReduce(data []byte) error {
 	}
 	o.combineInRankOrder(data, frames)
 	return nil
+}
+
+// treeReduce sends src to every peer, chunk by chunk, receives every
+// peer's buffer and combines them all in tree order (InTreeOrder) into
+// dst.
+func (o *op) treeReduce(dst, src []byte) error {
+	g := o.g
+	o.algorithm = "tree"
+	if err := o.sendChunks(g.peers, src); err != nil {
+		return err
+	}
+	bufs := make([][]byte, len(g.members))
+	bufs[g.rank] = src
+	for i, p := range g.peers {
+		if err := o.recvChunks(p, g.peers[i+1:], &bufs[p]); err != nil {
+			return err
+		}
+	}
+	if err := o.endReads(); err != nil { // peers no longer read src, which dst may be
+		return err
+	}
+	acc := getBuf(len(dst))
+	defer putBuf(acc)
+	combineTree(o.self.red, o.self.dtype, *acc, bufs)
+	if o.self.red == Mean {
+		scale(o.self.dtype, *acc, len(bufs))
+	}
+	copy(dst, *acc)
+	return nil
+}
+
+// combineTree computes into out the combination of bufs along the tree
+// of InTreeOrder.
+func combineTree(red Reduction, dt DType, out []byte, bufs [][]byte) {
+	if len(bufs) == 1 {
+		copy(out, bufs[0])
+		return
+	}
+	mid := len(bufs) / 2
+	combineTree(red, dt, out, bufs[:mid])
+	right := getBuf(len(out))
+	defer putBuf(right)
+	combineTree(red, dt, *right, bufs[mid:])
+	reduceInto(red, dt, out, *right)
 }
 
 // widen replaces a compressed frame's payload with its float32 values.

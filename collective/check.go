@@ -22,6 +22,8 @@ func (o *op) check(peer int, h *header) error {
 		return o.mismatch(peer, h, describeRoot)
 	case h.wire != s.wire:
 		return o.mismatch(peer, h, describeWire)
+	case h.order != s.order:
+		return o.mismatch(peer, h, describeOrder)
 	}
 	return nil
 }
@@ -72,6 +74,13 @@ func describeOp(h *header) string {
 
 func describeReduction(h *header) string {
 	return fmt.Sprintf("%v of %s", h.red, describeShape(h))
+}
+
+func describeOrder(h *header) string {
+	if h.order == orderTree {
+		return describeReduction(h) + " in tree order"
+	}
+	return describeReduction(h) + " in rank order"
 }
 
 func describeRoot(h *header) string { return fmt.Sprintf("root %d", h.root) }

@@ -76,7 +76,8 @@ func (k opKind) String() string {
 //	8 reduction u8 | 9 rank u8 | 10 name length u16 | 12 epoch u32
 //	16 seq u64 | 24 element count u64 | 32 chunk offset u64 (wire bytes)
 //	40 root u32 | 44 step u32 | 48 chunk index u32 | 52 payload length u32
-//	56 wire type u8 (0: the dtype itself) | 57 flags u8 | 58 reserved (6 bytes, sent as zero)
+//	56 wire type u8 (0: the dtype itself) | 57 flags u8 | 58 order u8 (0: rank or ring order, 1: tree)
+//	59 reserved (5 bytes, sent as zero)
 //	64 name, then rank dimensions u64 (the shape, when the caller gave one)
 type header struct {
 	kind   frameKind
@@ -93,6 +94,7 @@ type header struct {
 	length uint32
 	wire   DType // the type data travels as (Compress); 0 for dtype itself
 	flags  uint8 // flagRemote, flagPushed or flagArena, on data frames only
+	order  uint8 // orderTree: reduce along the tree (InTreeOrder)
 	name   []byte
 	dims   []uint64 // the tensor's shape; none when the caller gave none
 }
@@ -111,7 +113,7 @@ func appendHeader(dst []byte, h *header) []byte {
 	dst = le.AppendUint32(dst, h.step)
 	dst = le.AppendUint32(dst, h.chunk)
 	dst = le.AppendUint32(dst, h.length)
-	dst = append(dst, byte(h.wire), h.flags, 0, 0, 0, 0, 0, 0)
+	dst = append(dst, byte(h.wire), h.flags, h.order, 0, 0, 0, 0, 0)
 	dst = append(dst, h.name...)
 	for _, d := range h.dims {
 		dst = le.AppendUint64(dst, d)
@@ -137,7 +139,7 @@ func parseFixed(b []byte) (header, int, int, error) {
 	nameLen := int(le.Uint16(b[10:]))
 	h.epoch, h.seq, h.count = le.Uint32(b[12:]), le.Uint64(b[16:]), le.Uint64(b[24:])
 	h.offset, h.root, h.step = le.Uint64(b[32:]), le.Uint32(b[40:]), le.Uint32(b[44:])
-	h.chunk, h.length, h.wire, h.flags = le.Uint32(b[48:]), le.Uint32(b[52:]), DType(b[56]), b[57]
+	h.chunk, h.length, h.wire, h.flags, h.order = le.Uint32(b[48:]), le.Uint32(b[52:]), DType(b[56]), b[57], b[58]
 	if misplacedFlags(&h) {
 		return h, 0, 0, fmt.Errorf("%w: flags %#x on a %d frame of %s", errProtocol, h.flags, h.kind, h.op)
 	}

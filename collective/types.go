@@ -116,6 +116,22 @@ func Shape(dims ...int64) CallOption {
 // call moves float32: its result is exact.
 func Compress(wire DType) CallOption { return func(h *header) { h.wire = wire } }
 
+// orderTree is header.order for InTreeOrder.
+const orderTree = 1
+
+// InTreeOrder makes an all-reduce combine the members' buffers along one
+// binary tree over the members in rank order, the same for every size:
+// the members [lo, hi) are the combination of [lo, mid) and [mid, hi),
+// mid = lo + (hi-lo)/2, down to single members. With a power-of-two
+// number of members each holding the tree's combination of an aligned
+// block of a larger power-of-two tree's leaves (say 8 leaves over 1, 2, 4
+// or 8 members), the result is that larger tree's, bit for bit, whatever
+// the number of members: the grouping of additions, not their operands'
+// order, changes floating-point sums. Every member sends its whole buffer
+// to every other, (n-1) times the buffer where the ring sends 2(n-1)/n
+// times; compression is refused.
+func InTreeOrder() CallOption { return func(h *header) { h.order = orderTree } }
+
 // withOptions applies opts to h and checks the result.
 func withOptions(h header, opts []CallOption) (header, error) {
 	for _, o := range opts {
@@ -130,6 +146,9 @@ func withOptions(h header, opts []CallOption) (header, error) {
 	}
 	if len(h.dims) > 0 && n != h.count {
 		return h, fmt.Errorf("shape %v has %d elements, the buffer %d", h.dims, n, h.count)
+	}
+	if h.order == orderTree && (h.op != opAllReduce || h.wire != 0) {
+		return h, fmt.Errorf("InTreeOrder: only uncompressed all-reduces combine in tree order")
 	}
 	if h.wire != 0 && (h.op != opAllReduce || h.dtype != Float32 || h.wire.Size() != 2) {
 		return h, fmt.Errorf("cannot compress %v to %v: only float32 all-reduces compress, to float16 or bfloat16", h.dtype, h.wire)
