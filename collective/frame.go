@@ -10,7 +10,7 @@ import (
 // Wire constants. All integers are little-endian.
 const (
 	frameMagic   uint32 = 0x43444654 // "TFDC"
-	frameVersion uint8  = 7          // 2 added kindClosing, 3 the wire type, 4 the upgrade, 5 aligned payloads over shared memory, 6 remote chunks, 7 pushed results
+	frameVersion uint8  = 8          // 2 added kindClosing, 3 the wire type, 4 the upgrade, 5 aligned payloads over shared memory, 6 remote chunks, 7 pushed results, 8 the order
 	fixedLen            = 64         // bytes of a header before the name
 	maxNameLen          = 4096       // longest tensor name
 	maxRank             = 32         // most dimensions a shape may have
