@@ -44,8 +44,11 @@ func (g *Group) AllReduceTo(ctx context.Context, name string, red Reduction, dt 
 	if err != nil {
 		return err
 	}
-	if h.order == orderTree {
+	if h.order == orderTree && len(src) <= g.cfg.directMax {
 		return o.end(o.treeReduce(dst, src))
+	}
+	if h.order == orderTree {
+		return o.end(o.treeSegments(dst, src))
 	}
 	if len(src) <= g.cfg.directMax {
 		copyIfDistinct(dst, src)
@@ -155,6 +158,92 @@ func (o *op) treeReduce(dst, src []byte) error {
 		scale(o.self.dtype, *acc, len(bufs))
 	}
 	copy(dst, *acc)
+	return nil
+}
+
+// treeSegments is treeReduce for large buffers, moving the ring's bytes:
+// each member owns a segment, receives every peer's part of it, combines
+// them in tree order and sends the result to every peer. A member
+// overwrites a peer's segment of dst (which may be src) only once that
+// peer's result arrives, after the peer has read its part of src.
+func (o *op) treeSegments(dst, src []byte) error {
+	g, n, size := o.g, len(o.g.members), o.self.dtype.Size()
+	o.algorithm = "tree, by segment"
+	elems := len(src) / size
+	seg := func(j int) (int, int) { return j * elems / n * size, (j + 1) * elems / n * size }
+	for _, p := range g.peers {
+		lo, hi := seg(p)
+		if err := o.sendRange(p, 0, lo, src[lo:hi]); err != nil {
+			return err
+		}
+	}
+	lo, hi := seg(g.rank)
+	parts := make([][]byte, n)
+	parts[g.rank] = src[lo:hi]
+	for i, p := range g.peers {
+		parts[p] = make([]byte, hi-lo)
+		if err := o.recvRange(p, g.peers[i+1:], 0, lo, parts[p]); err != nil {
+			return err
+		}
+	}
+	mine := make([]byte, hi-lo) // peers may read it until endReads: never pooled
+	combineTree(o.self.red, o.self.dtype, mine, parts)
+	if o.self.red == Mean {
+		scale(o.self.dtype, mine, n)
+	}
+	for _, p := range g.peers {
+		if err := o.sendRange(p, 1, lo, mine); err != nil {
+			return err
+		}
+	}
+	copy(dst[lo:hi], mine)
+	for i, p := range g.peers {
+		plo, phi := seg(p)
+		if err := o.recvRange(p, g.peers[i+1:], 1, plo, dst[plo:phi]); err != nil {
+			return err
+		}
+	}
+	return o.endReads()
+}
+
+// sendRange sends data, which lies at byte offset base of the call's
+// buffer, to peer as the chunks of step.
+func (o *op) sendRange(peer, step, base int, data []byte) error {
+	ch := o.chunking(len(data))
+	for i := range ch.count() {
+		lo, hi := ch.bounds(i)
+		if err := o.sendChunk(peer, step, i, base+lo, data[lo:hi]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recvRange receives into dst the chunks of step that peer sent with
+// sendRange from byte offset base.
+func (o *op) recvRange(peer int, later []int, step, base int, dst []byte) error {
+	ch := o.chunking(len(dst))
+	for i := range ch.count() {
+		f, err := o.recv(peer, later)
+		if err != nil {
+			return err
+		}
+		lo, hi := ch.bounds(i)
+		length, remote := hi-lo, f.h.flags&flagRemote != 0
+		if remote {
+			length = remoteRefLen
+		}
+		if int(f.h.step) != step || int(f.h.chunk) != i || f.h.offset != uint64(base+lo) || int(f.h.length) != length {
+			f.release()
+			return o.protocolErr(peer, "step %d chunk %d at %d+%d, want step %d chunk %d at %d+%d",
+				f.h.step, f.h.chunk, f.h.offset, f.h.length, step, i, base+lo, length)
+		}
+		err = o.takeChunk(peer, &f, dst[lo:hi], remote)
+		f.release()
+		if err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

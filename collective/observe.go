@@ -12,7 +12,7 @@ type Record struct {
 	Op        string // "all-reduce", "all-gather", "broadcast" or "barrier"
 	Name      string // the tensor name
 	Bytes     int    // the payload of this member's buffer
-	Algorithm string // "direct", "ring", "ring, pushed", "gather", "broadcast"
+	Algorithm string // "direct", "ring", "ring, pushed", "tree", "tree, by segment", "gather", "broadcast"
 	Transport string // "shared memory", "tcp" or "mixed", over this member's links
 	Start     time.Time
 	End       time.Time

@@ -127,9 +127,10 @@ const orderTree = 1
 // block of a larger power-of-two tree's leaves (say 8 leaves over 1, 2, 4
 // or 8 members), the result is that larger tree's, bit for bit, whatever
 // the number of members: the grouping of additions, not their operands'
-// order, changes floating-point sums. Every member sends its whole buffer
-// to every other, (n-1) times the buffer where the ring sends 2(n-1)/n
-// times; compression is refused.
+// order, changes floating-point sums. Up to 256 KiB every member sends
+// its buffer to every other; larger buffers move the ring's bytes, each
+// member combining the members' parts of one segment and sending the
+// result to all. Compression is refused.
 func InTreeOrder() CallOption { return func(h *header) { h.order = orderTree } }
 
 // withOptions applies opts to h and checks the result.
