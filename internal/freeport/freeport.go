@@ -44,6 +44,34 @@ func Loopback(n int) ([]int, error) {
 	return ports, nil
 }
 
+// LoopbackRange returns the first of n consecutive TCP ports that were
+// free on 127.0.0.1 when asked, each reserved as Loopback's are: a base
+// port for servers that take consecutive ports.
+func LoopbackRange(n int) (int, error) {
+	hi := ephemeralLow()
+	if hi-lowest < 4*n {
+		return 0, fmt.Errorf("pick %d consecutive free loopback ports: the ephemeral range starts at %d, leaving too few below it", n, hi)
+	}
+	for range 1000 {
+		base := lowest + rand.IntN(hi-lowest-n)
+		if claimRange(base, n) {
+			return base, nil
+		}
+	}
+	return 0, fmt.Errorf("pick %d consecutive free loopback ports between %d and %d: none found after 1000 tries", n, lowest, hi)
+}
+
+// claimRange reserves the n ports from base if each is free; a failure
+// may leave the first ones reserved.
+func claimRange(base, n int) bool {
+	for p := base; p < base+n; p++ {
+		if !free(p) || !reserve(p) {
+			return false
+		}
+	}
+	return true
+}
+
 // free reports whether a listener can bind port p on 127.0.0.1 now.
 func free(p int) bool {
 	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))

@@ -65,3 +65,21 @@ func TestPortsStayReservedAcrossProcesses(t *testing.T) {
 	require.NoError(t, err, "the other process:\n%s", out)
 	require.Contains(t, string(out), "PASS")
 }
+
+// A range is consecutive ports, each free to bind and below the
+// ephemeral range, none of which Loopback or another range gives again.
+func TestLoopbackRangeIsConsecutiveAndReserved(t *testing.T) {
+	base, err := LoopbackRange(4)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, base, lowest)
+	assert.Less(t, base+3, ephemeralLow())
+	for p := base; p < base+4; p++ {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		require.NoError(t, err, "port %d", p)
+		require.NoError(t, l.Close())
+		assert.False(t, reserve(p), "port %d is reserved", p)
+	}
+	other, err := LoopbackRange(4)
+	require.NoError(t, err)
+	assert.True(t, other+3 < base || other > base+3, "ranges %d and %d overlap", base, other)
+}
