@@ -229,16 +229,7 @@ func (o *op) recvRange(peer int, later []int, step, base int, dst []byte) error 
 			return err
 		}
 		lo, hi := ch.bounds(i)
-		length, remote := hi-lo, f.h.flags&flagRemote != 0
-		if remote {
-			length = remoteRefLen
-		}
-		if int(f.h.step) != step || int(f.h.chunk) != i || f.h.offset != uint64(base+lo) || int(f.h.length) != length {
-			f.release()
-			return o.protocolErr(peer, "step %d chunk %d at %d+%d, want step %d chunk %d at %d+%d",
-				f.h.step, f.h.chunk, f.h.offset, f.h.length, step, i, base+lo, length)
-		}
-		err = o.takeChunk(peer, &f, dst[lo:hi], remote)
+		err = o.takeChunkFrame(peer, &f, step, i, base+lo, dst[lo:hi])
 		f.release()
 		if err != nil {
 			return err

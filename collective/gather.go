@@ -166,22 +166,33 @@ func (o *op) recvChunks(peer int, later []int, dst *[]byte) error {
 				*dst = make([]byte, ch.total)
 			}
 		}
-		lo, hi := ch.bounds(i)
-		length, remote := hi-lo, f.h.flags&flagRemote != 0
-		if remote {
-			length = remoteRefLen
-		}
-		if int(f.h.chunk) != i || f.h.offset != uint64(lo) || int(f.h.length) != length || len(*dst) != ch.total {
+		if len(*dst) != ch.total {
 			f.release()
-			return o.protocolErr(peer, "chunk %d at %d+%d, want %d at %d+%d", f.h.chunk, f.h.offset, f.h.length, i, lo, length)
+			return o.protocolErr(peer, "%d elements, want %d bytes", f.h.count, len(*dst))
 		}
-		err = o.takeChunk(peer, &f, (*dst)[lo:hi], remote)
+		lo, hi := ch.bounds(i)
+		err = o.takeChunkFrame(peer, &f, 0, i, lo, (*dst)[lo:hi])
 		f.release()
 		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// takeChunkFrame takes f, from peer, into dst once it checks that f is
+// chunk i of step, at byte offset off of the call's buffer and of dst's
+// length (or its address).
+func (o *op) takeChunkFrame(peer int, f *frame, step, i, off int, dst []byte) error {
+	length, remote := len(dst), f.h.flags&flagRemote != 0
+	if remote {
+		length = remoteRefLen
+	}
+	if int(f.h.step) != step || int(f.h.chunk) != i || f.h.offset != uint64(off) || int(f.h.length) != length {
+		return o.protocolErr(peer, "step %d chunk %d at %d+%d, want step %d chunk %d at %d+%d",
+			f.h.step, f.h.chunk, f.h.offset, f.h.length, step, i, off, length)
+	}
+	return o.takeChunk(peer, f, dst, remote)
 }
 
 // takeChunk copies a frame's chunk into dst: its payload, or the remote
