@@ -23,7 +23,7 @@ type Phase string
 const (
 	Step       Phase = "step"       // a whole step, its input included
 	Input      Phase = "input"      // waiting for the next batch
-	Compute    Phase = "compute"    // a step's kernels
+	Compute    Phase = "compute"    // the rest of a step: its run, and the loop between batch and run
 	Collective Phase = "collective" // an all-reduce, gather or broadcast
 	Wait       Phase = "wait"       // waiting for the last peer of a collective
 	Checkpoint Phase = "checkpoint" // saving or restoring
