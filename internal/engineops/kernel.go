@@ -241,6 +241,9 @@ func (c *call) reduceOrBroadcast() {
 		if c.k.wire != 0 {
 			opts = append(opts, collective.Compress(c.k.wire))
 		}
+		if c.k.tree {
+			opts = append(opts, collective.InTreeOrder())
+		}
 		c.finish(c.g.AllReduceTo(ctx, c.k.name, c.k.red, c.dt, tensorBytes(c.out), tensorBytes(c.in), opts...))
 		return
 	}

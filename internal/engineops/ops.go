@@ -110,6 +110,18 @@ func AllReduce(s *op.Scope, in tf.Output, group, name string, red collective.Red
 	return addCollective(s, opAllReduce, in, map[string]any{"group": group, "tensor_name": name, "reduction": red.String(), "wire": w})
 }
 
+// AllReduceInTreeOrder adds an op that sums in across the group as
+// AllReduce does, along the binary tree over the members' ranks of
+// collective.InTreeOrder: the same bits for members that each bring the
+// tree sum of an aligned block of a larger tree's leaves, whatever their
+// number.
+func AllReduceInTreeOrder(s *op.Scope, in tf.Output, group, name string) tf.Output {
+	return addCollective(s, opAllReduce, in, map[string]any{"group": group, "tensor_name": name, "reduction": treeSum, "wire": "none"})
+}
+
+// treeSum is the reduction attribute of AllReduceInTreeOrder.
+const treeSum = "sum_in_tree_order"
+
 // AllGather adds an op that concatenates every member's in along axis 0, in
 // rank order.
 func AllGather(s *op.Scope, in tf.Output, group, name string) tf.Output {
@@ -156,11 +168,12 @@ type kernel struct {
 	root  int
 	agg   string // the Aggregator's id
 	wire  collective.DType
+	tree  bool  // an all-reduce in tree order
 	k     int64 // LargestIndices'
 }
 
 var (
-	reductions = map[string]collective.Reduction{"sum": collective.Sum, "min": collective.Min, "max": collective.Max}
+	reductions = map[string]collective.Reduction{"sum": collective.Sum, "min": collective.Min, "max": collective.Max, treeSum: collective.Sum}
 	wires      = map[string]collective.DType{"none": 0, "float16": collective.Float16, "bfloat16": collective.BFloat16}
 )
 
@@ -181,7 +194,7 @@ func tfdistKernelCreate(ctx *C.TF_OpKernelConstruction, kind C.int) C.uintptr_t 
 	if err == nil && kind == kindAllReduce {
 		var r string
 		r, err = stringAttr(ctx, "reduction", st)
-		k.red = reductions[r]
+		k.red, k.tree = reductions[r], r == treeSum
 		if err == nil {
 			r, err = stringAttr(ctx, "wire", st)
 			k.wire = wires[r]
