@@ -84,6 +84,15 @@ const (
 	// next per-worker share (global / workers examples) of the same
 	// sequence, so the workers see identical inputs.
 	ShardOff
+	// ShardBatch has every worker read the whole dataset and keep, of each
+	// global batch, the rows its replicas would get if one worker ran every
+	// replica: the batch is split among the NumReplicasInSync replicas in
+	// contiguous parts (sizes differing by at most one), and worker w's
+	// replicas take parts w×local to (w+1)×local−1. Each replica then sees
+	// the same examples whatever the number of workers, which
+	// topology-invariant training needs. Like DATA, it needs the same
+	// order on every worker.
+	ShardBatch
 )
 
 // String returns the policy's name.
@@ -97,6 +106,8 @@ func (p ShardPolicy) String() string {
 		return "DATA"
 	case ShardOff:
 		return "OFF"
+	case ShardBatch:
+		return "BATCH"
 	}
 	return fmt.Sprintf("ShardPolicy(%d)", int(p))
 }
@@ -311,7 +322,7 @@ func Distribute(ds Dataset, ictx InputContext, localReplicas int, opts ...Distri
 			log.Info("AUTO sharding falls back to DATA", zap.String("reason", err.Error()))
 			policy = ShardData
 		}
-	case ShardData, ShardOff:
+	case ShardData, ShardOff, ShardBatch:
 	default:
 		return nil, fmt.Errorf("dataset: Distribute: %w: shard policy %v", ErrInvalidArgument, policy)
 	}
@@ -655,6 +666,10 @@ func (g *globalStepper) step1(ctx context.Context) (*Batch, error) {
 	case d.policy == ShardData:
 		defer e.giveBack()
 		return g.dataShare(e, n, W, w)
+	case d.policy == ShardBatch:
+		defer e.giveBack()
+		parts := evenSplit(n, W*d.local)
+		return g.batch(e, parts[w*d.local], parts[(w+1)*d.local], nil, n, true)
 	case d.policy == ShardFile:
 		defer e.giveBack()
 		return g.batch(e, 0, n, nil, n+(W-1)*(g.nominal/W), false)

@@ -156,6 +156,40 @@ func TestDataShardingProperty(t *testing.T) {
 	}
 }
 
+// Under BATCH sharding every replica gets the same examples, partial
+// batches included, whether 1, 2 or 4 workers run the 4 replicas: the
+// split of each global batch among every replica, as one worker makes it.
+func TestBatchShardingIsTheSameOnEveryNumberOfWorkers(t *testing.T) {
+	const replicas, B, n = 4, 8, 45 // a last batch of 5: counts 2, 1, 1, 1
+	build := func() dataset.Dataset { return dataset.Batched(dataset.Shuffle(idDataset(t, n), 16, 7), B, false) }
+	var want [][][]int64 // by step, by global replica
+	for _, W := range []int{1, 2, 4} {
+		var got [][][]int64
+		for w := range W {
+			d, err := dataset.Distribute(build(), dataset.InputContext{NumInputPipelines: W, InputPipelineID: w, NumReplicasInSync: replicas}, replicas/W,
+				dataset.WithShardPolicy(dataset.ShardBatch))
+			require.NoError(t, err)
+			if W > 1 {
+				require.Equal(t, dataset.ShardBatch, d.Policy())
+			}
+			for k, s := range readSteps(t, d) {
+				if w == 0 {
+					got = append(got, nil)
+				}
+				got[k] = append(got[k], s.ids...)
+				assert.Equal(t, min(B, n-k*B), s.global, "%d workers: step %d's global count", W, k)
+			}
+		}
+		if want == nil {
+			want = got
+			require.Len(t, want, 6)
+			assert.Equal(t, []int{2, 1, 1, 1}, []int{len(want[5][0]), len(want[5][1]), len(want[5][2]), len(want[5][3])}, "the partial batch, split as evenly as possible")
+			continue
+		}
+		assert.Equal(t, want, got, "%d workers: each replica's examples", W)
+	}
+}
+
 func flatten(batches [][]int64) []int64 {
 	var out []int64
 	for _, b := range batches {

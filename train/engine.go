@@ -125,22 +125,21 @@ func (e *syncEngine) evaluate(ctx context.Context, step any, ds dataset.Dataset,
 }
 
 // predict gathers each batch's predictions from every replica of every
-// worker. Over several workers the data is sharded by DATA — the examples
-// of the pass go to the workers in turn — and the gathered rows are put
-// back in the data's order.
+// worker. Over several workers the data is sharded by BATCH — each global
+// batch split among every replica in order — so the gathered rows come
+// in the data's order.
 func (e *syncEngine) predict(ctx context.Context, step any, ds dataset.Dataset, steps int) ([]*tf.Tensor, error) {
 	ictx := e.s.InputContext()
 	workers := ictx.NumInputPipelines
 	var opts []dataset.DistributeOption
 	if workers > 1 {
-		opts = append(opts, dataset.WithShardPolicy(dataset.ShardData))
+		opts = append(opts, dataset.WithShardPolicy(dataset.ShardBatch))
 	}
 	dist, err := e.s.DistributeDataset(ds, opts...)
 	if err != nil {
 		return nil, err
 	}
 	var out []*tf.Tensor
-	seen := 0
 	for b, err := range dist.All(ctx) {
 		if err != nil {
 			return nil, fmt.Errorf("batch %d: %w", len(out), err)
@@ -154,39 +153,20 @@ func (e *syncEngine) predict(ctx context.Context, step any, ds dataset.Dataset, 
 		}
 		var t *tf.Tensor
 		if workers == 1 {
-			t, err = concatRows(e.s.LocalResults(res[predOutput]), nil)
-		} else if t, err = e.s.Gather(ctx, res[predOutput]); err == nil {
-			t, err = concatRows([]*tf.Tensor{t}, dataOrder(seen, b.GlobalCount, workers))
+			t, err = concatRows(e.s.LocalResults(res[predOutput]))
+		} else {
+			t, err = e.s.Gather(ctx, res[predOutput])
 		}
 		if err != nil {
 			return nil, fmt.Errorf("batch %d: %w", len(out), err)
 		}
-		seen += b.GlobalCount
 		out = append(out, t)
 	}
 	return out, nil
 }
 
-// dataOrder returns, for the rows of a global step of n examples gathered
-// worker by worker under DATA sharding (the pass's example i on worker
-// i mod workers), the row each position of the data's order is at.
-func dataOrder(seen, n, workers int) []int {
-	at := make([]int, n)
-	k := 0
-	for w := range workers {
-		for j := range n {
-			if (seen+j)%workers == w {
-				at[j] = k
-				k++
-			}
-		}
-	}
-	return at
-}
-
-// concatRows concatenates tensors of one type along their first axis and
-// returns the rows in the order order gives (nil: as they come).
-func concatRows(ts []*tf.Tensor, order []int) (*tf.Tensor, error) {
+// concatRows concatenates tensors of one type along their first axis.
+func concatRows(ts []*tf.Tensor) (*tf.Tensor, error) {
 	if len(ts) == 0 {
 		return nil, errors.New("no predictions")
 	}
@@ -202,22 +182,7 @@ func concatRows(ts []*tf.Tensor, order []int) (*tf.Tensor, error) {
 		rows += t.Shape()[0]
 	}
 	shape := append([]int64{rows}, ts[0].Shape()[1:]...)
-	data := buf.Bytes()
-	if order != nil {
-		if int64(len(order)) != rows {
-			return nil, fmt.Errorf("%d rows of predictions, expected %d", rows, len(order))
-		}
-		size := 0
-		if rows > 0 {
-			size = len(data) / int(rows)
-		}
-		sorted := make([]byte, 0, len(data))
-		for _, r := range order {
-			sorted = append(sorted, data[r*size:(r+1)*size]...)
-		}
-		data = sorted
-	}
-	return tf.ReadTensor(ts[0].DataType(), shape, bytes.NewReader(data))
+	return tf.ReadTensor(ts[0].DataType(), shape, bytes.NewReader(buf.Bytes()))
 }
 
 // syncFeed steps through a distributed dataset: a pass per epoch, or,

@@ -306,7 +306,7 @@ func (t *Trainer) Predict(ctx context.Context, ds dataset.Dataset, steps int) (*
 	parts, err := t.eng.predict(ctx, st, ds, steps)
 	if err == nil {
 		var out *tf.Tensor
-		if out, err = concatRows(parts, nil); err == nil {
+		if out, err = concatRows(parts); err == nil {
 			return out, nil
 		}
 	}
