@@ -2,6 +2,9 @@ package strategy
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"math"
 
@@ -88,6 +91,21 @@ func GlobalNorm(values []VariableValue) float64 {
 		s += tensorutil.SumSquares(v.Float32) + tensorutil.SumSquares(v.Float64)
 	}
 	return math.Sqrt(s)
+}
+
+// Fingerprint returns the SHA-256, in hex, of every element of every
+// value with its name and shape: equal fingerprints are the same model bit
+// for bit. Runs with the same seed, data and topology end with equal ones,
+// and, under a strategy's WithDeterministic, any topology does.
+func Fingerprint(values []VariableValue) string {
+	h := sha256.New()
+	for _, v := range values {
+		fmt.Fprintf(h, "%q %v\n", v.Name, v.Shape)
+		// Writing float slices to a hash cannot fail.
+		_ = binary.Write(h, binary.LittleEndian, v.Float32)
+		_ = binary.Write(h, binary.LittleEndian, v.Float64)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // TensorValue returns t's value in Go memory, as graft's Tensor.Value does

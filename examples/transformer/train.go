@@ -35,7 +35,8 @@ type report struct {
 	BigramHeldOut float64                  `json:"bigram_held_out"` // the smoothed bigram model's held-out loss
 	TokensPerSec  float64                  `json:"tokens_per_sec"`  // training characters per second, after the first step
 	TrainSeconds  float64                  `json:"train_seconds"`
-	ParamL2       float64                  `json:"param_l2"` // the global norm of every variable of the model
+	ParamL2       float64                  `json:"param_l2"`      // the global norm of every variable of the model
+	ParamsSHA256  string                   `json:"params_sha256"` // every variable's bits (strategy.Fingerprint)
 	Sample        string                   `json:"sample,omitempty"`
 	Variables     []strategy.VariableValue `json:"-"` // the model's variables after training
 	chief         bool                     // this process prints
@@ -83,7 +84,7 @@ func fit(ctx context.Context, s distribute.Strategy, o options, stdout io.Writer
 	if rep.Variables, err = variables(ctx, tr); err != nil {
 		return rep, err
 	}
-	rep.ParamL2 = strategy.GlobalNorm(rep.Variables)
+	rep.ParamL2, rep.ParamsSHA256 = strategy.GlobalNorm(rep.Variables), strategy.Fingerprint(rep.Variables)
 	return rep, nil
 }
 

@@ -1,4 +1,4 @@
-package classifier
+package strategy_test
 
 import (
 	"testing"
@@ -8,10 +8,10 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-// paramsSHA256 tells apart models of the same global norm: one element
+// Fingerprint tells apart models of the same global norm: one element
 // negated, two swapped, one variable renamed or reshaped, or a float64
 // variable holding the float32 one's values.
-func TestParamsSHA256SeesEveryElement(t *testing.T) {
+func TestFingerprintSeesEveryElement(t *testing.T) {
 	model := func(edit func(*strategy.VariableValue)) []strategy.VariableValue {
 		vs := []strategy.VariableValue{
 			{Name: "dense/kernel", Shape: []int64{2, 2}, Float32: []float32{1, -2, 3, 4}},
@@ -20,9 +20,9 @@ func TestParamsSHA256SeesEveryElement(t *testing.T) {
 		edit(&vs[0])
 		return vs
 	}
-	want := paramsSHA256(model(func(*strategy.VariableValue) {}))
+	want := strategy.Fingerprint(model(func(*strategy.VariableValue) {}))
 	assert.Regexp(t, `^[0-9a-f]{64}$`, want)
-	assert.Equal(t, want, paramsSHA256(model(func(*strategy.VariableValue) {})), "the same model")
+	assert.Equal(t, want, strategy.Fingerprint(model(func(*strategy.VariableValue) {})), "the same model")
 	for what, edit := range map[string]func(*strategy.VariableValue){
 		"negated":   func(v *strategy.VariableValue) { v.Float32[1] = 2 },
 		"swapped":   func(v *strategy.VariableValue) { v.Float32[2], v.Float32[3] = v.Float32[3], v.Float32[2] },
@@ -32,6 +32,6 @@ func TestParamsSHA256SeesEveryElement(t *testing.T) {
 	} {
 		vs := model(edit)
 		assert.Equal(t, strategy.GlobalNorm(model(func(*strategy.VariableValue) {})), strategy.GlobalNorm(vs), what)
-		assert.NotEqual(t, want, paramsSHA256(vs), what)
+		assert.NotEqual(t, want, strategy.Fingerprint(vs), what)
 	}
 }
