@@ -44,6 +44,11 @@ type Config struct {
 	// CollectiveTimeout bounds every collective under multiworker; 0
 	// keeps the strategy's default.
 	CollectiveTimeout time.Duration
+	// Deterministic, when positive, is the number of virtual shards of
+	// topology-invariant training (the strategies' WithDeterministic): the
+	// same bits under default, mirrored and multiworker on any number of
+	// devices and workers that divides it. 0 is off; ps refuses it.
+	Deterministic int
 	// Logger receives the strategy's logs; nil discards them.
 	Logger *zap.Logger
 }
@@ -61,6 +66,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Strategy, "strategy", c.Strategy, "distribution strategy: default, mirrored, multiworker or ps (TF_CONFIG names the cluster)")
 	fs.IntVar(&c.Devices, "devices", c.Devices, "logical CPU devices per process under mirrored and multiworker (0: every GPU, else one CPU)")
 	fs.DurationVar(&c.CollectiveTimeout, "collective-timeout", c.CollectiveTimeout, "bound on each collective under multiworker (0: the default)")
+	fs.IntVar(&c.Deterministic, "deterministic", c.Deterministic,
+		"virtual shards, a power of two, for the same model bit for bit on any number of devices and workers dividing it (0: off)")
 }
 
 // IsChief reports whether this process is the chief of s's job, the one
@@ -104,6 +111,9 @@ func Open(ctx context.Context, c Config) (Strategy, error) {
 	if c.Devices > 1 {
 		return nil, fmt.Errorf("distribute: strategy ps runs each step on one device of a worker; Devices %d asks for more", c.Devices)
 	}
+	if c.Deterministic != 0 {
+		return nil, fmt.Errorf("distribute: strategy ps applies each worker's updates as they come, in no fixed order; Deterministic %d needs a synchronous strategy (default, mirrored or multiworker)", c.Deterministic)
+	}
 	s, err := paramserver.New(ctx, nil, paramserver.WithLogger(logger(c)))
 	if err != nil {
 		return nil, err
@@ -129,15 +139,15 @@ func New(ctx context.Context, c Config) (strategy.Strategy, error) {
 		if c.Devices > 1 {
 			return nil, fmt.Errorf("distribute: strategy default runs one replica; Devices %d asks for more (use mirrored)", c.Devices)
 		}
-		return made(onedevice.New(onedevice.WithLogger(log)))
+		return made(onedevice.New(onedevice.WithLogger(log), onedevice.WithDeterministic(c.Deterministic)))
 	case "mirrored":
-		opts := []mirrored.Option{mirrored.WithLogger(log)}
+		opts := []mirrored.Option{mirrored.WithLogger(log), mirrored.WithDeterministic(c.Deterministic)}
 		if c.Devices > 0 {
 			opts = append(opts, mirrored.WithLogicalCPUs(c.Devices))
 		}
 		return made(mirrored.New(opts...))
 	case "multiworker":
-		opts := []multiworker.Option{multiworker.WithLogger(log)}
+		opts := []multiworker.Option{multiworker.WithLogger(log), multiworker.WithDeterministic(c.Deterministic)}
 		if c.Devices > 0 {
 			opts = append(opts, multiworker.WithLogicalCPUs(c.Devices))
 		}

@@ -72,6 +72,7 @@ type config struct {
 	inter       int
 	aggregation aggregate.Rule
 	log         *zap.Logger
+	shards      int // WithDeterministic's virtual shards, 0 without
 }
 
 // Option configures New.
@@ -106,6 +107,20 @@ func WithThreads(intraOp, interOp int) Option {
 // WithLogger sets the logger.
 func WithLogger(l *zap.Logger) Option { return func(c *config) { c.log = l } }
 
+// WithDeterministic makes training topology-invariant: the strategy runs
+// virtualShards replicas in sync whatever its devices (each device runs
+// virtualShards / devices of them, one after the other in one step), and
+// every cross-replica sum adds the replicas' values along one tree on the
+// host. Two runs with the same seed and data then end with the same bits
+// on 1, 2, 4 or 8 devices, and under the one-device and multi-worker
+// strategies with the same number of virtual shards. virtualShards must
+// be a power of two that the devices divide; WithCommunication(NCCL),
+// WithCrossDeviceOps and WithAggregation are errors with it. See
+// docs/reproducibility.md.
+func WithDeterministic(virtualShards int) Option {
+	return func(c *config) { c.shards = virtualShards }
+}
+
 // DefaultBytesPerPack is the default packing threshold (tf.distribute's).
 const DefaultBytesPerPack = 32 << 20
 
@@ -119,6 +134,9 @@ func New(opts ...Option) (*Strategy, error) {
 	if c.logicalCPUs < 0 {
 		return nil, fmt.Errorf("mirrored: WithLogicalCPUs(%d): expected a positive count", c.logicalCPUs)
 	}
+	if err := c.checkDeterministic(); err != nil {
+		return nil, err
+	}
 	var sessOpts []tfrt.ConfigOption
 	if c.logicalCPUs > 0 {
 		sessOpts = append(sessOpts, tfrt.WithLogicalCPUs(c.logicalCPUs))
@@ -131,6 +149,9 @@ func New(opts ...Option) (*Strategy, error) {
 		inter = c.inter
 	}
 	sessOpts = append(sessOpts, tfrt.WithThreads(intra, inter))
+	if c.shards != 0 {
+		sessOpts = append(sessOpts, tfrt.WithoutArithmeticRewrites())
+	}
 
 	available, err := tfrt.LocalDevices(sessOpts...)
 	if err != nil {
@@ -159,6 +180,7 @@ func New(opts ...Option) (*Strategy, error) {
 		GradientReducer: reducer,
 		Session:         so,
 		Logger:          c.log,
+		VirtualShards:   c.shards,
 	})
 	if err != nil {
 		unregister()
@@ -178,7 +200,7 @@ func chooseCrossDeviceOps(c config, devices []string) (strategy.CrossDeviceOps, 
 			return nil, fmt.Errorf("mirrored: WithCommunication(NCCL): %w", err)
 		}
 		cdo = ingraph.NCCLAllReduce{}
-	case c.comm == Auto && allGPU && len(devices) > 1:
+	case c.comm == Auto && allGPU && len(devices) > 1 && c.shards == 0:
 		cdo = ingraph.NCCLAllReduce{}
 	case c.comm == Auto || c.comm == OneDevice:
 		// On GPUs, reduce on the first; else on the host CPU, where on a
@@ -187,14 +209,29 @@ func chooseCrossDeviceOps(c config, devices []string) (strategy.CrossDeviceOps, 
 		if allGPU {
 			reduceOn = devices[0]
 		}
-		cdo = ingraph.ReductionToOneDevice{Device: reduceOn}
+		cdo = ingraph.ReductionToOneDevice{Device: reduceOn, InTreeOrder: c.shards > 0}
 	default:
 		return nil, errors.New("mirrored: unknown Communication")
 	}
-	if c.bytesPerPk > 0 && len(devices) > 1 {
+	if c.bytesPerPk > 0 && (len(devices) > 1 || c.shards > 1) {
 		cdo = ingraph.Packed{Inner: cdo, BytesPerPack: c.bytesPerPk}
 	}
 	return cdo, nil
+}
+
+// checkDeterministic refuses what cannot sum in tree order.
+func (c config) checkDeterministic() error {
+	switch {
+	case c.shards <= 0: // the engine refuses a negative count
+		return nil
+	case c.cdo != nil:
+		return fmt.Errorf("mirrored: WithDeterministic(%d) with WithCrossDeviceOps: the strategy's own reduction sums in tree order; use one or the other", c.shards)
+	case c.comm == NCCL:
+		return fmt.Errorf("mirrored: WithDeterministic(%d) with WithCommunication(NCCL): NCCL's order changes with the devices; use Auto", c.shards)
+	case c.aggregation != nil:
+		return fmt.Errorf("mirrored: WithDeterministic(%d) with WithAggregation(%s): a rule votes per device, which changes with their number; use one or the other", c.shards, c.aggregation)
+	}
+	return nil
 }
 
 // hostDevice returns the first CPU device among devices, else this

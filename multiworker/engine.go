@@ -39,6 +39,7 @@ type engineOps struct {
 	residuals  *residuals       // TopK's, shared with the Strategy
 	host       string           // this worker's host CPU
 	replicas   int              // replicas in sync across every worker
+	tree       bool             // sums in tree order (WithDeterministic)
 	names      *opNames         // shared by the copies WithCompression makes
 }
 
@@ -86,13 +87,7 @@ func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]t
 		name := c.name("allreduce")
 		ns := s.SubScope(name)
 		hs := ns.WithDevice(c.host)
-		sum := sumOnHost(ns.SubScope("local"), c.host, column(values, k), devices)
-		var v tf.Output
-		if n := c.sparseSize(sum); n > 0 {
-			v = c.sparseSum(hs.SubScope("top_k"), name, sum, n)
-		} else {
-			v = engineops.AllReduce(hs.SubScope("engine"), sum, c.group, name, collective.Sum, c.wireFor(sum))
-		}
+		v := c.sum(ns, name, column(values, k), devices)
 		if red == strategy.Mean {
 			n := op.Cast(hs.SubScope("n"), op.Const(hs.SubScope("replicas"), int32(c.replicas)), v.DataType())
 			v = op.Div(hs.SubScope("mean"), v, n)
@@ -100,6 +95,22 @@ func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]t
 		appendPerReplica(out, fromHost(ns, v, devices))
 	}
 	return out, s.Err()
+}
+
+// sum sums parts, one value of each local replica, across every replica
+// of every worker, onto the host: in tree order (WithDeterministic), with
+// TopK, or as they are.
+func (c *engineOps) sum(ns *op.Scope, name string, parts []tf.Output, devices []string) tf.Output {
+	hs := ns.WithDevice(c.host)
+	if c.tree {
+		local := ingraph.TreeSum(hs.SubScope("local"), parts)
+		return engineops.AllReduceInTreeOrder(hs.SubScope("engine"), local, c.group, name)
+	}
+	local := sumOnHost(ns.SubScope("local"), c.host, parts, devices)
+	if n := c.sparseSize(local); n > 0 {
+		return c.sparseSum(hs.SubScope("top_k"), name, local, n)
+	}
+	return engineops.AllReduce(hs.SubScope("engine"), local, c.group, name, collective.Sum, c.wireFor(local))
 }
 
 // BatchGather implements strategy.CrossDeviceOps.
@@ -166,7 +177,11 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	id, unregister := engineops.RegisterGroup(g)
 	devices := w.devices
-	cdo := &engineOps{group: id, host: strategy.LocalCPU(0), replicas: w.nLocal() * len(w.workers), names: &opNames{}}
+	replicas := w.nLocal() * len(w.workers)
+	if c.shards > 0 {
+		replicas = c.shards
+	}
+	cdo := &engineOps{group: id, host: strategy.LocalCPU(0), replicas: replicas, tree: c.shards > 0, names: &opNames{}}
 	cross := c.packed(cdo)
 	s := &Strategy{resolver: c.resolver, task: w.task, workerID: w.workerID, workers: w.workers,
 		group: g, unregister: unregister, closeTimeout: c.closeTimeout(), log: w.log}
@@ -211,6 +226,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 			DiagnoseRunError:  s.diagnose,
 			AbortPeers:        g.Abort,
 			PendingInit:       pendingInit,
+			VirtualShards:     c.shards,
 		})
 	}
 	if err != nil {

@@ -102,6 +102,7 @@ type config struct {
 	log            *zap.Logger
 	timeline       *timeline.Recorder
 	metrics        *monitoring.Metrics
+	shards         int // WithDeterministic's virtual shards, 0 without
 }
 
 // closeTimeout bounds Close's barrier: as long as New waits for the
@@ -237,6 +238,9 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	if c.startupTimeout <= 0 {
 		return nil, fmt.Errorf("multiworker: WithStartupTimeout(%v): expected a positive duration", c.startupTimeout)
 	}
+	if err := c.checkDeterministic(); err != nil {
+		return nil, err
+	}
 	spec := c.resolver.ClusterSpec()
 	task := cluster.TaskOf(c.resolver)
 	log := logging.OrNop(c.log)
@@ -339,12 +343,17 @@ func (c config) chooseDevices(available []tfrt.Device, task cluster.Task) ([]str
 	return devices, nil
 }
 
-// cpuOptions splits the CPU into WithLogicalCPUs's devices.
+// cpuOptions split the CPU into WithLogicalCPUs's devices and, with
+// WithDeterministic, keep Grappler from regrouping sums.
 func (c config) cpuOptions() []tfrt.ConfigOption {
+	var opts []tfrt.ConfigOption
 	if c.logicalCPUs > 0 {
-		return []tfrt.ConfigOption{tfrt.WithLogicalCPUs(c.logicalCPUs)}
+		opts = append(opts, tfrt.WithLogicalCPUs(c.logicalCPUs))
 	}
-	return nil
+	if c.shards != 0 {
+		opts = append(opts, tfrt.WithoutArithmeticRewrites())
+	}
+	return opts
 }
 
 // sessionOptions are the session's thread pools and logical CPUs.
@@ -430,10 +439,12 @@ func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
 		return nil, err
 	}
 	n := len(devices)
-	ring := &ringOps{GroupSize: n, GroupKey: 1, Communication: c.comm}
-	var cross strategy.CrossDeviceOps = ring
-	if c.bytesPerPack > 0 && n > 1 {
-		cross = ingraph.Packed{Inner: ring, BytesPerPack: c.bytesPerPack}
+	var cross strategy.CrossDeviceOps = &ringOps{GroupSize: n, GroupKey: 1, Communication: c.comm}
+	if c.shards > 0 {
+		cross = ingraph.ReductionToOneDevice{Device: strategy.LocalCPU(0), InTreeOrder: true}
+	}
+	if c.bytesPerPack > 0 && (n > 1 || c.shards > 1) {
+		cross = ingraph.Packed{Inner: cross, BytesPerPack: c.bytesPerPack}
 	}
 	intra, inter := tfrt.DefaultThreads()
 	so, err := tfrt.SessionOptions("", append(c.cpuOptions(), tfrt.WithThreads(intra, inter))...)
@@ -441,7 +452,7 @@ func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}
 	e, err := ingraph.New(ingraph.Config{
-		Name: "multiworker", Devices: devices, CrossDeviceOps: cross, Logger: log, Session: so,
+		Name: "multiworker", Devices: devices, CrossDeviceOps: cross, Logger: log, Session: so, VirtualShards: c.shards,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: %w", err)

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/internal/ingraph"
+	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -32,6 +33,7 @@ type Option func(*config)
 type config struct {
 	logger *zap.Logger
 	device string
+	shards int
 }
 
 // WithLogger sets the strategy's logger (default: none).
@@ -41,6 +43,15 @@ func WithLogger(l *zap.Logger) Option { return func(c *config) { c.logger = l } 
 // process's CPU:0, strategy.LocalCPU(0)).
 func WithDevice(device string) Option { return func(c *config) { c.device = device } }
 
+// WithDeterministic makes training topology-invariant: the strategy runs
+// virtualShards replicas in sync on its device, one after the other in
+// one step, each on its part of the global batch, and sums their
+// gradients along one tree. Training then ends with the same bits as
+// under the mirrored and multi-worker strategies with the same number of
+// virtual shards, on any number of devices or workers that divides it.
+// virtualShards must be a power of two. See docs/reproducibility.md.
+func WithDeterministic(virtualShards int) Option { return func(c *config) { c.shards = virtualShards } }
+
 // New returns a one-device strategy. Each is an engine of its own, with
 // its own graph and session.
 func New(opts ...Option) (*Strategy, error) {
@@ -48,7 +59,15 @@ func New(opts ...Option) (*Strategy, error) {
 	for _, o := range opts {
 		o(&c)
 	}
-	e, err := ingraph.New(ingraph.Config{Name: "default", Devices: []string{c.device}, CrossDeviceOps: ingraph.ReductionToOneDevice{}, Logger: c.logger})
+	cfg := ingraph.Config{Name: "default", Devices: []string{c.device}, CrossDeviceOps: ingraph.ReductionToOneDevice{}, Logger: c.logger}
+	if c.shards != 0 {
+		so, err := tfrt.SessionOptions("", tfrt.WithoutArithmeticRewrites())
+		if err != nil {
+			return nil, err
+		}
+		cfg.CrossDeviceOps, cfg.Session, cfg.VirtualShards = ingraph.ReductionToOneDevice{InTreeOrder: true}, so, c.shards
+	}
+	e, err := ingraph.New(cfg)
 	if err != nil {
 		return nil, err
 	}

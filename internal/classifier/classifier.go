@@ -11,9 +11,6 @@ package classifier
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
@@ -39,18 +36,21 @@ import (
 
 // Options are the classifier's flags.
 type Options struct {
-	Strategy    string
-	Model       string
-	Devices     int
-	GlobalBatch int
-	Steps       int
-	LR          float64
-	Optimizer   string
-	Seed        uint64
-	Hidden      int
-	TestSize    int
-	LogEvery    int
-	JSON        bool
+	Strategy string
+	Model    string
+	Devices  int
+	// Deterministic is the virtual shards of topology-invariant training
+	// (the strategies' WithDeterministic); 0 is off.
+	Deterministic int
+	GlobalBatch   int
+	Steps         int
+	LR            float64
+	Optimizer     string
+	Seed          uint64
+	Hidden        int
+	TestSize      int
+	LogEvery      int
+	JSON          bool
 
 	LogDir            string
 	CheckpointDir     string
@@ -147,6 +147,7 @@ func RegisterFlags(fs *flag.FlagSet, o *Options) {
 	registerLargeBatchFlags(fs, o)
 	registerPrivacyFlags(fs, &o.DP)
 	registerRobustFlags(fs, o)
+	fs.IntVar(&o.Deterministic, "deterministic", 0, "virtual shards, a power of two, for the same model bit for bit on any number of devices and workers dividing it (0: off)")
 	fs.DurationVar(&o.StatsEvery, "stats-every", 0, "print a line 'stats goroutines=N heap=BYTES' every `D` (0: never), for soak runs that watch the process")
 }
 
@@ -257,21 +258,8 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	if res.Variables, err = strategy.ReadVariables(ctx, sess.strategy(), sess.model().Vars()); err != nil {
 		return res, fmt.Errorf("reading the trained model: %w", err)
 	}
-	res.ParamL2, res.ParamsSHA256 = strategy.GlobalNorm(res.Variables), paramsSHA256(res.Variables)
+	res.ParamL2, res.ParamsSHA256 = strategy.GlobalNorm(res.Variables), strategy.Fingerprint(res.Variables)
 	return res, nil
-}
-
-// paramsSHA256 returns the SHA-256, in hex, of vals in their order: each
-// variable's name and shape, then its elements in little-endian order.
-func paramsSHA256(vals []strategy.VariableValue) string {
-	h := sha256.New()
-	for _, v := range vals {
-		fmt.Fprintf(h, "%q %v\n", v.Name, v.Shape)
-		// Writing float slices to a hash cannot fail.
-		_ = binary.Write(h, binary.LittleEndian, v.Float32)
-		_ = binary.Write(h, binary.LittleEndian, v.Float64)
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
 
 // export writes the trained model as a SavedModel, under -export-dir.

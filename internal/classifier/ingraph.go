@@ -35,14 +35,14 @@ func newStrategy(ctx context.Context, o Options) (engine, bool, int, error) {
 		if o.Devices != 1 {
 			return nil, false, 0, fmt.Errorf("-strategy default runs one replica; -devices %d asks for more (use -strategy mirrored)", o.Devices)
 		}
-		s, err := onedevice.New()
+		s, err := onedevice.New(onedevice.WithDeterministic(o.Deterministic))
 		return s, true, 1, err
 	case "mirrored":
 		log, err := o.logger()
 		if err != nil {
 			return nil, false, 0, err
 		}
-		opts := []mirrored.Option{mirrored.WithLogicalCPUs(o.Devices), mirrored.WithLogger(log)}
+		opts := []mirrored.Option{mirrored.WithLogicalCPUs(o.Devices), mirrored.WithLogger(log), mirrored.WithDeterministic(o.Deterministic)}
 		if r, err := o.aggregation(); err != nil {
 			return nil, false, 0, err
 		} else if r != nil {
@@ -64,7 +64,7 @@ func newStrategy(ctx context.Context, o Options) (engine, bool, int, error) {
 			return nil, false, 0, err
 		}
 		s, err := multiworker.New(ctx, append(robust, multiworker.WithLogicalCPUs(o.Devices), multiworker.WithCollectiveTimeout(o.CollectiveTimeout),
-			multiworker.WithCommunication(comm), multiworker.WithLogger(log))...)
+			multiworker.WithCommunication(comm), multiworker.WithLogger(log), multiworker.WithDeterministic(o.Deterministic))...)
 		if err != nil {
 			return nil, false, 0, err
 		}
@@ -146,7 +146,7 @@ func (g *inGraph) restore(ctx context.Context) (int, error) {
 // seed.
 func (g *inGraph) trainer(ctx context.Context, start int, times *stepTimes) (trainloop.Trainer, int, error) {
 	dist, err := g.s.DistributeDataset(dataset.Take(dataset.Skip(g.data, start), g.o.Steps-start),
-		dataset.WithShardPolicy(dataset.ShardData), dataset.WithPrefetch(2))
+		dataset.WithShardPolicy(dataset.ShardBatch), dataset.WithPrefetch(2))
 	if err != nil {
 		return nil, 0, err
 	}

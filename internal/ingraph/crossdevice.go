@@ -49,15 +49,21 @@ func checkLayout(values [][]tf.Output, devices []string) (int, error) {
 type ReductionToOneDevice struct {
 	// Device is where the reduction runs ("" = the first replica's device).
 	Device string
+	// InTreeOrder adds the replicas' values pairwise along the tree of
+	// TreeSum instead of with AddN, for Config.VirtualShards.
+	InTreeOrder bool
 }
 
 // BatchReduce implements strategy.CrossDeviceOps.
 func (c ReductionToOneDevice) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
 	return c.combine(s, "reduce", values, devices, func(rs *op.Scope, parts []tf.Output) tf.Output {
 		var sum tf.Output
-		if len(parts) == 1 {
+		switch {
+		case len(parts) == 1:
 			sum = op.Identity(rs.SubScope("sum"), parts[0])
-		} else {
+		case c.InTreeOrder:
+			sum = TreeSum(rs.SubScope("sum"), parts)
+		default:
 			sum = op.AddN(rs.SubScope("sum"), parts)
 		}
 		if red == strategy.Mean {

@@ -35,6 +35,13 @@ type Config struct {
 	NumReplicasInSync int
 	// FirstReplicaID is the global id of this process's first replica.
 	FirstReplicaID int
+	// VirtualShards, when positive, makes the engine's replicas virtual
+	// shards: VirtualShards replicas in sync whatever the devices, each
+	// device of Devices running VirtualShards / NumReplicasInSync of them
+	// (see VirtualDevices). CrossDeviceOps must then combine replicas in
+	// tree order, and DistributeDataset gives each virtual shard the same
+	// examples on every topology (dataset.ShardBatch).
+	VirtualShards int
 	// NumWorkers and WorkerID place this process among the input pipelines
 	// (defaults 1 and 0).
 	NumWorkers, WorkerID int
@@ -143,6 +150,14 @@ func New(cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("strategy: Config.Devices[%d]: %q appears twice; each replica needs its own device", i, d)
 		}
 		seen[d] = true
+	}
+	if cfg.VirtualShards != 0 {
+		k, err := ShardsPerReplica(cfg.VirtualShards, cfg.NumReplicasInSync)
+		if err != nil {
+			return nil, fmt.Errorf("strategy: %w", err)
+		}
+		cfg.Devices = VirtualDevices(cfg.Devices, k)
+		cfg.NumReplicasInSync, cfg.FirstReplicaID = cfg.VirtualShards, cfg.FirstReplicaID*k
 	}
 	so := cfg.Session
 	if so == nil {

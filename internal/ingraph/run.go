@@ -25,11 +25,19 @@ func (e *Engine) InputContext() dataset.InputContext {
 // DistributeDataset divides ds, batched by the global batch size, among the
 // workers (by the shard policy, AUTO by default) and splits each worker's
 // share into per-replica batches. The global batch must divide by the
-// number of replicas in sync.
+// number of replicas in sync. With virtual shards the policy is
+// dataset.ShardBatch, and another one is an error.
 func (e *Engine) DistributeDataset(ds dataset.Dataset, opts ...dataset.DistributeOption) (*dataset.Distributed, error) {
+	if e.cfg.VirtualShards > 0 {
+		opts = append([]dataset.DistributeOption{dataset.WithShardPolicy(dataset.ShardBatch)}, opts...)
+	}
 	d, err := dataset.Distribute(ds, e.InputContext(), e.NumLocalReplicas(), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("strategy %s: %w", e.cfg.Name, err)
+	}
+	if p := d.Policy(); e.cfg.VirtualShards > 0 && e.cfg.NumWorkers > 1 && p != dataset.ShardBatch {
+		return nil, fmt.Errorf("strategy %s: deterministic with %d virtual shards: shard policy %v gives a virtual shard other examples on other numbers of workers; expected the default, dataset.ShardBatch",
+			e.cfg.Name, e.cfg.VirtualShards, p)
 	}
 	return d, nil
 }

@@ -22,12 +22,13 @@ import (
 )
 
 // Names lists the models New knows.
-var Names = []string{"mlp", "lenet"}
+var Names = []string{"mlp", "lenet", "lenet-bn"}
 
 // New builds the model called name in sc: "mlp", a ReLU hidden layer of
 // hidden units, or "lenet", a LeNet-style CNN on the 8x8x1 images (two
 // 3x3 convolutions of 6 and 16 filters, each followed by 2x2 max pooling,
-// then dense layers of hidden units and 10 logits). seed seeds the
+// then dense layers of hidden units and 10 logits), or "lenet-bn", the
+// same with batch normalisation after each convolution. seed seeds the
 // initial weights. The model computes in float32; its WithPolicy gives
 // it a mixed-precision policy.
 func New(sc strategy.Scope, name string, hidden int, seed int64) (*nn.Sequential, error) {
@@ -38,19 +39,24 @@ func New(sc strategy.Scope, name string, hidden int, seed int64) (*nn.Sequential
 			return nil, err
 		}
 		return m.Sequential, nil
-	case "lenet":
-		return nn.NewSequential(sc, "lenet", []int64{digits.Features}, seed,
-			nn.Reshape{Shape: []int64{8, 8, 1}},
-			nn.Conv2D{Filters: 6, Kernel: 3, Padding: nn.Same, Activation: nn.ReLU},
-			nn.MaxPool2D{Size: 2},
-			nn.Conv2D{Filters: 16, Kernel: 3, Padding: nn.Same, Activation: nn.ReLU},
-			nn.MaxPool2D{Size: 2},
-			nn.Flatten{},
-			nn.Dense{Units: hidden, Activation: nn.ReLU},
-			nn.Dense{Units: digits.Classes},
-		)
+	case "lenet", "lenet-bn":
+		return nn.NewSequential(sc, name, []int64{digits.Features}, seed, lenet(name == "lenet-bn", hidden)...)
 	}
 	return nil, fmt.Errorf("model %q: expected one of %v", name, Names)
+}
+
+// lenet returns the layers of the LeNet-style CNN, with batch
+// normalisation after each convolution when bn is set.
+func lenet(bn bool, hidden int) []nn.Spec {
+	conv := func(filters int) []nn.Spec {
+		if !bn {
+			return []nn.Spec{nn.Conv2D{Filters: filters, Kernel: 3, Padding: nn.Same, Activation: nn.ReLU}}
+		}
+		return []nn.Spec{nn.Conv2D{Filters: filters, Kernel: 3, Padding: nn.Same}, nn.BatchNorm{}, nn.ActivationLayer{Activation: nn.ReLU}}
+	}
+	layers := append([]nn.Spec{nn.Reshape{Shape: []int64{8, 8, 1}}}, conv(6)...)
+	layers = append(append(append(layers, nn.MaxPool2D{Size: 2}), conv(16)...), nn.MaxPool2D{Size: 2}, nn.Flatten{})
+	return append(layers, nn.Dense{Units: hidden, Activation: nn.ReLU}, nn.Dense{Units: digits.Classes})
 }
 
 // Spec is the input of the digits models' steps: x [batch, 64] float32
@@ -151,7 +157,7 @@ func Accuracy(ctx context.Context, s strategy.Strategy, eval strategy.Step, acc 
 	if err != nil {
 		return 0, err
 	}
-	dist, err := s.DistributeDataset(dataset.Batched(ds, batch, false), dataset.WithShardPolicy(dataset.ShardData))
+	dist, err := s.DistributeDataset(dataset.Batched(ds, batch, false), dataset.WithShardPolicy(dataset.ShardBatch))
 	if err != nil {
 		return 0, err
 	}

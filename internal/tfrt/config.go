@@ -121,3 +121,18 @@ func DefaultThreads() (intraOp, interOp int) {
 	n := runtime.NumCPU()
 	return n, max(n, 2)
 }
+
+// WithoutArithmeticRewrites turns off Grappler's arithmetic optimizer,
+// which may regroup a tree of additions into one AddN and so change a
+// sum's bits.
+func WithoutArithmeticRewrites() ConfigOption {
+	return func(c *pb.ConfigProto) {
+		if c.GraphOptions == nil {
+			c.GraphOptions = &pb.GraphOptions{}
+		}
+		if c.GraphOptions.RewriteOptions == nil {
+			c.GraphOptions.RewriteOptions = &pb.RewriterConfig{}
+		}
+		c.GraphOptions.RewriteOptions.ArithmeticOptimization = pb.RewriterConfig_OFF
+	}
+}

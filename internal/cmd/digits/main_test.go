@@ -20,7 +20,7 @@ import (
 	"github.com/tfdist/tfdist/strategy"
 )
 
-func options(t *testing.T, args ...string) classifier.Options {
+func options(t testing.TB, args ...string) classifier.Options {
 	t.Helper()
 	o, err := classifier.ParseFlags(args, io.Discard)
 	require.NoError(t, err)

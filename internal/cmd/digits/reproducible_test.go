@@ -51,3 +51,31 @@ func TestRunsAreReproducible(t *testing.T) {
 	}
 	assertOneModel(t, runs, "multiworker 2×2: three runs, the last killed and resumed")
 }
+
+// With -deterministic 8 (8 virtual shards), LeNet with batch
+// normalisation trains the same model, bit for bit, on one device, on 4
+// devices, and on 2 workers of 2 devices (processes under tfdist launch);
+// without it, 4 devices train another model than one does, so the
+// comparison can fail.
+func TestTopologiesTrainOneModel(t *testing.T) {
+	needBinaries(t)
+	args := []string{"-model", "lenet-bn", "-steps", "40", "-global-batch", "32", "-log-every", "0", "-json"}
+	run := func(strategy, devices string, more ...string) classifier.Result {
+		res, err := classifier.Run(context.Background(), options(t, append(append(args, "-strategy", strategy, "-devices", devices), more...)...), io.Discard)
+		require.NoError(t, err)
+		return res
+	}
+	v := []string{"-deterministic", "8"}
+	models := map[string]classifier.Result{"default": run("default", "1", v...), "mirrored ×4": run("mirrored", "4", v...)}
+	out, err := launch(t, 4*time.Minute, []string{"--workers", "2"}, append(append(args, v...), "-strategy", "multiworker", "-devices", "2")...)
+	require.NoError(t, err, out)
+	got := results(t, out)
+	require.Len(t, got, 2, out)
+	for task, res := range got {
+		models["multiworker 2×2 "+task] = res
+	}
+	assertOneModel(t, models, "-deterministic 8 on 1, 4 and 2×2 replicas")
+
+	plain := run("mirrored", "4")
+	assert.NotEqual(t, run("default", "1").ParamsSHA256, plain.ParamsSHA256, "without -deterministic, 4 devices sum in another order")
+}

@@ -1,0 +1,59 @@
+package ingraph
+
+import (
+	"fmt"
+
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+)
+
+// Topology-invariant training (Config.VirtualShards).
+//
+// Floating-point addition is commutative bit for bit; only its grouping
+// changes the result. A job of V virtual shards runs V replicas in sync
+// whatever its devices: each device runs V/N of them (N the devices across
+// workers), every replica's step sees the same examples and shapes on
+// every topology, and every cross-replica sum adds the V replicas' values
+// along one binary tree over their ids (TreeSum on a worker, and
+// collective.InTreeOrder across workers, whose members each bring the sum
+// of an aligned block of leaves). V a power of two makes every block that
+// a replica count dividing V cuts a subtree, so the sums, and the model,
+// are the same bits on 1 device or on N.
+
+// ShardsPerReplica returns how many of v virtual shards each of n
+// replicas in sync runs, or an error naming what would make it work: v a
+// power of two, and n dividing it.
+func ShardsPerReplica(v, n int) (int, error) {
+	switch {
+	case v <= 0 || v&(v-1) != 0:
+		return 0, fmt.Errorf("deterministic with %d virtual shards: expected a power of two (1, 2, 4, 8, …), "+
+			"so that every replica count dividing it splits the summation tree at the same places", v)
+	case n <= 0 || v%n != 0:
+		return 0, fmt.Errorf("deterministic with %d virtual shards: %d replicas in sync do not divide them; "+
+			"expected a replica count that divides %d (a power of two up to %d)", v, n, v, v)
+	}
+	return v / n, nil
+}
+
+// VirtualDevices returns devices with each one repeated k times in place:
+// the devices of k virtual shards per replica, in shard order.
+func VirtualDevices(devices []string, k int) []string {
+	out := make([]string, 0, len(devices)*k)
+	for _, d := range devices {
+		for range k {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// TreeSum adds parts along the binary tree over their indices that splits
+// [lo, hi) at lo + (hi−lo)/2 (collective.InTreeOrder's), pairwise, on s's
+// device. One part is returned as it is.
+func TreeSum(s *op.Scope, parts []tf.Output) tf.Output {
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	mid := len(parts) / 2
+	return op.AddV2(s, TreeSum(s.SubScope("left"), parts[:mid]), TreeSum(s.SubScope("right"), parts[mid:]))
+}
