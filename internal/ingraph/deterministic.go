@@ -5,6 +5,8 @@ import (
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
 // Topology-invariant training (Config.VirtualShards).
@@ -18,7 +20,9 @@ import (
 // collective.InTreeOrder across workers, whose members each bring the sum
 // of an aligned block of leaves). V a power of two makes every block that
 // a replica count dividing V cuts a subtree, so the sums, and the model,
-// are the same bits on 1 device or on N.
+// are the same bits on 1 device or on N. TensorFlow's op determinism is
+// on for the process (tfrt.EnableOpDeterminism), so a kernel with no
+// deterministic implementation fails rather than add in another order.
 
 // ShardsPerReplica returns how many of v virtual shards each of n
 // replicas in sync runs, or an error naming what would make it work: v a
@@ -33,6 +37,23 @@ func ShardsPerReplica(v, n int) (int, error) {
 			"expected a replica count that divides %d (a power of two up to %d)", v, n, v, v)
 	}
 	return v / n, nil
+}
+
+// virtualize makes cfg's replicas its virtual shards: each device
+// repeated VirtualShards / NumReplicasInSync times, the replicas in sync
+// and the first replica's id counted in shards, and TensorFlow's op
+// determinism on.
+func (cfg *Config) virtualize() error {
+	k, err := ShardsPerReplica(cfg.VirtualShards, cfg.NumReplicasInSync)
+	if err != nil {
+		return fmt.Errorf("strategy: %w", err)
+	}
+	cfg.Devices = VirtualDevices(cfg.Devices, k)
+	cfg.NumReplicasInSync, cfg.FirstReplicaID = cfg.VirtualShards, cfg.FirstReplicaID*k
+	if err := tfrt.EnableOpDeterminism(); err != nil {
+		return fmt.Errorf("strategy: deterministic with %d virtual shards: %w", cfg.VirtualShards, err)
+	}
+	return nil
 }
 
 // VirtualDevices returns devices with each one repeated k times in place:

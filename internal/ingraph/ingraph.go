@@ -1,6 +1,7 @@
 package ingraph
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -117,47 +118,8 @@ type slotKey struct {
 // returns an engine. An unknown device is an error that lists the devices
 // that exist.
 func New(cfg Config) (*Engine, error) {
-	if len(cfg.Devices) == 0 {
-		return nil, errors.New("strategy: Config.Devices: empty, expected at least one device")
-	}
-	if cfg.CrossDeviceOps == nil {
-		return nil, errors.New("strategy: Config.CrossDeviceOps: nil")
-	}
-	if cfg.NumReplicasInSync == 0 {
-		cfg.NumReplicasInSync = len(cfg.Devices)
-	}
-	if cfg.NumReplicasInSync < len(cfg.Devices) {
-		return nil, fmt.Errorf("strategy: Config.NumReplicasInSync: %d, expected at least the %d local devices",
-			cfg.NumReplicasInSync, len(cfg.Devices))
-	}
-	if cfg.NumWorkers == 0 {
-		cfg.NumWorkers = 1
-	}
-	if cfg.Name == "" {
-		cfg.Name = "in-graph"
-	}
-	if cfg.HostDevice == "" {
-		d, err := tfrt.ParseDevice(cfg.Devices[0])
-		if err != nil {
-			return nil, fmt.Errorf("strategy: Config.Devices[0]: %w", err)
-		}
-		d.Type, d.Index = "CPU", 0
-		cfg.HostDevice = d.String()
-	}
-	seen := map[string]bool{}
-	for i, d := range cfg.Devices {
-		if seen[d] {
-			return nil, fmt.Errorf("strategy: Config.Devices[%d]: %q appears twice; each replica needs its own device", i, d)
-		}
-		seen[d] = true
-	}
-	if cfg.VirtualShards != 0 {
-		k, err := ShardsPerReplica(cfg.VirtualShards, cfg.NumReplicasInSync)
-		if err != nil {
-			return nil, fmt.Errorf("strategy: %w", err)
-		}
-		cfg.Devices = VirtualDevices(cfg.Devices, k)
-		cfg.NumReplicasInSync, cfg.FirstReplicaID = cfg.VirtualShards, cfg.FirstReplicaID*k
+	if err := cfg.complete(); err != nil {
+		return nil, err
 	}
 	so := cfg.Session
 	if so == nil {
@@ -207,6 +169,45 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.log.Debug("strategy ready", zap.Strings("devices", cfg.Devices), zap.Int("replicas_in_sync", cfg.NumReplicasInSync))
 	return e, nil
+}
+
+// complete checks cfg and fills in its defaults; with VirtualShards, it
+// expands Devices into the virtual shards' (see virtualize).
+func (cfg *Config) complete() error {
+	if len(cfg.Devices) == 0 {
+		return errors.New("strategy: Config.Devices: empty, expected at least one device")
+	}
+	if cfg.CrossDeviceOps == nil {
+		return errors.New("strategy: Config.CrossDeviceOps: nil")
+	}
+	if cfg.NumReplicasInSync == 0 {
+		cfg.NumReplicasInSync = len(cfg.Devices)
+	}
+	if cfg.NumReplicasInSync < len(cfg.Devices) {
+		return fmt.Errorf("strategy: Config.NumReplicasInSync: %d, expected at least the %d local devices",
+			cfg.NumReplicasInSync, len(cfg.Devices))
+	}
+	cfg.NumWorkers = cmp.Or(cfg.NumWorkers, 1)
+	cfg.Name = cmp.Or(cfg.Name, "in-graph")
+	if cfg.HostDevice == "" {
+		d, err := tfrt.ParseDevice(cfg.Devices[0])
+		if err != nil {
+			return fmt.Errorf("strategy: Config.Devices[0]: %w", err)
+		}
+		d.Type, d.Index = "CPU", 0
+		cfg.HostDevice = d.String()
+	}
+	seen := map[string]bool{}
+	for i, d := range cfg.Devices {
+		if seen[d] {
+			return fmt.Errorf("strategy: Config.Devices[%d]: %q appears twice; each replica needs its own device", i, d)
+		}
+		seen[d] = true
+	}
+	if cfg.VirtualShards == 0 {
+		return nil
+	}
+	return cfg.virtualize()
 }
 
 // Devices returns the local replica devices.
