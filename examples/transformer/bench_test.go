@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -87,5 +88,48 @@ func measure(tr *train.Trainer, ds dataset.Dataset) kerasbench.Measure {
 			return 0, 0, err
 		}
 		return steps, elapsed, nil
+	}
+}
+
+// BenchmarkDeterministic measures the cost of topology-invariant training
+// on the example at its defaults under Mirrored on 2 logical CPUs: steps/s
+// with WithDeterministic(8) over steps/s without, in 3 pairs of 20 s a
+// side run in turn, each after 5 untimed steps; it reports the median
+// ratio. Run with -benchtime 1x.
+func BenchmarkDeterministic(b *testing.B) {
+	o := defaults()
+	dir, err := goSource()
+	require.NoError(b, err)
+	o.corpus = dir
+	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
+	require.NoError(b, err)
+	d, err := batches(text, o)
+	require.NoError(b, err)
+	rates := map[bool]func() float64{}
+	for _, det := range []bool{false, true} {
+		opts := []mirrored.Option{mirrored.WithLogicalCPUs(2)}
+		if det {
+			opts = append(opts, mirrored.WithDeterministic(8))
+		}
+		s, err := mirrored.New(opts...)
+		require.NoError(b, err)
+		defer s.Close()
+		tr, err := compile(s, o)
+		require.NoError(b, err)
+		run := measure(tr, d.train)
+		rates[det] = func() float64 {
+			steps, took, err := run(20, 5)
+			require.NoError(b, err)
+			return float64(steps) / took.Seconds()
+		}
+	}
+	for range b.N {
+		var ratios []float64
+		for range 3 {
+			plain := rates[false]()
+			ratios = append(ratios, rates[true]()/plain)
+		}
+		slices.Sort(ratios)
+		b.ReportMetric(ratios[1], "det/plain")
 	}
 }
