@@ -30,14 +30,7 @@ import (
 // -benchtime 1x.
 func BenchmarkAgainstKeras(b *testing.B) {
 	const replicas = 2
-	o := defaults()
-	dir, err := goSource()
-	require.NoError(b, err)
-	o.corpus = dir
-	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
-	require.NoError(b, err)
-	d, err := batches(text, o)
-	require.NoError(b, err)
+	o, text, d := benchData(b)
 	intra, inter := tfrt.DefaultThreads()
 	s, err := mirrored.New(mirrored.WithLogicalCPUs(replicas), mirrored.WithThreads(intra, inter))
 	require.NoError(b, err)
@@ -63,6 +56,20 @@ func BenchmarkAgainstKeras(b *testing.B) {
 			PerStep: float64(o.globalBatch * o.seqLen), Unit: "tokens/s",
 		}, measure(tr, d.train))
 	}
+}
+
+// benchData returns the example's defaults, the corpus of this Go
+// installation's sources, and its batches.
+func benchData(b *testing.B) (options, corpus, data) {
+	o := defaults()
+	dir, err := goSource()
+	require.NoError(b, err)
+	o.corpus = dir
+	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
+	require.NoError(b, err)
+	d, err := batches(text, o)
+	require.NoError(b, err)
+	return o, text, d
 }
 
 // measure returns a kerasbench.Measure of tr.Fit on ds, the example's
@@ -97,14 +104,7 @@ func measure(tr *train.Trainer, ds dataset.Dataset) kerasbench.Measure {
 // side run in turn, each after 5 untimed steps; it reports the median
 // ratio. Run with -benchtime 1x.
 func BenchmarkDeterministic(b *testing.B) {
-	o := defaults()
-	dir, err := goSource()
-	require.NoError(b, err)
-	o.corpus = dir
-	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
-	require.NoError(b, err)
-	d, err := batches(text, o)
-	require.NoError(b, err)
+	o, _, d := benchData(b)
 	rates := map[bool]func() float64{}
 	for _, det := range []bool{false, true} {
 		opts := []mirrored.Option{mirrored.WithLogicalCPUs(2)}
