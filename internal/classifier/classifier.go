@@ -92,7 +92,8 @@ type Result struct {
 	ExamplesPerSec float64 `json:"examples_per_sec"`
 	Chief          bool    `json:"chief"`
 	// ParamsSHA256 fingerprints every element of every variable of the
-	// model (paramsSHA256): tasks that hold the same model, bit for bit,
+	// model, trainable or not (BatchNorm's moving statistics), with
+	// strategy.Fingerprint: tasks that hold the same model, bit for bit,
 	// report the same. ParamL2, the variables' global norm, is a summary,
 	// blind to elements permuted or negated.
 	ParamsSHA256 string `json:"params_sha256"`
@@ -255,7 +256,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	if res.ExportDir, err = export(ctx, o, sess); err != nil {
 		return res, err
 	}
-	if res.Variables, err = strategy.ReadVariables(ctx, sess.strategy(), sess.model().Vars()); err != nil {
+	if res.Variables, err = strategy.ReadVariables(ctx, sess.strategy(), sess.model().Variables()); err != nil {
 		return res, fmt.Errorf("reading the trained model: %w", err)
 	}
 	res.ParamL2, res.ParamsSHA256 = strategy.GlobalNorm(res.Variables), strategy.Fingerprint(res.Variables)
