@@ -149,9 +149,6 @@ func New(opts ...Option) (*Strategy, error) {
 		inter = c.inter
 	}
 	sessOpts = append(sessOpts, tfrt.WithThreads(intra, inter))
-	if c.shards != 0 {
-		sessOpts = append(sessOpts, tfrt.WithoutArithmeticRewrites())
-	}
 
 	available, err := tfrt.LocalDevices(sessOpts...)
 	if err != nil {

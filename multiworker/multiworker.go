@@ -343,17 +343,12 @@ func (c config) chooseDevices(available []tfrt.Device, task cluster.Task) ([]str
 	return devices, nil
 }
 
-// cpuOptions split the CPU into WithLogicalCPUs's devices and, with
-// WithDeterministic, keep Grappler from regrouping sums.
+// cpuOptions splits the CPU into WithLogicalCPUs's devices.
 func (c config) cpuOptions() []tfrt.ConfigOption {
-	var opts []tfrt.ConfigOption
 	if c.logicalCPUs > 0 {
-		opts = append(opts, tfrt.WithLogicalCPUs(c.logicalCPUs))
+		return []tfrt.ConfigOption{tfrt.WithLogicalCPUs(c.logicalCPUs)}
 	}
-	if c.shards != 0 {
-		opts = append(opts, tfrt.WithoutArithmeticRewrites())
-	}
-	return opts
+	return nil
 }
 
 // sessionOptions are the session's thread pools and logical CPUs.

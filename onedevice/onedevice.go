@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/internal/ingraph"
-	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -59,15 +58,8 @@ func New(opts ...Option) (*Strategy, error) {
 	for _, o := range opts {
 		o(&c)
 	}
-	cfg := ingraph.Config{Name: "default", Devices: []string{c.device}, CrossDeviceOps: ingraph.ReductionToOneDevice{}, Logger: c.logger}
-	if c.shards != 0 {
-		so, err := tfrt.SessionOptions("", tfrt.WithoutArithmeticRewrites())
-		if err != nil {
-			return nil, err
-		}
-		cfg.CrossDeviceOps, cfg.Session, cfg.VirtualShards = ingraph.ReductionToOneDevice{InTreeOrder: true}, so, c.shards
-	}
-	e, err := ingraph.New(cfg)
+	e, err := ingraph.New(ingraph.Config{Name: "default", Devices: []string{c.device}, Logger: c.logger,
+		CrossDeviceOps: ingraph.ReductionToOneDevice{InTreeOrder: c.shards != 0}, VirtualShards: c.shards})
 	if err != nil {
 		return nil, err
 	}

@@ -106,7 +106,23 @@ func NewConfig(opts ...ConfigOption) *pb.ConfigProto {
 // SessionOptions encodes a ConfigProto built from opts for a session on target
 // ("" for the local in-process runtime).
 func SessionOptions(target string, opts ...ConfigOption) (*tf.SessionOptions, error) {
-	buf, err := proto.Marshal(NewConfig(opts...))
+	return Configure(&tf.SessionOptions{Target: target}, opts...)
+}
+
+// Configure returns so (nil: the in-process runtime with TensorFlow's
+// defaults) with opts applied to its ConfigProto; so is left as it is.
+func Configure(so *tf.SessionOptions, opts ...ConfigOption) (*tf.SessionOptions, error) {
+	c, target := &pb.ConfigProto{}, ""
+	if so != nil {
+		if err := proto.Unmarshal(so.Config, c); err != nil {
+			return nil, fmt.Errorf("decode ConfigProto: %w", err)
+		}
+		target = so.Target
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	buf, err := proto.Marshal(c)
 	if err != nil {
 		return nil, fmt.Errorf("encode ConfigProto: %w", err)
 	}
