@@ -27,6 +27,15 @@ func TestDeterministicMatchesOneDevice(t *testing.T) {
 	require.Equal(t, 4, def.NumReplicasInSync(), "virtual shards are the replicas in sync")
 	want, err := testmodel.Train(ctx, def, adam(), steps, gb, 0)
 	require.NoError(t, err)
+	// The shards of a device share its copy of each variable, updated once
+	// a step: the model is one device's, up to float summation order.
+	plain, err := onedevice.New()
+	require.NoError(t, err)
+	defer plain.Close()
+	ref, err := testmodel.Train(ctx, plain, adam(), steps, gb, 0)
+	require.NoError(t, err)
+	d, at := testmodel.MaxVarDiff(ref, want)
+	assert.Less(t, d, 1e-4, "4 shards on one device against one device: largest difference at %s", at)
 	for _, n := range []int{1, 2, 4} {
 		s, err := mirrored.New(mirrored.WithLogicalCPUs(n), mirrored.WithDeterministic(4))
 		require.NoError(t, err)

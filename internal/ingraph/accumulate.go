@@ -254,6 +254,7 @@ func (e *Engine) finishAccumulation(root *op.Scope, st *step, ab *accumBuild, gl
 			"only Minimize, ApplyGradients and ReduceOutput combine replicas in such a step", ab.communicates[0], ab.k)}
 	}
 	a := e.accum
+	ab.apply = uniqueOps(ab.apply)
 	s := root.SubScope("accumulation")
 	reset := append(append([]*variable(nil), ab.accs...), a.examples, a.steps)
 	var zeroes []*tf.Operation

@@ -143,6 +143,7 @@ func (e *Engine) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (strategy
 			st.targets = append(st.targets, globals[r].Op, st.nextOps[r])
 		}
 	}
+	st.targets = uniqueOps(st.targets)
 	if err := e.buildReduced(root, st, rcs, ab); err != nil {
 		return nil, err
 	}
@@ -401,4 +402,19 @@ func (st *step) withEmptyInputs(el map[string]*tf.Tensor) (map[string]*tf.Tensor
 		out[name] = t
 	}
 	return out, nil
+}
+
+// uniqueOps returns ops without repeats, in their first order: a copy
+// that several shards share is written by one op that each of them
+// returns.
+func uniqueOps(ops []*tf.Operation) []*tf.Operation {
+	seen := make(map[*tf.Operation]bool, len(ops))
+	out := ops[:0:0]
+	for _, o := range ops {
+		if !seen[o] {
+			seen[o] = true
+			out = append(out, o)
+		}
+	}
+	return out
 }

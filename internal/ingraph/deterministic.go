@@ -7,6 +7,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/tfrt"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // Topology-invariant training (Config.VirtualShards).
@@ -70,6 +71,33 @@ func VirtualDevices(devices []string, k int) []string {
 		}
 	}
 	return out
+}
+
+// firstOnDevice returns, for each of devices, the index of its first
+// occurrence: the virtual shard whose copies of OnWrite variables the
+// device's shards share.
+func firstOnDevice(devices []string) []int {
+	first := make(map[string]int, len(devices))
+	out := make([]int, len(devices))
+	for r, d := range devices {
+		if _, ok := first[d]; !ok {
+			first[d] = r
+		}
+		out[r] = first[d]
+	}
+	return out
+}
+
+// holder returns the local replica that holds the copy of v that replica
+// r uses: r itself, or under virtual shards, for an OnWrite variable, the
+// first shard of r's device. The shards of a device share its one copy,
+// written once a step, after they all read it; an OnRead variable keeps a
+// copy per shard (a shard's BatchNorm statistics, say).
+func (e *Engine) holder(v *variable, r int) int {
+	if v.sync == strategy.OnWrite {
+		return e.shared[r]
+	}
+	return r
 }
 
 // TreeSum adds parts along the binary tree over their indices that splits

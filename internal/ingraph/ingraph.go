@@ -104,6 +104,7 @@ type Engine struct {
 	slots    map[slotKey]*variable
 	reducers map[string]*hostReducer
 	accum    *accumState // gradient accumulation, once a step accumulates
+	shared   []int       // per local replica, the one whose OnWrite copies it uses (see holder)
 	closed   bool
 	failed   error // a run error that wraps ErrCannotContinue
 }
@@ -166,6 +167,7 @@ func New(cfg Config) (*Engine, error) {
 		scopes:   map[string]int{},
 		slots:    map[slotKey]*variable{},
 		reducers: map[string]*hostReducer{},
+		shared:   firstOnDevice(cfg.Devices),
 	}
 	e.log.Debug("strategy ready", zap.Strings("devices", cfg.Devices), zap.Int("replicas_in_sync", cfg.NumReplicasInSync))
 	return e, nil
@@ -317,6 +319,10 @@ func (e *Engine) newVariable(name string, dtype tf.DataType, shape []int64, init
 			}
 		}
 		for r, dev := range e.cfg.Devices {
+			if o := e.holder(v, r); o != r {
+				v.handles = append(v.handles, v.handles[o])
+				continue
+			}
 			rs := s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(dev)
 			h := op.VarHandleOp(rs, dtype, tf.MakeShape(shape...),
 				op.VarHandleOpSharedName(fmt.Sprintf("%s/replica_%d", name, e.cfg.FirstReplicaID+r)))
@@ -544,6 +550,8 @@ func sortedKeys[M ~map[string]V, V any](m M) []string {
 
 // Copies reads every local copy of v, in replica order: for checking that
 // mirrored copies agree, or for inspecting an OnRead variable's parts.
+// Under virtual shards, the shards of a device read its one copy of an
+// OnWrite variable.
 func (e *Engine) Copies(ctx context.Context, vv strategy.Variable) ([]*tf.Tensor, error) {
 	v, err := e.own(vv, "strategy: Copies")
 	if err != nil {

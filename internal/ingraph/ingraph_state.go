@@ -127,9 +127,13 @@ func (e *Engine) writeCopies(sc *op.Scope, v *variable, value tf.Output) []*tf.O
 	}
 	ops := make([]*tf.Operation, len(v.handles))
 	for r, h := range v.handles {
+		if o := e.holder(v, r); o != r {
+			ops[r] = ops[o]
+			continue
+		}
 		ops[r] = op.AssignVariableOp(sc.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]), h, value)
 	}
-	return ops
+	return uniqueOps(ops)
 }
 
 // divideBy returns x/n; integers are divided as Python's x / n, in double

@@ -346,10 +346,20 @@ func (e *Engine) mergeApply(opt strategy.Optimizer, all []any, ab *accumBuild) (
 	if err != nil {
 		return nil, err
 	}
+	// A copy shared by a device's shards is updated once, after every
+	// shard's reads of it.
+	reads := make([][]*tf.Operation, len(all))
+	for r, a := range all {
+		reads[e.shared[r]] = append(reads[e.shared[r]], a.(applyArgs).reads...)
+	}
 	out := make([]any, len(all))
 	for r := range all {
+		if o := e.shared[r]; o != r {
+			out[r] = out[o]
+			continue
+		}
 		rs := s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]).
-			WithControlDependencies(all[r].(applyArgs).reads...)
+			WithControlDependencies(reads[r]...)
 		ac := &applyContext{e: e, scope: rs, replica: r}
 		vars := make([]strategy.Variable, len(first.vars))
 		for i, v := range first.vars {
@@ -457,6 +467,10 @@ func (rc *ReplicaContext) write(kind string, vv strategy.Variable, value tf.Outp
 		}
 		out := make([]any, len(args))
 		for r := range args {
+			if o := rc.e.holder(v, r); o != r {
+				out[r] = out[o]
+				continue
+			}
 			out[r] = assign(s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(rc.e.cfg.Devices[r]), v.handles[r], combined[r])
 		}
 		return out, s.Err()

@@ -10,7 +10,9 @@ import (
 
 // variable is a variable of the in-graph engine: one copy per local
 // replica (one in total under the default strategy), on the replicas'
-// devices as TensorFlow resource variables.
+// devices as TensorFlow resource variables. Under virtual shards an
+// OnWrite variable has one copy per device, which its shards share
+// (Engine.holder), and an OnRead variable one per shard.
 type variable struct {
 	name      string
 	dtype     tf.DataType
@@ -19,7 +21,7 @@ type variable struct {
 	agg       strategy.Aggregation
 	trainable bool
 	owner     *Engine
-	handles   []tf.Output // one per local replica
+	handles   []tf.Output // per local replica, the copy it uses
 	init      *tf.Operation
 	inited    bool
 }
