@@ -23,6 +23,15 @@
 // number of replicas: one written by a 2-replica mirrored strategy restores
 // into 4 replicas or into the default strategy.
 //
+// An OnRead variable summed or averaged over several replicas (a
+// BatchNorm's moving statistics, which each replica moves with its own
+// batches) is also saved copy by copy, one row per replica, under
+// CopiesPrefix+name ("_tfdist/replicas/lenet/batch_norm_0/moving_mean").
+// A restore into as many replicas gives each its own copy back, so that a
+// resumed job continues from exactly the state it saved; a restore into
+// another number takes the aggregate, and a model without such copies
+// ignores them.
+//
 // Metadata — named int64, float64 or string scalars such as the global step
 // and the input pipeline's position — are saved as scalar tensors named
 // MetadataPrefix+key ("_tfdist/metadata/global_step") by the same SaveV2,

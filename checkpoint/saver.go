@@ -34,6 +34,11 @@ type Source interface {
 // cannot start with '_', so metadata never collides with a variable.
 const MetadataPrefix = "_tfdist/metadata/"
 
+// CopiesPrefix prefixes the checkpoint key of the replicas' copies of a
+// variable (strategy.Saveable.Copies): CopiesPrefix+name holds one row per
+// replica, beside the variable's value under its own name.
+const CopiesPrefix = "_tfdist/replicas/"
+
 // GlobalStepKey is the metadata key under which Manager.Save records the
 // training step.
 const GlobalStepKey = "global_step"
@@ -112,7 +117,8 @@ func NewSaver(src Source, opts ...Option) (*Saver, error) {
 // their directory if need be and replaced if they exist. Each variable is
 // saved as one tensor however the strategy holds it: an in-graph strategy's
 // OnWrite variable from its primary copy and an OnRead variable as the
-// aggregate of its copies, a parameter-server strategy's sharded variable
+// aggregate of its copies (and its copies too, see CopiesPrefix), a
+// parameter-server strategy's sharded variable
 // as the slices its ps tasks hold, each written by its ps task. Save writes
 // the files in place: use a Manager for checkpoints that a crash mid-write
 // must not damage.
@@ -234,10 +240,10 @@ func (s *Saver) plan(prefix string, ix *index, items []strategy.Saveable) ([]str
 				CheckpointShape: ent.Shape, ModelDType: v.DType, ModelShape: v.Shape})
 			continue
 		}
-		restore = append(restore, v)
+		restore = append(restore, withCopies(ix, v))
 	}
 	for _, name := range slices.Sorted(maps.Keys(ix.entries)) {
-		if !taken[name] && !strings.HasPrefix(name, MetadataPrefix) {
+		if !taken[name] && !strings.HasPrefix(name, MetadataPrefix) && !strings.HasPrefix(name, CopiesPrefix) {
 			merr.Unused = append(merr.Unused, name)
 		}
 	}
@@ -249,6 +255,21 @@ func (s *Saver) plan(prefix string, ix *index, items []strategy.Saveable) ([]str
 			zap.Strings("missing", merr.Missing), zap.Strings("unused", merr.Unused))
 	}
 	return restore, nil
+}
+
+// withCopies returns v to restore from the replicas' copies that ix holds,
+// when it holds them from as many replicas; otherwise v as it is, which
+// gives every replica the saved value.
+func withCopies(ix *index, v strategy.Saveable) strategy.Saveable {
+	c := v.Copies
+	if c == nil {
+		return v
+	}
+	ent, ok := ix.entries[CopiesPrefix+v.Name]
+	if !ok || ent.DType != v.DType || !slices.Equal(ent.Shape, append([]int64{int64(c.Replicas)}, v.Shape...)) {
+		return v
+	}
+	return strategy.Saveable{Name: ent.Name, DType: ent.DType, Shape: ent.Shape, Variable: v.Variable, Slices: []strategy.SaveSlice{c.SaveSlice}}
 }
 
 // saveDevice returns the device that saves slice sl of v.
@@ -275,6 +296,13 @@ func (s *Saver) buildSave(items []strategy.Saveable, mdKeys []string, mdTypes []
 					return err
 				}
 				shards.Add(s.saveDevice(v, sl), v.Name, sl.Spec, val)
+			}
+			if c := v.Copies; c != nil {
+				val, err := c.Read(sc.SubScope(fmt.Sprintf("var_%d_copies", i)))
+				if err != nil {
+					return err
+				}
+				shards.Add(c.Device, CopiesPrefix+v.Name, "", val)
 			}
 		}
 		for i, k := range mdKeys {
@@ -431,7 +459,7 @@ func dtypesOf(ts []*tf.Tensor) []tf.DataType {
 func signature(items []strategy.Saveable, keys []string, dtypes []tf.DataType) string {
 	var b strings.Builder
 	for _, v := range items {
-		fmt.Fprintf(&b, "%q/%d,", v.Name, len(v.Slices))
+		fmt.Fprintf(&b, "%q/%d/%t,", v.Name, len(v.Slices), v.Copies != nil)
 	}
 	b.WriteByte('|')
 	for i, k := range keys {

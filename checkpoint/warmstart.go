@@ -162,7 +162,7 @@ func CompareNames(src Source, prefix string, names NameMap) (*NameReport, error)
 	sort.Slice(r.Model, func(i, j int) bool { return r.Model[i].Name < r.Model[j].Name })
 	sort.Slice(r.UnmatchedModel, func(i, j int) bool { return r.UnmatchedModel[i].Name < r.UnmatchedModel[j].Name })
 	for _, e := range entries {
-		if e.Name == objectGraphKey || strings.HasPrefix(e.Name, MetadataPrefix) {
+		if e.Name == objectGraphKey || strings.HasPrefix(e.Name, MetadataPrefix) || strings.HasPrefix(e.Name, CopiesPrefix) {
 			continue
 		}
 		r.Checkpoint = append(r.Checkpoint, e)

@@ -1,12 +1,15 @@
 package mirrored_test
 
 import (
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/aggregate"
+	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/mirrored"
@@ -73,4 +76,88 @@ func TestDeterministicRefuses(t *testing.T) {
 	}
 	_, err := onedevice.New(onedevice.WithDeterministic(3))
 	assert.ErrorContains(t, err, "deterministic with 3 virtual shards: expected a power of two")
+}
+
+// A BatchNorm model trained with virtual shards, saved, and resumed from
+// its checkpoint by a new strategy on another number of devices ends bit
+// for bit as the run never interrupted: a checkpoint holds every shard's
+// moving statistics, which each shard moves with its own batches, besides
+// their mean. Without them every shard would restart from the mean.
+func TestDeterministicBatchNormResumes(t *testing.T) {
+	const steps, at, gb = 12, 5, 64
+	adam := func() *optimizer.Adam { return optimizer.NewAdam(optimizer.Constant(0.01)) }
+	prefix := filepath.Join(t.TempDir(), "ckpt")
+	train := func(devices, start int, then func(s *mirrored.Strategy) error) testmodel.Outcome {
+		s, err := mirrored.New(mirrored.WithLogicalCPUs(devices), mirrored.WithDeterministic(4))
+		require.NoError(t, err)
+		defer s.Close()
+		out, err := testmodel.TrainPlan(ctx, s, adam(), testmodel.Plan{Model: "lenet-bn", Steps: steps, Start: start,
+			MicroBatches: []int{gb}, AfterRuns: func(done int) error {
+				if done == at {
+					return then(s)
+				}
+				return nil
+			}})
+		require.NoError(t, err)
+		return out
+	}
+	want := train(2, 0, func(s *mirrored.Strategy) error {
+		sv, err := checkpoint.NewSaver(s)
+		if err != nil {
+			return err
+		}
+		return sv.Save(ctx, prefix, nil)
+	})
+	got := train(4, at, func(s *mirrored.Strategy) error {
+		sv, err := checkpoint.NewSaver(s)
+		if err != nil {
+			return err
+		}
+		_, err = sv.Restore(ctx, prefix)
+		return err
+	})
+	d, where := testmodel.MaxVarDiff(want, got)
+	assert.Zero(t, d, "resumed on 4 devices against uninterrupted on 2: largest difference at %s", where)
+	entries, err := checkpoint.List(prefix)
+	require.NoError(t, err)
+	var copies []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name, checkpoint.CopiesPrefix) {
+			copies = append(copies, e.String())
+		}
+	}
+	assert.NotEmpty(t, copies, "the checkpoint holds the shards' copies of the moving statistics")
+	for _, c := range copies {
+		assert.Contains(t, c, "[4 ", "one row per shard: %s", c)
+	}
+	// Strategies of other replica counts restore the statistics' mean.
+	type engine interface {
+		testmodel.Engine
+		checkpoint.Source
+		Close() error
+	}
+	for name, s := range map[string]func() (engine, error){
+		"one device": func() (engine, error) { return onedevice.New() },
+		"2 shards": func() (engine, error) {
+			return mirrored.New(mirrored.WithLogicalCPUs(2), mirrored.WithDeterministic(2))
+		},
+		"plain 2 CPUs": func() (engine, error) { return mirrored.New(mirrored.WithLogicalCPUs(2)) },
+	} {
+		e, err := s()
+		require.NoError(t, err)
+		_, err = testmodel.TrainPlan(ctx, e, adam(), testmodel.Plan{Model: "lenet-bn", Steps: at + 1, Start: at,
+			MicroBatches: []int{gb}, AfterRuns: func(done int) error {
+				if done != at {
+					return nil
+				}
+				sv, err := checkpoint.NewSaver(e)
+				if err != nil {
+					return err
+				}
+				_, err = sv.Restore(ctx, prefix)
+				return err
+			}})
+		assert.NoError(t, err, name)
+		require.NoError(t, e.Close())
+	}
 }

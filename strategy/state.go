@@ -49,6 +49,21 @@ type Saveable struct {
 	Variable Variable
 	// Slices hold the tensor: one for a tensor held whole.
 	Slices []SaveSlice
+	// Copies, when set, saves besides the tensor the copy that each
+	// replica holds of it: an OnRead variable's, whose value is their
+	// aggregate. A restore from a checkpoint saved with as many replicas
+	// gives each replica its own copy back, in place of Slices.
+	Copies *ReplicaCopies
+}
+
+// ReplicaCopies are the copies of a Saveable that the replicas hold, saved
+// as one tensor of Replicas rows of the Saveable's shape: row g is global
+// replica g's copy.
+type ReplicaCopies struct {
+	// Replicas is the number of replicas in sync, the tensor's rows.
+	Replicas int
+	// SaveSlice reads and writes the whole tensor (its Spec is "").
+	SaveSlice
 }
 
 // SaveSlice is one part of a Saveable.

@@ -34,13 +34,22 @@ func (s engineState) Saveables() []strategy.Saveable {
 	defer e.mu.Unlock()
 	out := make([]strategy.Saveable, len(e.vars))
 	for i, v := range e.vars {
+		restored := func() { v.inited = true; e.forgetMicroSteps() }
 		out[i] = strategy.Saveable{Name: v.name, DType: v.dtype, Shape: append([]int64(nil), v.shape...), Variable: v,
 			Slices: []strategy.SaveSlice{{
 				Device:   e.cfg.HostDevice,
 				Read:     func(sc *op.Scope) (tf.Output, error) { return e.saveValue(sc, v) },
 				Write:    func(sc *op.Scope, val tf.Output) ([]*tf.Operation, error) { return e.writeCopies(sc, v, val), nil },
-				Restored: func() { v.inited = true; e.forgetMicroSteps() },
+				Restored: restored,
 			}}}
+		if e.savesCopies(v) {
+			out[i].Copies = &strategy.ReplicaCopies{Replicas: e.cfg.NumReplicasInSync, SaveSlice: strategy.SaveSlice{
+				Device:   e.cfg.HostDevice,
+				Read:     func(sc *op.Scope) (tf.Output, error) { return e.saveCopies(sc, v) },
+				Write:    func(sc *op.Scope, val tf.Output) ([]*tf.Operation, error) { return e.restoreCopies(sc, v, val), nil },
+				Restored: restored,
+			}}
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -116,6 +125,55 @@ func (e *Engine) aggregate(s *op.Scope, v *variable) (tf.Output, []*tf.Operation
 		all[r] = red[r][0].Op
 	}
 	return red[0][0], all, nil
+}
+
+// savesCopies reports whether checkpoints hold each replica's copy of v
+// besides its value: for an OnRead variable summed or averaged across
+// several replicas in sync (a BatchNorm's moving statistics, which each
+// replica moves with its own batches), so that a resumed job continues
+// from the very copies it saved. Gradient accumulators, which the
+// engine keeps, are saved by their value alone.
+func (e *Engine) savesCopies(v *variable) bool {
+	if v.sync != strategy.OnRead || e.cfg.NumReplicasInSync == 1 || v.agg != strategy.AggregationSum && v.agg != strategy.AggregationMean {
+		return false
+	}
+	for _, acc := range e.slots {
+		if acc == v {
+			return false
+		}
+	}
+	return true
+}
+
+// saveCopies builds the copies of v of every replica in sync, gathered
+// across workers into rows in global replica order.
+func (e *Engine) saveCopies(sc *op.Scope, v *variable) (tf.Output, error) {
+	vals := make([][]tf.Output, len(v.handles))
+	for r, h := range v.handles {
+		rs := sc.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r])
+		vals[r] = []tf.Output{op.ExpandDims(rs, op.ReadVariableOp(rs.SubScope("read"), h, v.dtype), op.Const(rs.SubScope("axis"), int32(0)))}
+	}
+	all, err := e.cfg.CrossDeviceOps.BatchGather(sc.SubScope("gather"), vals, e.cfg.Devices)
+	if err != nil {
+		return tf.Output{}, fmt.Errorf("variable %q: %w", v.name, err)
+	}
+	deps := make([]*tf.Operation, len(all))
+	for r := range all {
+		deps[r] = all[r][0].Op
+	}
+	return op.Identity(sc.SubScope("copies").WithDevice(e.cfg.HostDevice).WithControlDependencies(deps...), all[0][0]), nil
+}
+
+// restoreCopies gives each local replica its own row of copies, saved by
+// saveCopies.
+func (e *Engine) restoreCopies(sc *op.Scope, v *variable, copies tf.Output) []*tf.Operation {
+	ops := make([]*tf.Operation, len(v.handles))
+	for r, h := range v.handles {
+		rs := sc.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r])
+		row := op.Gather(rs.SubScope("row"), copies, op.Const(rs.SubScope("index"), int32(e.cfg.FirstReplicaID+r)))
+		ops[r] = op.AssignVariableOp(rs, h, row)
+	}
+	return ops
 }
 
 // writeCopies assigns value to every local copy of v, divided by the number

@@ -67,6 +67,10 @@ type Plan struct {
 	Hidden int
 	// Steps is the number of updates.
 	Steps int
+	// Start is the update a run resumed from a checkpoint begins at: its
+	// examples are those that update takes in a run from 0, and it
+	// counts among Steps.
+	Start int
 	// MicroBatches are the global sizes of the runs of one update, each
 	// split evenly among the replicas in sync; several make a step built
 	// with strategy.WithAccumulation(len(MicroBatches)). An update takes
@@ -77,7 +81,8 @@ type Plan struct {
 	// replica g of all replicas in sync takes slice g of each micro-batch.
 	FirstReplica int
 	// AfterRuns, when set, is called after Build and after every run with
-	// the number of runs done.
+	// the number of runs done (from 0, Start's runs included): to save a
+	// checkpoint, or to restore one before the first run.
 	AfterRuns func(done int) error
 	// Poisoned are the global ids of replicas whose gradients are NaN,
 	// as a faulty device's would be (models.PoisonedTrainStep).
@@ -120,10 +125,10 @@ func TrainPlan(ctx context.Context, e Engine, opt strategy.Optimizer, p Plan) (O
 		}
 		return p.AfterRuns(done)
 	}
-	if err := after(0); err != nil {
+	if err := after(p.Start * len(p.MicroBatches)); err != nil {
 		return Outcome{}, err
 	}
-	k := 0
+	k := p.Start
 	update := func(ctx context.Context) (res strategy.Result, err error) {
 		start := (k * total) % (d.Len() - total)
 		for j, mb := range p.MicroBatches {
@@ -138,7 +143,7 @@ func TrainPlan(ctx context.Context, e Engine, opt strategy.Optimizer, p Plan) (O
 		k++
 		return res, nil
 	}
-	res, err := trainloop.Run(ctx, trainloop.Synchronous(update, e.Reduce), trainloop.Config{Steps: p.Steps, GlobalBatch: total})
+	res, err := trainloop.Run(ctx, trainloop.Synchronous(update, e.Reduce), trainloop.Config{Start: p.Start, Steps: p.Steps, GlobalBatch: total})
 	out := Outcome{FinalLoss: res.Loss}
 	if err != nil {
 		return out, err
