@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/aggregate"
 	"github.com/tfdist/tfdist/checkpoint"
@@ -15,6 +17,7 @@ import (
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // With WithDeterministic(4), Mirrored on 1, 2 and 4 devices trains the
@@ -160,4 +163,21 @@ func TestDeterministicBatchNormResumes(t *testing.T) {
 		assert.NoError(t, err, name)
 		require.NoError(t, e.Close())
 	}
+}
+
+// A step that draws from a stateful random generator cannot give the same
+// bits on every run and resume: under WithDeterministic its Build fails,
+// naming the op and the stateless kind to use.
+func TestDeterministicRefusesStatefulRandom(t *testing.T) {
+	s, err := mirrored.New(mirrored.WithLogicalCPUs(2), mirrored.WithDeterministic(2))
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}}, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		sc := rc.Scope()
+		noise := op.RandomUniform(sc.SubScope("noise"), op.Shape(sc, in["x"]), tf.Float)
+		return strategy.Outputs{"y": op.Add(sc, in["x"], noise)}, nil
+	})
+	require.Error(t, err)
+	assert.Regexp(t, `op ".*noise.*" \(RandomUniform\) draws from a stateful random generator`, err.Error())
+	assert.ErrorContains(t, err, "stateless random op keyed by a seed, the step and the replica")
 }

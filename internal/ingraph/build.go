@@ -72,6 +72,10 @@ func (e *Engine) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (strategy
 		return nil, &strategy.BuildError{Replica: -1, Err: fmt.Errorf("strategy closed")}
 	}
 	start := time.Now()
+	mark := 0
+	if e.cfg.VirtualShards > 0 {
+		mark = len(e.graph.Operations())
+	}
 	n := len(e.cfg.Devices)
 	root, ns := e.newScope("step")
 	st := &step{e: e, spec: spec, names: sortedKeys(spec), inputs: make([][]tf.Output, n), outputs: make([][]tf.Output, n)}
@@ -149,6 +153,11 @@ func (e *Engine) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (strategy
 	}
 	if err := e.finishAccumulation(root, st, ab, globals); err != nil {
 		return nil, err
+	}
+	if e.cfg.VirtualShards > 0 {
+		if err := e.refuseStatefulRandom(mark); err != nil {
+			return nil, &strategy.BuildError{Replica: -1, Err: err}
+		}
 	}
 	e.log.Debug("step built", zap.Int("replicas", n), zap.Strings("inputs", st.names),
 		zap.Strings("outputs", st.outNames), zap.Strings("reduced_outputs", st.redNames), zap.Duration("took", time.Since(start)))

@@ -73,6 +73,34 @@ func VirtualDevices(devices []string, k int) []string {
 	return out
 }
 
+// statefulRandom are TensorFlow's ops whose numbers come from a generator
+// with state: the process's seed when unseeded, and the op's runs so far.
+var statefulRandom = map[string]bool{
+	"RandomUniform": true, "RandomUniformInt": true, "RandomStandardNormal": true, "TruncatedNormal": true,
+	"ParameterizedTruncatedNormal": true, "RandomGamma": true, "RandomPoisson": true, "RandomPoissonV2": true,
+	"Multinomial": true, "RandomShuffle": true, "RandomCrop": true, "StatefulUniform": true,
+	"StatefulUniformInt": true, "StatefulUniformFullInt": true, "StatefulStandardNormal": true,
+	"StatefulStandardNormalV2": true, "StatefulTruncatedNormal": true, "StatefulRandomBinomial": true,
+	"StatefulMultinomial": true,
+}
+
+// refuseStatefulRandom returns an error naming the first of the graph's
+// ops from the first'th on that draws from a stateful generator: under
+// virtual shards the model must be the same bits on every run, topology
+// and resume, and such an op's numbers depend on the process and on its
+// runs so far, which no checkpoint holds.
+func (e *Engine) refuseStatefulRandom(first int) error {
+	for _, o := range e.graph.Operations()[first:] {
+		if statefulRandom[o.Type()] {
+			return fmt.Errorf("deterministic with %d virtual shards: op %q (%s) draws from a stateful random generator, "+
+				"whose numbers depend on the process and on the op's runs so far, which no checkpoint holds; "+
+				"draw them with a stateless random op keyed by a seed, the step and the replica "+
+				"(StatelessRandomUniformV2 and the like, as nn.Dropout does)", e.cfg.VirtualShards, o.Name(), o.Type())
+		}
+	}
+	return nil
+}
+
 // firstOnDevice returns, for each of devices, the index of its first
 // occurrence: the virtual shard whose copies of OnWrite variables the
 // device's shards share.
