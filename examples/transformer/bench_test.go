@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -99,37 +100,46 @@ func measure(tr *train.Trainer, ds dataset.Dataset) kerasbench.Measure {
 }
 
 // BenchmarkDeterministic measures the cost of topology-invariant training
-// on the example at its defaults under Mirrored on 2 logical CPUs: steps/s
-// with WithDeterministic(8) over steps/s without, in 3 pairs of 20 s a
-// side run in turn, each after 5 untimed steps; it reports the median
-// ratio. Run with -benchtime 1x.
+// on the example under Mirrored on 2 logical CPUs, at its defaults (32
+// sequences a step, 4 a virtual shard) and with 256 sequences (32 a
+// shard): steps/s with WithDeterministic(8) over steps/s without, in 3
+// pairs of 20 s a side run in turn, each after 5 untimed steps; it
+// reports the median ratio of each. Run with -benchtime 1x.
 func BenchmarkDeterministic(b *testing.B) {
-	o, _, d := benchData(b)
-	rates := map[bool]func() float64{}
-	for _, det := range []bool{false, true} {
-		opts := []mirrored.Option{mirrored.WithLogicalCPUs(2)}
-		if det {
-			opts = append(opts, mirrored.WithDeterministic(8))
-		}
-		s, err := mirrored.New(opts...)
-		require.NoError(b, err)
-		defer s.Close()
-		tr, err := compile(s, o)
-		require.NoError(b, err)
-		run := measure(tr, d.train)
-		rates[det] = func() float64 {
-			steps, took, err := run(20, 5)
+	for _, gb := range []int{32, 256} {
+		o, text, d := benchData(b)
+		if gb != o.globalBatch {
+			o.globalBatch = gb
+			var err error
+			d, err = batches(text, o)
 			require.NoError(b, err)
-			return float64(steps) / took.Seconds()
 		}
-	}
-	for range b.N {
-		var ratios []float64
-		for range 3 {
-			plain := rates[false]()
-			ratios = append(ratios, rates[true]()/plain)
+		rates := map[bool]func() float64{}
+		for _, det := range []bool{false, true} {
+			opts := []mirrored.Option{mirrored.WithLogicalCPUs(2)}
+			if det {
+				opts = append(opts, mirrored.WithDeterministic(8))
+			}
+			s, err := mirrored.New(opts...)
+			require.NoError(b, err)
+			defer s.Close()
+			tr, err := compile(s, o)
+			require.NoError(b, err)
+			run := measure(tr, d.train)
+			rates[det] = func() float64 {
+				steps, took, err := run(20, 5)
+				require.NoError(b, err)
+				return float64(steps) / took.Seconds()
+			}
 		}
-		slices.Sort(ratios)
-		b.ReportMetric(ratios[1], "det/plain")
+		for range b.N {
+			var ratios []float64
+			for range 3 {
+				plain := rates[false]()
+				ratios = append(ratios, rates[true]()/plain)
+			}
+			slices.Sort(ratios)
+			b.ReportMetric(ratios[1], fmt.Sprintf("gb%d_det/plain", gb))
+		}
 	}
 }

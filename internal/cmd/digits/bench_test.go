@@ -43,35 +43,49 @@ func BenchmarkMultiWorkerSteps(b *testing.B) {
 	}
 }
 
-// BenchmarkDeterministic measures the cost of topology-invariant training:
-// the classifier's steps/s with -deterministic V over its steps/s without,
-// for the MLP and LeNet with batch normalisation, with 8 virtual shards on
-// 1 device and on Mirrored's 2 (4 and 8 shards a device), and with 2 on 2
-// devices (one a device: the tree's cost alone), in 3 pairs run in turn;
-// it reports the median ratio of each. Run with -benchtime 1x.
+// BenchmarkDeterministic measures the cost of topology-invariant training
+// for the MLP and LeNet with batch normalisation, at global batches of 64
+// and 2048: with 8 virtual shards on 1 device and on Mirrored's 2 (8 and 4
+// shards a device), and with 2 on 2 devices (one a device: the tree's cost
+// alone). Each case runs the classifier with -deterministic V and without,
+// in 3 pairs run in turn, and reports two median ratios: the median step's
+// time without over with ("step", the steady state), and examples/s with
+// over without for the whole run, the first step's graph building included
+// ("run"). Run with -benchtime 1x.
 func BenchmarkDeterministic(b *testing.B) {
+	type topology struct{ strategy, devices, shards string }
 	for range b.N {
 		for _, model := range []string{"mlp", "lenet-bn"} {
-			for _, c := range []struct{ strategy, devices, shards string }{{"default", "1", "8"}, {"mirrored", "2", "8"}, {"mirrored", "2", "2"}} {
-				var ratios []float64
-				for range 3 {
-					rate := map[bool]float64{}
-					for _, det := range []bool{false, true} {
-						args := []string{"-model", model, "-strategy", c.strategy, "-devices", c.devices, "-steps", "400", "-log-every", "0"}
-						if det {
-							args = append(args, "-deterministic", c.shards)
+			for gb, steps := range map[int]int{64: 400, 2048: 60} {
+				for _, c := range []topology{{"default", "1", "8"}, {"mirrored", "2", "8"}, {"mirrored", "2", "2"}} {
+					var step, run []float64
+					for range 3 {
+						res := map[bool]classifier.Result{}
+						for _, det := range []bool{false, true} {
+							args := []string{"-model", model, "-strategy", c.strategy, "-devices", c.devices,
+								"-global-batch", fmt.Sprint(gb), "-steps", fmt.Sprint(steps), "-log-every", "0"}
+							if det {
+								args = append(args, "-deterministic", c.shards)
+							}
+							r, err := classifier.Run(context.Background(), options(b, args...), io.Discard)
+							if err != nil {
+								b.Fatal(err)
+							}
+							res[det] = r
 						}
-						res, err := classifier.Run(context.Background(), options(b, args...), io.Discard)
-						if err != nil {
-							b.Fatal(err)
-						}
-						rate[det] = res.ExamplesPerSec
+						step = append(step, res[false].StepTimes.MedianMS/res[true].StepTimes.MedianMS)
+						run = append(run, res[true].ExamplesPerSec/res[false].ExamplesPerSec)
 					}
-					ratios = append(ratios, rate[true]/rate[false])
+					name := fmt.Sprintf("%s_gb%d_%s%s_V%s", model, gb, c.strategy, c.devices, c.shards)
+					b.ReportMetric(median(step), name+"_step_det/plain")
+					b.ReportMetric(median(run), name+"_run_det/plain")
 				}
-				slices.Sort(ratios)
-				b.ReportMetric(ratios[1], fmt.Sprintf("%s_%s%s_V%s_det/plain", model, c.strategy, c.devices, c.shards))
 			}
 		}
 	}
+}
+
+func median(x []float64) float64 {
+	slices.Sort(x)
+	return x[len(x)/2]
 }
