@@ -3,8 +3,10 @@ package tfrt
 // #cgo LDFLAGS: -ldl
 // #define _GNU_SOURCE
 // #include <dlfcn.h>
+// #include <link.h>
 // #include <stdint.h>
 // #include <stdlib.h>
+// #include <string.h>
 // #include "tensorflow/c/c_api.h"
 //
 // // tfrt_library locates the library that defines TF_Version: its path
@@ -14,6 +16,30 @@ package tfrt
 // 	if (!dladdr((void *)TF_Version, &info) || info.dli_fname == NULL) return NULL;
 // 	*base = (uintptr_t)info.dli_fbase;
 // 	return info.dli_fname;
+// }
+//
+// struct tfrt_found { const char *want, *path; uintptr_t base; };
+//
+// static int tfrt_match(struct dl_phdr_info *info, size_t size, void *data) {
+// 	struct tfrt_found *f = data;
+// 	if (info->dlpi_name == NULL || strstr(info->dlpi_name, f->want) == NULL) return 0;
+// 	for (int i = 0; i < info->dlpi_phnum; i++) {
+// 		if (info->dlpi_phdr[i].p_type == PT_LOAD) {
+// 			f->path = info->dlpi_name;
+// 			f->base = info->dlpi_addr + (info->dlpi_phdr[i].p_vaddr & ~(info->dlpi_phdr[i].p_align - 1));
+// 			return 1;
+// 		}
+// 	}
+// 	return 0;
+// }
+//
+// // tfrt_loaded locates the loaded library whose path contains want, as
+// // tfrt_library does.
+// static const char *tfrt_loaded(const char *want, uintptr_t *base) {
+// 	struct tfrt_found f = {want, NULL, 0};
+// 	dl_iterate_phdr(tfrt_match, &f);
+// 	*base = f.base;
+// 	return f.path;
 // }
 //
 // static void tfrt_store_int(uintptr_t addr, int v) {
@@ -39,31 +65,61 @@ import (
 // "lts_" part names the Abseil release, which the pattern leaves open.
 var abseilMinLogLevel = []byte("12_GLOBAL__N_113min_log_levelE")
 
-// quietAbseil gives the Abseil logger built into libtensorflow_cc the
-// level TF_CPP_MIN_LOG_LEVEL asks of TensorFlow's own. TensorFlow 2.18
-// logs a few lines through a copy of Abseil's logging that it keeps
-// private: "MLIR V1 optimization pass is not enabled" at a process's first
-// session run, preceded by Abseil's "WARNING: All log messages before
-// absl::InitializeLog() is called are written to STDERR". That copy reads
+// tslMinLogLevel is the name of the level TensorFlow's own logger keeps
+// from TF_CPP_MIN_LOG_LEVEL, read at its first log (a static of
+// tsl::internal::LogMessage's destructor); each TensorFlow library has one.
+var tslMinLogLevel = []byte("10LogMessageD1EvE13min_log_level")
+
+// frameworkLibrary names TensorFlow's framework library, which has a
+// logger of its own.
+const frameworkLibrary = "libtensorflow_framework.so"
+
+// quietTensorFlow gives TensorFlow's loggers the level TF_CPP_MIN_LOG_LEVEL
+// asks, wherever they may have read another.
+//
+// TensorFlow's own logger (tsl) reads that variable once, at its first
+// log. That is usually a program's first session, after this package's
+// init set the variable; but on a CPU for which TensorFlow turns oneDNN
+// on (AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX), the framework library
+// logs "oneDNN custom operations are on" from a static initialiser, while
+// it loads, before any Go code runs, and its level is then 0 (log
+// everything) for the process. TensorFlow 2.18 also logs a few lines
+// through a copy of Abseil's logging that it keeps private: "MLIR V1
+// optimization pass is not enabled" at a process's first session run,
+// preceded by Abseil's "WARNING: All log messages before
+// absl::InitializeLog() is called are written to STDERR"; that copy reads
 // neither TF_CPP_MIN_LOG_LEVEL nor the environment, and exports no
-// function to set its level; its level is a 4-byte variable the library's
-// symbol table (.symtab, which the TensorFlow wheel keeps) names. So
-// quietAbseil finds that variable as a debugger would, checks it is a
-// writable 4-byte object, and stores the level there, before any session
-// exists. Where any of that fails (a stripped or different build), Abseil
-// keeps its default and logs those lines: the error says why.
-func quietAbseil() error {
+// function to set its level.
+//
+// Each of these levels is a 4-byte variable that the libraries' symbol
+// tables (.symtab, which the TensorFlow wheel keeps) name. So
+// quietTensorFlow finds each as a debugger would, checks it is a writable
+// 4-byte object, and stores the level there, before any session exists.
+// Where any of that fails (a stripped or different build), that logger
+// keeps its level and logs its INFO lines: the error says why.
+func quietTensorFlow() error {
 	level, ok := minLogLevel()
 	if !ok || level == 0 {
 		return nil
 	}
 	var base C.uintptr_t
-	cpath := C.tfrt_library(&base)
-	if cpath == nil {
+	capi := C.tfrt_library(&base)
+	if capi == nil {
 		return errors.New("dladdr cannot locate the library of TF_Version")
 	}
-	path := C.GoString(cpath)
-	off, err := symbolOffset(path, abseilMinLogLevel)
+	errs := []error{storeLevel(C.GoString(capi), base, abseilMinLogLevel, level), storeLevel(C.GoString(capi), base, tslMinLogLevel, level)}
+	cwant := C.CString(frameworkLibrary)
+	defer C.free(unsafe.Pointer(cwant))
+	if fw := C.tfrt_loaded(cwant, &base); fw != nil {
+		errs = append(errs, storeLevel(C.GoString(fw), base, tslMinLogLevel, level))
+	}
+	return errors.Join(errs...)
+}
+
+// storeLevel stores level in the variable named like name of the library
+// at path, loaded at base.
+func storeLevel(path string, base C.uintptr_t, name []byte, level int) error {
+	off, err := symbolOffset(path, name)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}

@@ -2,5 +2,6 @@
 
 package tfrt
 
-// quietAbseil leaves Abseil's level alone where the library is not ELF.
-func quietAbseil() error { return nil }
+// quietTensorFlow leaves TensorFlow's loggers alone where the library is
+// not ELF.
+func quietTensorFlow() error { return nil }

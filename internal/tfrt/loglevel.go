@@ -5,23 +5,20 @@ package tfrt
 // (cpu_feature_guard) when a process makes its first device. It drops the
 // lines below the level in TF_CPP_MIN_LOG_LEVEL (0 keeps all, 1 drops INFO,
 // 2 WARNING too, 3 ERROR too), which it reads once, at the first log
-// statement it executes: not while libtensorflow loads (its static
-// initialisers, which run before Go's, log nothing), but when the program
-// first makes a session or a server. So this package's init, which runs
-// before main in every program that uses a strategy, sets the variable to 1
-// when the user has not set it; a value the user set, even empty, stays.
+// statement it executes: usually when the program first makes a session
+// or a server. So this package's init, which runs before main in every
+// program that uses a strategy, sets the variable to 1 when the user has
+// not set it; a value the user set, even empty, stays.
 //
 // It is set in the C environment only (setenv(3)), which TensorFlow reads:
 // Go's os.Getenv and the environment of the processes a program starts stay
 // the user's, so tfdist launch passes on what the user set, not this
 // default.
 //
-// Two lines escape it: at a process's first session run, TensorFlow 2.18
-// logs "MLIR V1 optimization pass is not enabled" (after Abseil's
-// "WARNING: All log messages before absl::InitializeLog() is called are
-// written to STDERR") through a copy of Abseil's logging private to
-// libtensorflow_cc.so.2, which TF_CPP_MIN_LOG_LEVEL does not govern. So
-// init then gives that logger the same level (quietAbseil).
+// Where TensorFlow logged before (while it loaded, on a CPU for which it
+// turns oneDNN on), and for the few lines it logs through a private copy
+// of Abseil's logging, init then stores the level in those loggers
+// themselves (quietTensorFlow).
 
 // #include <stdlib.h>
 //
@@ -32,5 +29,5 @@ import "C"
 
 func init() {
 	C.tfrt_default_log_level()
-	_ = quietAbseil() // where it fails, Abseil's INFO lines print, as before
+	_ = quietTensorFlow() // where it fails, TensorFlow's INFO lines print, as before
 }
