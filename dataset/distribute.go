@@ -2,6 +2,7 @@ package dataset
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"iter"
@@ -228,7 +229,10 @@ type Distributed struct {
 	// variable: the global batches are Poisson samples, of any size.
 	variable bool
 	fromFn   bool
-	cfg      distConfig
+	// perReplica, from DistributePerReplica, holds each local replica's
+	// own dataset, in place of ds.
+	perReplica []Dataset
+	cfg        distConfig
 }
 
 func newDistConfig(opts []DistributeOption) distConfig {
@@ -347,22 +351,74 @@ func Distribute(ds Dataset, ictx InputContext, localReplicas int, opts ...Distri
 // workers for a synchronous job, or localReplicas when each worker steps on
 // its own (parameter servers).
 func DistributeFromFunction(fn func(InputContext) (Dataset, error), ictx InputContext, localReplicas int, opts ...DistributeOption) (*Distributed, error) {
-	if err := checkReplicas(ictx, localReplicas); err != nil {
+	cfg, err := checkFromFunction(fn, ictx, localReplicas, opts)
+	if err != nil {
 		return nil, err
 	}
+	ds, err := callFunction(fn, ictx)
+	if err != nil {
+		return nil, err
+	}
+	cfg.log = cfg.log.With(zap.Int("worker", ictx.InputPipelineID))
+	return &Distributed{ds: ds, policy: ShardOff, ictx: ictx, local: localReplicas, global: cfg.global, fromFn: true, cfg: cfg}, nil
+}
+
+// DistributePerReplica builds one input pipeline per replica in sync, as
+// tf.distribute's InputReplicationMode.PER_REPLICA does: it calls fn once
+// for each of this worker's localReplicas replicas, the first of which
+// has global id firstReplica, with the replica as the pipeline
+// (NumInputPipelines and NumReplicasInSync the replicas in sync,
+// InputPipelineID the replica's id). fn shards and batches as for
+// DistributeFromFunction. Each step takes the next batch of every local
+// replica's dataset; a replica whose dataset has ended gets empty batches
+// until every one has. Replica g thus reads the same examples on any
+// number of workers: what a job of virtual shards needs.
+func DistributePerReplica(fn func(InputContext) (Dataset, error), ictx InputContext, localReplicas, firstReplica int, opts ...DistributeOption) (*Distributed, error) {
+	cfg, err := checkFromFunction(fn, ictx, localReplicas, opts)
+	if err != nil {
+		return nil, err
+	}
+	if firstReplica < 0 || firstReplica+localReplicas > ictx.NumReplicasInSync {
+		return nil, fmt.Errorf("dataset: DistributePerReplica: %w: first replica %d of %d local replicas, expected 0 <= first <= %d (%d replicas in sync)",
+			ErrInvalidArgument, firstReplica, localReplicas, ictx.NumReplicasInSync-localReplicas, ictx.NumReplicasInSync)
+	}
+	d := &Distributed{policy: ShardOff, ictx: ictx, local: localReplicas, global: cfg.global, fromFn: true, cfg: cfg}
+	for r := range localReplicas {
+		ds, err := callFunction(fn, InputContext{NumInputPipelines: ictx.NumReplicasInSync, InputPipelineID: firstReplica + r,
+			NumReplicasInSync: ictx.NumReplicasInSync})
+		if err != nil {
+			return nil, fmt.Errorf("replica %d: %w", firstReplica+r, err)
+		}
+		d.perReplica = append(d.perReplica, ds)
+	}
+	d.cfg.log = cfg.log.With(zap.Int("worker", ictx.InputPipelineID))
+	return d, nil
+}
+
+// checkFromFunction checks the arguments of DistributeFromFunction and
+// DistributePerReplica and returns their options.
+func checkFromFunction(fn func(InputContext) (Dataset, error), ictx InputContext, localReplicas int, opts []DistributeOption) (distConfig, error) {
+	if err := checkReplicas(ictx, localReplicas); err != nil {
+		return distConfig{}, err
+	}
 	if ictx.NumReplicasInSync%localReplicas != 0 {
-		return nil, fmt.Errorf("dataset: DistributeFromFunction: %w: %d replicas in sync is not a multiple of %d local replicas",
+		return distConfig{}, fmt.Errorf("dataset: DistributeFromFunction: %w: %d replicas in sync is not a multiple of %d local replicas",
 			ErrInvalidArgument, ictx.NumReplicasInSync, localReplicas)
 	}
 	if fn == nil {
-		return nil, fmt.Errorf("dataset: DistributeFromFunction: %w: nil function", ErrInvalidArgument)
+		return distConfig{}, fmt.Errorf("dataset: DistributeFromFunction: %w: nil function", ErrInvalidArgument)
 	}
 	cfg := newDistConfig(opts)
 	if cfg.global != 0 {
 		if _, err := ictx.PerReplicaBatchSize(cfg.global); err != nil {
-			return nil, fmt.Errorf("dataset: DistributeFromFunction: %w", err)
+			return distConfig{}, fmt.Errorf("dataset: DistributeFromFunction: %w", err)
 		}
 	}
+	return cfg, nil
+}
+
+// callFunction returns fn's dataset for ictx, or why it has none.
+func callFunction(fn func(InputContext) (Dataset, error), ictx InputContext) (Dataset, error) {
 	ds, err := fn(ictx)
 	if err != nil {
 		return nil, fmt.Errorf("dataset: DistributeFromFunction: dataset function: %w", err)
@@ -373,8 +429,7 @@ func DistributeFromFunction(fn func(InputContext) (Dataset, error), ictx InputCo
 	if err := Err(ds); err != nil {
 		return nil, err
 	}
-	cfg.log = cfg.log.With(zap.Int("worker", ictx.InputPipelineID))
-	return &Distributed{ds: ds, policy: ShardOff, ictx: ictx, local: localReplicas, global: cfg.global, fromFn: true, cfg: cfg}, nil
+	return ds, nil
 }
 
 // Policy returns the shard policy in effect: ShardAuto resolved to FILE or
@@ -391,14 +446,18 @@ func (d *Distributed) Iterator(ctx context.Context) (*DistIterator, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	up, err := openHost(ctx, d.ds)
-	if err != nil {
-		return nil, err
-	}
 	var st stepper
 	if d.fromFn {
-		st = &fnStepper{d: d, up: up}
+		f, err := openFnStepper(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		st = f
 	} else {
+		up, err := openHost(ctx, d.ds)
+		if err != nil {
+			return nil, err
+		}
 		st = &globalStepper{d: d, up: up, nominal: d.global}
 	}
 	it := &DistIterator{st: st, stage: d.cfg.stage, uneven: d.uneven(), local: d.local}
@@ -739,40 +798,49 @@ func (g *globalStepper) close() error { return g.up.close() }
 // dataset to the local replicas.
 type fnStepper struct {
 	d       *Distributed
-	up      hostIter
-	pending []hostElem
+	ups     []hostIter // the dataset's, or each local replica's
+	ended   []bool
 	maxRows int
-	upDone  bool
 	step    int
 	s       sticky
+}
+
+// openFnStepper starts d's dataset, or each of its replicas' datasets.
+func openFnStepper(ctx context.Context, d *Distributed) (*fnStepper, error) {
+	dss := d.perReplica
+	if dss == nil {
+		dss = []Dataset{d.ds}
+	}
+	f := &fnStepper{d: d, ended: make([]bool, len(dss))}
+	for _, ds := range dss {
+		up, err := openHost(ctx, ds)
+		if err != nil {
+			f.close()
+			return nil, err
+		}
+		f.ups = append(f.ups, up)
+	}
+	return f, nil
 }
 
 func (f *fnStepper) nextStep(ctx context.Context) (*Batch, error) {
 	if f.s.err != nil {
 		return nil, f.s.err
 	}
-	R := f.d.local
-	for !f.upDone && len(f.pending) < R {
-		e, err := f.up.next(ctx)
-		if err == io.EOF {
-			f.upDone = true
-			break
-		}
-		if err != nil {
-			return nil, f.s.fail(ctx, err)
-		}
-		f.pending = append(f.pending, e)
+	batches, err := f.take(ctx)
+	if err != nil {
+		return nil, f.s.fail(ctx, err)
 	}
-	if len(f.pending) == 0 {
+	if batches == nil {
 		f.s.err = io.EOF
 		return nil, io.EOF
 	}
-	b, err := f.build()
-	for _, e := range f.pending {
-		e.giveBack()
+	b, err := f.build(batches)
+	for _, e := range batches {
+		if e != nil {
+			e.giveBack()
+		}
 	}
-	clear(f.pending)
-	f.pending = f.pending[:0]
 	if err != nil {
 		f.s.err = err
 		return nil, err
@@ -782,36 +850,63 @@ func (f *fnStepper) nextStep(ctx context.Context) (*Batch, error) {
 	return b, nil
 }
 
-func (f *fnStepper) build() (*Batch, error) {
+// take returns the step's batch of each local replica, nil for a replica
+// that has none: the next batches of the one dataset, in replica order,
+// or the next of each replica's own. It returns nil when none has any.
+func (f *fnStepper) take(ctx context.Context) ([]*hostElem, error) {
+	batches := make([]*hostElem, f.d.local)
+	found := false
+	for r := range batches {
+		u := min(r, len(f.ups)-1)
+		if f.ended[u] {
+			continue
+		}
+		e, err := f.ups[u].next(ctx)
+		if err == io.EOF {
+			f.ended[u] = true
+			continue
+		}
+		if err != nil {
+			for _, b := range batches {
+				if b != nil {
+					b.giveBack()
+				}
+			}
+			return nil, err
+		}
+		batches[r], found = &e, true
+	}
+	if !found {
+		return nil, nil
+	}
+	return batches, nil
+}
+
+func (f *fnStepper) build(batches []*hostElem) (*Batch, error) {
 	d := f.d
 	R, N := d.local, d.ictx.NumReplicasInSync
 	perReplica := 0
 	if d.global != 0 {
 		perReplica = d.global / N
 	}
-	b := &Batch{Replicas: make([]Element, R), Counts: make([]int, R)}
-	for r, e := range f.pending {
-		n, err := batchRows(e)
-		if err != nil {
-			return nil, fmt.Errorf("dataset: step %d, replica %d: %w", f.step, r, err)
+	var some hostElem
+	for _, e := range batches {
+		if e != nil {
+			some = *e
+			break
 		}
-		if perReplica != 0 && n > perReplica {
-			return nil, fmt.Errorf("dataset: step %d, replica %d: %w: batch of %d examples, expected at most the per-replica batch %d (global %d / %d replicas)",
-				f.step, r, ErrShape, n, perReplica, d.global, N)
-		}
-		reps, counts, err := split(e, 0, n, nil, 1)
-		if err != nil {
-			return nil, fmt.Errorf("dataset: step %d, replica %d: %w", f.step, r, err)
-		}
-		b.Replicas[r], b.Counts[r] = reps[0], counts[0]
-		f.maxRows = max(f.maxRows, n)
 	}
-	for r := len(f.pending); r < R; r++ {
-		empty, err := emptyLike(f.pending[0])
+	b := &Batch{Replicas: make([]Element, R), Counts: make([]int, R)}
+	for r, e := range batches {
+		var err error
+		if e == nil {
+			b.Replicas[r], err = emptyLike(some)
+		} else {
+			b.Replicas[r], b.Counts[r], err = f.replicaBatch(*e, perReplica)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("dataset: step %d, replica %d: %w", f.step, r, err)
 		}
-		b.Replicas[r] = empty
 	}
 	local := b.LocalCount()
 	if N == R {
@@ -823,6 +918,25 @@ func (f *fnStepper) build() (*Batch, error) {
 		b.GlobalCount = local + (N-R)*perReplica
 	}
 	return b, nil
+}
+
+// replicaBatch returns e as a replica's batch and its examples, which
+// must be at most perReplica when it is not 0.
+func (f *fnStepper) replicaBatch(e hostElem, perReplica int) (Element, int, error) {
+	n, err := batchRows(e)
+	if err != nil {
+		return nil, 0, err
+	}
+	if perReplica != 0 && n > perReplica {
+		return nil, 0, fmt.Errorf("%w: batch of %d examples, expected at most the per-replica batch %d (global %d / %d replicas)",
+			ErrShape, n, perReplica, f.d.global, f.d.ictx.NumReplicasInSync)
+	}
+	reps, counts, err := split(e, 0, n, nil, 1)
+	if err != nil {
+		return nil, 0, err
+	}
+	f.maxRows = max(f.maxRows, n)
+	return reps[0], counts[0], nil
 }
 
 // emptyLike returns tensors of e's dtypes and row shapes with no rows.
@@ -844,4 +958,10 @@ func emptyLike(e hostElem) (Element, error) {
 	return out, nil
 }
 
-func (f *fnStepper) close() error { return f.up.close() }
+func (f *fnStepper) close() error {
+	var errs []error
+	for _, up := range f.ups {
+		errs = append(errs, up.close())
+	}
+	return errors.Join(errs...)
+}

@@ -555,3 +555,50 @@ func ExampleDistribute() {
 	// [5] [7] [1 1] 4
 	// [9] [] [1 0] 2
 }
+
+// With one pipeline per replica, fn is called once for each local replica
+// with the replica as its pipeline, and replica g reads the same batches
+// on 1, 2 or 4 workers: each step takes the next batch of every replica's
+// own dataset, and one that has ended gives empty batches until all have.
+func TestDistributePerReplicaIsTheSameOnEveryNumberOfWorkers(t *testing.T) {
+	const N, n, per = 4, 23, 2 // pipelines of 6, 6, 6 and 5 examples
+	var want [][][]int64       // want[g][step]: replica g's ids at each step
+	for _, W := range []int{1, 2, 4} {
+		R := N / W
+		got := make([][][]int64, N)
+		for w := range W {
+			var calls []dataset.InputContext
+			d, err := dataset.DistributePerReplica(func(ictx dataset.InputContext) (dataset.Dataset, error) {
+				calls = append(calls, ictx)
+				return dataset.Batched(dataset.Shard(idDataset(t, n), ictx.NumInputPipelines, ictx.InputPipelineID), per, false), nil
+			}, dataset.InputContext{NumInputPipelines: W, InputPipelineID: w, NumReplicasInSync: N}, R, w*R, dataset.WithGlobalBatchSize(N*per))
+			require.NoError(t, err)
+			for r := range R {
+				assert.Equal(t, dataset.InputContext{NumInputPipelines: N, InputPipelineID: w*R + r, NumReplicasInSync: N}, calls[r])
+			}
+			steps := readSteps(t, d)
+			require.Len(t, steps, 3, "%d workers", W)
+			for _, s := range steps {
+				for r, ids := range s.ids {
+					got[w*R+r] = append(got[w*R+r], ids)
+				}
+			}
+			assert.Equal(t, []int{2, 2, 2, 1}[w*R:w*R+R], steps[2].counts, "%d workers: the last step's partial batches", W)
+		}
+		if want == nil {
+			want = got
+			var all []int64
+			for _, g := range got {
+				for _, ids := range g {
+					all = append(all, ids...)
+				}
+			}
+			assert.ElementsMatch(t, seq(0, n), all, "every example once")
+			continue
+		}
+		assert.Equal(t, want, got, "%d workers", W)
+	}
+	_, err := dataset.DistributePerReplica(func(dataset.InputContext) (dataset.Dataset, error) { return idDataset(t, 1), nil },
+		dataset.InputContext{NumInputPipelines: 2, InputPipelineID: 1, NumReplicasInSync: 4}, 2, 3)
+	assert.ErrorContains(t, err, "first replica 3 of 2 local replicas, expected 0 <= first <= 2")
+}

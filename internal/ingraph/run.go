@@ -42,11 +42,20 @@ func (e *Engine) DistributeDataset(ds dataset.Dataset, opts ...dataset.Distribut
 	return d, nil
 }
 
-// DistributeDatasetsFromFunction calls fn once per local replica with the
-// replica's InputContext; each dataset it returns must be batched by the
-// per-replica batch size (InputContext.PerReplicaBatchSize).
+// DistributeDatasetsFromFunction calls fn once with this worker's
+// InputContext; the dataset it returns must be batched by the per-replica
+// batch size (InputContext.PerReplicaBatchSize). With virtual shards it
+// calls fn once per local shard, with the shard as the input pipeline
+// (dataset.DistributePerReplica), so that a function that shards by its
+// InputContext gives a shard the same examples on every topology.
 func (e *Engine) DistributeDatasetsFromFunction(fn func(dataset.InputContext) (dataset.Dataset, error), opts ...dataset.DistributeOption) (*dataset.Distributed, error) {
-	d, err := dataset.DistributeFromFunction(fn, e.InputContext(), e.NumLocalReplicas(), opts...)
+	var d *dataset.Distributed
+	var err error
+	if e.cfg.VirtualShards > 0 {
+		d, err = dataset.DistributePerReplica(fn, e.InputContext(), e.NumLocalReplicas(), e.cfg.FirstReplicaID, opts...)
+	} else {
+		d, err = dataset.DistributeFromFunction(fn, e.InputContext(), e.NumLocalReplicas(), opts...)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("strategy %s: %w", e.cfg.Name, err)
 	}
