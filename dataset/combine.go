@@ -172,16 +172,27 @@ func (d *zipDS) inputs() []Dataset                              { return slices.
 func (d *zipDS) withInputs(ins []Dataset) node                  { return &zipDS{in: ins, cfg: d.cfg} }
 func (d *zipDS) opName() string                                 { return "Zip" }
 func (d *zipDS) open(ctx context.Context) (hostIter, error) {
-	it := &zipIter{d: d}
-	for _, ds := range d.in {
+	ups, err := openHosts(ctx, d.in)
+	if err != nil {
+		return nil, err
+	}
+	return &zipIter{d: d, ups: ups}, nil
+}
+
+// openHosts starts every one of dss, or none.
+func openHosts(ctx context.Context, dss []Dataset) ([]hostIter, error) {
+	var ups []hostIter
+	for _, ds := range dss {
 		up, err := openHost(ctx, ds)
 		if err != nil {
-			it.close()
+			for _, u := range ups {
+				_ = u.close()
+			}
 			return nil, err
 		}
-		it.ups = append(it.ups, up)
+		ups = append(ups, up)
 	}
-	return it, nil
+	return ups, nil
 }
 
 type zipIter struct {

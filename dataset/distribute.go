@@ -811,16 +811,11 @@ func openFnStepper(ctx context.Context, d *Distributed) (*fnStepper, error) {
 	if dss == nil {
 		dss = []Dataset{d.ds}
 	}
-	f := &fnStepper{d: d, ended: make([]bool, len(dss))}
-	for _, ds := range dss {
-		up, err := openHost(ctx, ds)
-		if err != nil {
-			f.close()
-			return nil, err
-		}
-		f.ups = append(f.ups, up)
+	ups, err := openHosts(ctx, dss)
+	if err != nil {
+		return nil, err
 	}
-	return f, nil
+	return &fnStepper{d: d, ups: ups, ended: make([]bool, len(dss))}, nil
 }
 
 func (f *fnStepper) nextStep(ctx context.Context) (*Batch, error) {
