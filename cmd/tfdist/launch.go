@@ -30,6 +30,9 @@ in its environment:
 	                    whole cluster, or of this task alone)
 	MALLOC_ARENA_MAX    2, unless set already: glibc's arenas, which TensorFlow's
 	                    thread per step otherwise spreads memory over
+	TF_CPP_MIN_LOG_LEVEL
+	                    1, unless set already: TensorFlow's warnings and errors,
+	                    not its INFO lines, from the moment its library loads
 	TFDIST_TIMELINE     with --timeline: the file of its own the task writes its
 	                    step timeline to when it ends (the multi-worker strategy
 	                    does), gathered into FILE when the run ends

@@ -12,8 +12,9 @@ package tfrt
 //
 // It is set in the C environment only (setenv(3)), which TensorFlow reads:
 // Go's os.Getenv and the environment of the processes a program starts stay
-// the user's, so tfdist launch passes on what the user set, not this
-// default.
+// the user's. tfdist launch gives its tasks the same default where the user
+// set none, in their environment, where TensorFlow finds it even while its
+// library loads.
 //
 // Where TensorFlow logged before (while it loaded, on a CPU for which it
 // turns oneDNN on), and for the few lines it logs through a private copy

@@ -38,6 +38,16 @@ const (
 	DefaultMallocArenaMax = "2"
 )
 
+// EnvLogLevel is the level of TensorFlow's C++ log. The launcher sets it to
+// DefaultLogLevel (warnings and errors) in every task whose environment
+// does not set it: a program that uses tfdist keeps that level by default
+// anyway, but TensorFlow may log while its library loads, before the
+// program can set it.
+const (
+	EnvLogLevel     = "TF_CPP_MIN_LOG_LEVEL"
+	DefaultLogLevel = "1"
+)
+
 // DefaultGracePeriod is how long stopping tasks get between SIGTERM and
 // SIGKILL unless WithGracePeriod says otherwise.
 const DefaultGracePeriod = 10 * time.Second

@@ -78,6 +78,7 @@ func helper(mode string) int {
 			cfg.Cluster.Fingerprint(), addr)
 		fmt.Printf("cluster=%s\n", cfg.Cluster)
 		fmt.Printf("arenas=%s\n", os.Getenv(launch.EnvMallocArenaMax))
+		fmt.Printf("log level=%s\n", os.Getenv(launch.EnvLogLevel))
 		fmt.Fprintf(os.Stderr, "to stderr from %s\n", me)
 		fmt.Print("no newline at the end")
 		return 0
@@ -461,17 +462,22 @@ func TestNewRejectsNonsense(t *testing.T) {
 	assert.Equal(t, []string{"chief:0", "worker:0", "worker:1", "ps:0", "ps:1", "evaluator:0"}, names)
 }
 
-// Every task gets glibc's arena limit unless its environment sets one.
-func TestTasksGetAMallocArenaLimit(t *testing.T) {
+// Every task gets glibc's arena limit and TensorFlow's log level unless its
+// environment sets them.
+func TestTasksGetDefaults(t *testing.T) {
 	for _, c := range []struct {
 		extra []string
 		want  string
 	}{
 		{nil, "arenas=" + launch.DefaultMallocArenaMax},
 		{[]string{"MALLOC_ARENA_MAX=8"}, "arenas=8"},
+		{nil, "log level=" + launch.DefaultLogLevel},
+		{[]string{"TF_CPP_MIN_LOG_LEVEL=0"}, "log level=0"},
 	} {
 		var r run
-		base := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "MALLOC_ARENA_MAX=") })
+		base := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+			return strings.HasPrefix(kv, "MALLOC_ARENA_MAX=") || strings.HasPrefix(kv, "TF_CPP_MIN_LOG_LEVEL=")
+		})
 		l, err := launch.New([]string{os.Args[0], "-test.run=^$"}, launch.WithEnv(append(append(base,
 			"LAUNCH_TEST_HELPER=print", "LAUNCH_TEST_DIR="+t.TempDir()), c.extra...)),
 			launch.WithOutput(&r.stdout, &r.stderr), launch.WithWorkers(2), launch.WithTimeout(30*time.Second))

@@ -66,8 +66,10 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 	env = append(env, l.tlsEnv(t)...)
 	env = append(env, l.timelineEnv(t)...)
 	env = append(env, l.metricsEnv(t)...)
-	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, EnvMallocArenaMax+"=") }) {
-		env = append(env, EnvMallocArenaMax+"="+DefaultMallocArenaMax)
+	for _, d := range [][2]string{{EnvMallocArenaMax, DefaultMallocArenaMax}, {EnvLogLevel, DefaultLogLevel}} {
+		if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, d[0]+"=") }) {
+			env = append(env, d[0]+"="+d[1])
+		}
 	}
 	rOut, wOut, err := os.Pipe()
 	if err != nil {
