@@ -55,6 +55,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 	"unsafe"
@@ -107,23 +108,25 @@ func quietTensorFlow() error {
 	if capi == nil {
 		return errors.New("dladdr cannot locate the library of TF_Version")
 	}
-	errs := []error{storeLevel(C.GoString(capi), base, abseilMinLogLevel, level), storeLevel(C.GoString(capi), base, tslMinLogLevel, level)}
+	err := storeLevel(C.GoString(capi), base, level, abseilMinLogLevel, tslMinLogLevel)
 	cwant := C.CString(frameworkLibrary)
 	defer C.free(unsafe.Pointer(cwant))
 	if fw := C.tfrt_loaded(cwant, &base); fw != nil {
-		errs = append(errs, storeLevel(C.GoString(fw), base, tslMinLogLevel, level))
+		err = errors.Join(err, storeLevel(C.GoString(fw), base, level, tslMinLogLevel))
 	}
-	return errors.Join(errs...)
+	return err
 }
 
-// storeLevel stores level in the variable named like name of the library
-// at path, loaded at base.
-func storeLevel(path string, base C.uintptr_t, name []byte, level int) error {
-	off, err := symbolOffset(path, name)
+// storeLevel stores level in each variable named like one of names of the
+// library at path, loaded at base, reading its symbol table once.
+func storeLevel(path string, base C.uintptr_t, level int, names ...[]byte) error {
+	offs, err := symbolOffsets(path, names)
+	for _, off := range offs {
+		C.tfrt_store_int(base+C.uintptr_t(off), C.int(level))
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	C.tfrt_store_int(base+C.uintptr_t(off), C.int(level))
 	return nil
 }
 
@@ -144,39 +147,47 @@ func minLogLevel() (int, bool) {
 	return min(n, 3), true
 }
 
-// symbolOffset returns the load offset of the writable 4-byte local object
-// whose name in path's .symtab contains name. The symbol and string tables
+// symbolOffsets returns the load offsets of the writable 4-byte local
+// objects whose names in path's .symtab contain one of names, in one pass
+// over the table, and an error naming each of names that no such object
+// matches. The symbol and string tables
 // are read through a read-only mapping of the file, so only their pages
 // are read.
-func symbolOffset(path string, name []byte) (uint64, error) {
+func symbolOffsets(path string, names [][]byte) ([]uint64, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer f.Close()
 	ef, err := elf.NewFile(f)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	symtab, strtab := ef.Section(".symtab"), ef.Section(".strtab")
 	if symtab == nil || strtab == nil || ef.Class != elf.ELFCLASS64 || ef.ByteOrder != binary.LittleEndian {
-		return 0, errors.New("no 64-bit little-endian symbol table")
+		return nil, errors.New("no 64-bit little-endian symbol table")
 	}
 	fi, err := f.Stat()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	if fi.Size() > math.MaxInt || symtab.Offset+symtab.Size > uint64(fi.Size()) || strtab.Offset+strtab.Size > uint64(fi.Size()) {
-		return 0, errors.New("symbol table past the end of the file")
+		return nil, errors.New("symbol table past the end of the file")
 	}
 	data, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer func() { _ = syscall.Munmap(data) }()
-	syms := data[symtab.Offset : symtab.Offset+symtab.Size]
-	strs := data[strtab.Offset : strtab.Offset+strtab.Size]
-	for i := 0; i+elf.Sym64Size <= len(syms); i += elf.Sym64Size {
+	return matchSymbols(ef, data[symtab.Offset:symtab.Offset+symtab.Size], data[strtab.Offset:strtab.Offset+strtab.Size], names)
+}
+
+// matchSymbols is symbolOffsets over ef's symbol and string tables.
+func matchSymbols(ef *elf.File, syms, strs []byte, names [][]byte) ([]uint64, error) {
+	var offs []uint64
+	var errs []error
+	found := make([]bool, len(names))
+	for i := 0; i+elf.Sym64Size <= len(syms) && len(offs)+len(errs) < len(names); i += elf.Sym64Size {
 		e := syms[i : i+elf.Sym64Size]
 		info, shndx := e[4], binary.LittleEndian.Uint16(e[6:])
 		if binary.LittleEndian.Uint64(e[16:]) != 4 || elf.ST_TYPE(info) != elf.STT_OBJECT ||
@@ -191,15 +202,23 @@ func symbolOffset(path string, name []byte) (uint64, error) {
 		if end := bytes.IndexByte(sym, 0); end >= 0 {
 			sym = sym[:end]
 		}
-		if !bytes.Contains(sym, name) {
+		k := slices.IndexFunc(names, func(n []byte) bool { return bytes.Contains(sym, n) })
+		if k < 0 || found[k] {
 			continue
 		}
+		found[k] = true
 		if ef.Sections[shndx].Flags&elf.SHF_WRITE == 0 {
-			return 0, fmt.Errorf("symbol %s is not writable", sym)
+			errs = append(errs, fmt.Errorf("symbol %s is not writable", sym))
+			continue
 		}
-		return binary.LittleEndian.Uint64(e[8:]) - loadBase(ef), nil
+		offs = append(offs, binary.LittleEndian.Uint64(e[8:])-loadBase(ef))
 	}
-	return 0, fmt.Errorf("no symbol named like %s", name)
+	for k, name := range names {
+		if !found[k] {
+			errs = append(errs, fmt.Errorf("no symbol named like %s", name))
+		}
+	}
+	return offs, errors.Join(errs...)
 }
 
 // loadBase is the virtual address of the file's first loadable segment,
