@@ -185,9 +185,7 @@ func openHosts(ctx context.Context, dss []Dataset) ([]hostIter, error) {
 	for _, ds := range dss {
 		up, err := openHost(ctx, ds)
 		if err != nil {
-			for _, u := range ups {
-				_ = u.close()
-			}
+			_ = closeHosts(ups)
 			return nil, err
 		}
 		ups = append(ups, up)
@@ -257,9 +255,12 @@ func (it *zipIter) othersHaveMore(ctx context.Context) bool {
 	return false
 }
 
-func (it *zipIter) close() error {
+func (it *zipIter) close() error { return closeHosts(it.ups) }
+
+// closeHosts closes every one of ups and returns the first error.
+func closeHosts(ups []hostIter) error {
 	var first error
-	for _, up := range it.ups {
+	for _, up := range ups {
 		if err := up.close(); err != nil && first == nil {
 			first = err
 		}

@@ -2,7 +2,6 @@ package dataset
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"iter"
@@ -351,11 +350,12 @@ func Distribute(ds Dataset, ictx InputContext, localReplicas int, opts ...Distri
 // workers for a synchronous job, or localReplicas when each worker steps on
 // its own (parameter servers).
 func DistributeFromFunction(fn func(InputContext) (Dataset, error), ictx InputContext, localReplicas int, opts ...DistributeOption) (*Distributed, error) {
-	cfg, err := checkFromFunction(fn, ictx, localReplicas, opts)
+	const name = "DistributeFromFunction"
+	cfg, err := checkFromFunction(name, fn, ictx, localReplicas, opts)
 	if err != nil {
 		return nil, err
 	}
-	ds, err := callFunction(fn, ictx)
+	ds, err := callFunction(name, fn, ictx)
 	if err != nil {
 		return nil, err
 	}
@@ -374,7 +374,8 @@ func DistributeFromFunction(fn func(InputContext) (Dataset, error), ictx InputCo
 // until every one has. Replica g thus reads the same examples on any
 // number of workers: what a job of virtual shards needs.
 func DistributePerReplica(fn func(InputContext) (Dataset, error), ictx InputContext, localReplicas, firstReplica int, opts ...DistributeOption) (*Distributed, error) {
-	cfg, err := checkFromFunction(fn, ictx, localReplicas, opts)
+	const name = "DistributePerReplica"
+	cfg, err := checkFromFunction(name, fn, ictx, localReplicas, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -384,7 +385,7 @@ func DistributePerReplica(fn func(InputContext) (Dataset, error), ictx InputCont
 	}
 	d := &Distributed{policy: ShardOff, ictx: ictx, local: localReplicas, global: cfg.global, fromFn: true, cfg: cfg}
 	for r := range localReplicas {
-		ds, err := callFunction(fn, InputContext{NumInputPipelines: ictx.NumReplicasInSync, InputPipelineID: firstReplica + r,
+		ds, err := callFunction(name, fn, InputContext{NumInputPipelines: ictx.NumReplicasInSync, InputPipelineID: firstReplica + r,
 			NumReplicasInSync: ictx.NumReplicasInSync})
 		if err != nil {
 			return nil, fmt.Errorf("replica %d: %w", firstReplica+r, err)
@@ -396,35 +397,37 @@ func DistributePerReplica(fn func(InputContext) (Dataset, error), ictx InputCont
 }
 
 // checkFromFunction checks the arguments of DistributeFromFunction and
-// DistributePerReplica and returns their options.
-func checkFromFunction(fn func(InputContext) (Dataset, error), ictx InputContext, localReplicas int, opts []DistributeOption) (distConfig, error) {
+// DistributePerReplica, which name names in errors, and returns their
+// options.
+func checkFromFunction(name string, fn func(InputContext) (Dataset, error), ictx InputContext, localReplicas int, opts []DistributeOption) (distConfig, error) {
 	if err := checkReplicas(ictx, localReplicas); err != nil {
 		return distConfig{}, err
 	}
 	if ictx.NumReplicasInSync%localReplicas != 0 {
-		return distConfig{}, fmt.Errorf("dataset: DistributeFromFunction: %w: %d replicas in sync is not a multiple of %d local replicas",
-			ErrInvalidArgument, ictx.NumReplicasInSync, localReplicas)
+		return distConfig{}, fmt.Errorf("dataset: %s: %w: %d replicas in sync is not a multiple of %d local replicas",
+			name, ErrInvalidArgument, ictx.NumReplicasInSync, localReplicas)
 	}
 	if fn == nil {
-		return distConfig{}, fmt.Errorf("dataset: DistributeFromFunction: %w: nil function", ErrInvalidArgument)
+		return distConfig{}, fmt.Errorf("dataset: %s: %w: nil function", name, ErrInvalidArgument)
 	}
 	cfg := newDistConfig(opts)
 	if cfg.global != 0 {
 		if _, err := ictx.PerReplicaBatchSize(cfg.global); err != nil {
-			return distConfig{}, fmt.Errorf("dataset: DistributeFromFunction: %w", err)
+			return distConfig{}, fmt.Errorf("dataset: %s: %w", name, err)
 		}
 	}
 	return cfg, nil
 }
 
-// callFunction returns fn's dataset for ictx, or why it has none.
-func callFunction(fn func(InputContext) (Dataset, error), ictx InputContext) (Dataset, error) {
+// callFunction returns fn's dataset for ictx, or why it has none, for
+// the function name names.
+func callFunction(name string, fn func(InputContext) (Dataset, error), ictx InputContext) (Dataset, error) {
 	ds, err := fn(ictx)
 	if err != nil {
-		return nil, fmt.Errorf("dataset: DistributeFromFunction: dataset function: %w", err)
+		return nil, fmt.Errorf("dataset: %s: dataset function: %w", name, err)
 	}
 	if ds == nil {
-		return nil, fmt.Errorf("dataset: DistributeFromFunction: %w: the dataset function returned a nil Dataset", ErrInvalidArgument)
+		return nil, fmt.Errorf("dataset: %s: %w: the dataset function returned a nil Dataset", name, ErrInvalidArgument)
 	}
 	if err := Err(ds); err != nil {
 		return nil, err
@@ -953,10 +956,4 @@ func emptyLike(e hostElem) (Element, error) {
 	return out, nil
 }
 
-func (f *fnStepper) close() error {
-	var errs []error
-	for _, up := range f.ups {
-		errs = append(errs, up.close())
-	}
-	return errors.Join(errs...)
-}
+func (f *fnStepper) close() error { return closeHosts(f.ups) }
