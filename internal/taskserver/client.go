@@ -225,7 +225,7 @@ func (c *Client) header(ctx context.Context, h http.Header, idempotent bool) boo
 	h.Set(headerJob, c.cfg.job)
 	h.Set("Content-Type", contentType)
 	if deadline, ok := ctx.Deadline(); ok {
-		h.Set(headerTimeout, strconv.FormatInt(max(time.Until(deadline).Milliseconds(), 1), 10))
+		h.Set(headerTimeout, strconv.FormatInt(timeoutMillis(time.Until(deadline)), 10))
 	}
 	if idempotent {
 		h["Idempotency-Key"] = nil // net/http sends it again on another connection, and sends no such header

@@ -33,6 +33,15 @@ const (
 	pathRunPlan     = "/tfdist/v1/plan/run"
 )
 
+// timeoutMillis is the header's value for a caller that waits d more:
+// whole milliseconds rounded up, at least 1. Rounded down, the server's
+// deadline could come before the caller's, and the caller would get the
+// server's "stopped waiting" answer while its own deadline had not yet
+// passed, and take it for another failure than a timeout.
+func timeoutMillis(d time.Duration) int64 {
+	return max(int64((d+time.Millisecond-1)/time.Millisecond), 1)
+}
+
 // requestContext returns the context of r's work: r's, bounded by the time
 // the caller waits.
 func requestContext(r *http.Request) (context.Context, context.CancelFunc) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -121,5 +122,20 @@ func TestMalformedTensors(t *testing.T) {
 		err := d.end()
 		d.release()
 		assert.ErrorContains(t, err, "malformed body", name)
+	}
+}
+
+// The timeout a call sends is never shorter than the time its caller
+// still waits, so the server never gives up on a request before its
+// caller does.
+func TestTimeoutHeaderIsNeverShorterThanTheCallersWait(t *testing.T) {
+	for _, c := range []struct {
+		wait time.Duration
+		want int64
+	}{
+		{1900 * time.Microsecond, 2}, {2 * time.Millisecond, 2}, {2*time.Millisecond + time.Nanosecond, 3},
+		{time.Nanosecond, 1}, {0, 1}, {-time.Second, 1}, {1999999 * time.Microsecond, 2000},
+	} {
+		assert.Equal(t, c.want, timeoutMillis(c.wait), "%v", c.wait)
 	}
 }
