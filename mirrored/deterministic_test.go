@@ -14,7 +14,9 @@ import (
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/internal/ingraph"
 	"github.com/tfdist/tfdist/internal/testmodel"
+	"github.com/tfdist/tfdist/internal/tfrt"
 	"github.com/tfdist/tfdist/mirrored"
+	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
@@ -165,19 +167,92 @@ func TestDeterministicBatchNormResumes(t *testing.T) {
 	}
 }
 
-// A step that draws from a stateful random generator cannot give the same
-// bits on every run and resume: under WithDeterministic its Build fails,
-// naming the op and the stateless kind to use.
-func TestDeterministicRefusesStatefulRandom(t *testing.T) {
+// A step with an op that cannot give the same bits on every run and
+// resume fails to build under WithDeterministic, naming the op and what
+// would work: a stateful random op, the clock, and an op whose GPU kernel
+// TensorFlow's op determinism refuses (placed on a GPU, which the check
+// reads from the graph; on a CPU the same op builds).
+func TestDeterministicRefusesIrreproducibleOps(t *testing.T) {
+	gpu := func(sc *op.Scope) *op.Scope { return sc.WithDevice("/device:GPU:0") }
+	for _, c := range []struct {
+		name, want string
+		step       func(sc *op.Scope, x tf.Output) tf.Output
+	}{
+		{"stateful random", `op ".*noise.*" \(RandomUniform\) draws from a stateful random generator.*stateless random op keyed by a seed, the step and the replica`,
+			func(sc *op.Scope, x tf.Output) tf.Output {
+				return op.Add(sc.SubScope("add"), x, op.RandomUniform(sc.SubScope("noise"), op.Shape(sc.SubScope("shape"), x), tf.Float))
+			}},
+		{"clock", `op ".*clock.*" \(Timestamp\) returns the clock's time.*feed the time as an input`,
+			func(sc *op.Scope, x tf.Output) tf.Output {
+				return op.Add(sc.SubScope("add"), x, op.Cast(sc.SubScope("cast"), op.Timestamp(sc.SubScope("clock")), tf.Float))
+			}},
+		{"fused cross-entropy on a GPU", `op ".*xent.*" \(SoftmaxCrossEntropyWithLogits\) has no deterministic GPU kernel.*place it on a CPU, whose kernel is deterministic, or compute the loss with nn.SoftmaxCrossEntropy`,
+			func(sc *op.Scope, x tf.Output) tf.Output {
+				b := nn.NewBuilder(sc, "t")
+				logits := b.Reshape(x, -1, 1)
+				loss, _ := op.SoftmaxCrossEntropyWithLogits(gpu(sc.SubScope("xent")), logits, op.OnesLike(b.Op(), logits))
+				return loss
+			}},
+		{"batch norm's gradient, not training, on a GPU", `op ".*bn_grad.*" \(FusedBatchNormGradV3\) has no deterministic GPU kernel`,
+			func(sc *op.Scope, x tf.Output) tf.Output {
+				b := nn.NewBuilder(sc, "t")
+				img, one := b.Reshape(x, -1, 1, 1, 1), b.Const([]float32{1})
+				dx, _, _, _, _ := op.FusedBatchNormGradV3(gpu(sc.SubScope("bn_grad")), img, img, one, one, one, one, op.FusedBatchNormGradV3IsTraining(false))
+				return b.Reshape(dx, -1)
+			}},
+	} {
+		s, err := mirrored.New(mirrored.WithLogicalCPUs(2), mirrored.WithDeterministic(2))
+		require.NoError(t, err)
+		_, err = s.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}}, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+			return strategy.Outputs{"y": c.step(rc.Scope(), in["x"])}, nil
+		})
+		if assert.Error(t, err, c.name) {
+			assert.Regexp(t, c.want, err.Error(), c.name)
+		}
+		require.NoError(t, s.Close())
+	}
+	// On a CPU, the fused cross-entropy has a deterministic kernel.
 	s, err := mirrored.New(mirrored.WithLogicalCPUs(2), mirrored.WithDeterministic(2))
 	require.NoError(t, err)
 	defer s.Close()
-	_, err = s.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1}}}, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+	_, err = s.Build(strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, 3}}}, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		sc := rc.Scope()
-		noise := op.RandomUniform(sc.SubScope("noise"), op.Shape(sc, in["x"]), tf.Float)
-		return strategy.Outputs{"y": op.Add(sc, in["x"], noise)}, nil
+		loss, _ := op.SoftmaxCrossEntropyWithLogits(sc.SubScope("xent"), in["x"], op.OnesLike(sc.SubScope("labels"), in["x"]))
+		return strategy.Outputs{"y": loss}, nil
 	})
-	require.Error(t, err)
-	assert.Regexp(t, `op ".*noise.*" \(RandomUniform\) draws from a stateful random generator`, err.Error())
-	assert.ErrorContains(t, err, "stateless random op keyed by a seed, the step and the replica")
+	assert.NoError(t, err)
+}
+
+// Under op determinism, nn.SoftmaxCrossEntropy on a device that is not a
+// CPU builds no fused cross-entropy, whose GPU kernel would fail, and its
+// log-softmax form gives the fused kernel's loss and gradient (run here on
+// a CPU, by soft placement).
+func TestDeterministicCrossEntropyOffTheCPU(t *testing.T) {
+	require.NoError(t, tfrt.EnableOpDeterminism())
+	s := op.NewScope()
+	logits := op.Const(s.SubScope("logits"), [][]float32{{2, -1, 0.5, 3}, {-4, 0, 1, 1}, {0, 0, 0, 0}})
+	labels := op.Const(s.SubScope("labels"), [][]float32{{0, 0, 0, 1}, {0.5, 0.5, 0, 0}, {0.25, 0.25, 0.25, 0.25}})
+	cpu := nn.SoftmaxCrossEntropy(s.SubScope("cpu").WithDevice("/device:CPU:0"), logits, labels)
+	gpu := nn.SoftmaxCrossEntropy(s.SubScope("gpu").WithDevice("/device:GPU:0"), logits, labels)
+	g, err := s.Finalize()
+	require.NoError(t, err)
+	for _, o := range g.Operations() {
+		assert.False(t, strings.HasPrefix(o.Name(), "gpu/") && o.Type() == "SoftmaxCrossEntropyWithLogits", o.Name())
+	}
+	grads, err := g.AddGradients("grads", []tf.Output{cpu}, []tf.Output{logits}, nil)
+	require.NoError(t, err)
+	gradsGPU, err := g.AddGradients("grads_gpu", []tf.Output{gpu}, []tf.Output{logits}, nil)
+	require.NoError(t, err)
+	opts, err := tfrt.SessionOptions("", tfrt.WithSoftPlacement(true))
+	require.NoError(t, err)
+	sess, err := tf.NewSession(g, opts)
+	require.NoError(t, err)
+	defer sess.Close()
+	out, err := sess.Run(nil, []tf.Output{cpu, gpu, grads[0], gradsGPU[0]}, nil)
+	require.NoError(t, err)
+	assert.InDeltaSlice(t, out[0].Value().([]float32), out[1].Value().([]float32), 1e-6, "loss")
+	want, got := out[2].Value().([][]float32), out[3].Value().([][]float32)
+	for i := range want {
+		assert.InDeltaSlice(t, want[i], got[i], 1e-6, "gradient, row %d", i)
+	}
 }

@@ -3,12 +3,14 @@ package nn
 import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/internal/tfrt"
 )
 
 // SparseSoftmaxCrossEntropy returns the per-example cross-entropy of logits
 // [batch, classes] against integer labels [batch]. It one-hot encodes the
-// labels and uses SoftmaxCrossEntropyWithLogits, whose gradient TensorFlow's
-// C++ registry has (the sparse kernel's gradient is Python-only).
+// labels and uses SoftmaxCrossEntropy, whose gradient TensorFlow's C++
+// registry has (the sparse kernel's gradient is Python-only).
 func SparseSoftmaxCrossEntropy(s *op.Scope, logits, labels tf.Output, classes int) tf.Output {
 	if labels.DataType() != tf.Int32 && labels.DataType() != tf.Int64 {
 		labels = op.Cast(s.SubScope("labels"), labels, tf.Int32)
@@ -18,8 +20,24 @@ func SparseSoftmaxCrossEntropy(s *op.Scope, logits, labels tf.Output, classes in
 	if logits.DataType() != tf.Float {
 		onehot = op.Cast(s.SubScope("cast"), onehot, logits.DataType())
 	}
-	loss, _ := op.SoftmaxCrossEntropyWithLogits(s.SubScope("xent"), logits, onehot)
-	return loss
+	return SoftmaxCrossEntropy(s.SubScope("xent"), logits, onehot)
+}
+
+// SoftmaxCrossEntropy returns the cross-entropy of each row of logits
+// [n, classes] against the probabilities labels of the same shape. It uses
+// TensorFlow's fused kernel, except where TensorFlow's op determinism is on
+// (a strategy's WithDeterministic) and the op may run on another device
+// than a CPU: there the fused kernel has no deterministic implementation
+// and fails, so it computes −Σ labels · log_softmax(logits), as Python
+// does under op determinism.
+func SoftmaxCrossEntropy(s *op.Scope, logits, labels tf.Output) tf.Output {
+	logits = op.Identity(s.SubScope("logits"), logits)
+	if !tfrt.OpDeterminism() || tfrt.IsCPU(logits.Op.Device()) {
+		loss, _ := op.SoftmaxCrossEntropyWithLogits(s.SubScope("fused"), logits, labels)
+		return loss
+	}
+	b := NewBuilder(s, "log_softmax")
+	return op.Neg(b.Op(), op.Sum(b.Op(), b.Mul(labels, op.LogSoftmax(b.Op(), logits)), b.Const(int32(-1))))
 }
 
 // SigmoidCrossEntropy returns the per-element logistic loss of logits

@@ -49,7 +49,7 @@ func (l SparseCategoricalCrossentropy) Call(s *op.Scope, yTrue, yPred tf.Output)
 	flat := b.Reshape(logits, -1, classes)
 	onehot := op.OneHot(b.Op(), b.Reshape(b.Cast(yTrue, tf.Int32), -1), op.Const(b.Op(), int32(classes)),
 		op.Const(b.Op(), float32(1)), op.Const(b.Op(), float32(0)))
-	loss, _ := op.SoftmaxCrossEntropyWithLogits(b.Op(), flat, b.Cast(onehot, flat.DataType()))
+	loss := nn.SoftmaxCrossEntropy(b.Op(), flat, b.Cast(onehot, flat.DataType()))
 	return op.Reshape(b.Op(), loss, op.Shape(b.Op(), yTrue)), b.Err()
 }
 
@@ -72,7 +72,7 @@ func (l CategoricalCrossentropy) Call(s *op.Scope, yTrue, yPred tf.Output) (tf.O
 	}
 	b := nn.NewBuilder(s, "xent")
 	logits := b.Reshape(toLogits(b, yPred, l.FromLogits), -1, classes)
-	loss, _ := op.SoftmaxCrossEntropyWithLogits(b.Op(), logits, b.Reshape(b.Cast(yTrue, logits.DataType()), -1, classes))
+	loss := nn.SoftmaxCrossEntropy(b.Op(), logits, b.Reshape(b.Cast(yTrue, logits.DataType()), -1, classes))
 	return op.Reshape(b.Op(), loss, leadingShape(b, yPred)), b.Err()
 }
 

@@ -155,7 +155,7 @@ func (e *Engine) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (strategy
 		return nil, err
 	}
 	if e.cfg.VirtualShards > 0 {
-		if err := e.refuseStatefulRandom(mark); err != nil {
+		if err := e.refuseIrreproducible(mark); err != nil {
 			return nil, &strategy.BuildError{Replica: -1, Err: err}
 		}
 	}

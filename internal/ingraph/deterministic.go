@@ -23,7 +23,8 @@ import (
 // a replica count dividing V cuts a subtree, so the sums, and the model,
 // are the same bits on 1 device or on N. TensorFlow's op determinism is
 // on for the process (tfrt.EnableOpDeterminism), so a kernel with no
-// deterministic implementation fails rather than add in another order.
+// deterministic implementation fails rather than add in another order,
+// and Build refuses the ops known to (refuseIrreproducible).
 
 // ShardsPerReplica returns how many of v virtual shards each of n
 // replicas in sync runs, or an error naming what would make it work: v a
@@ -81,21 +82,76 @@ var statefulRandom = map[string]bool{
 	"Multinomial": true, "RandomShuffle": true, "RandomCrop": true, "StatefulUniform": true,
 	"StatefulUniformInt": true, "StatefulUniformFullInt": true, "StatefulStandardNormal": true,
 	"StatefulStandardNormalV2": true, "StatefulTruncatedNormal": true, "StatefulRandomBinomial": true,
-	"StatefulMultinomial": true,
+	"StatefulMultinomial": true, "SampleDistortedBoundingBox": true, "SampleDistortedBoundingBoxV2": true,
+	"UniformCandidateSampler": true, "LogUniformCandidateSampler": true, "LearnedUnigramCandidateSampler": true,
+	"ThreadUnsafeUnigramCandidateSampler": true, "FixedUnigramCandidateSampler": true,
+	"RandomShuffleQueue": true, "RandomShuffleQueueV2": true,
 }
 
-// refuseStatefulRandom returns an error naming the first of the graph's
-// ops from the first'th on that draws from a stateful generator: under
-// virtual shards the model must be the same bits on every run, topology
-// and resume, and such an op's numbers depend on the process and on its
-// runs so far, which no checkpoint holds.
-func (e *Engine) refuseStatefulRandom(first int) error {
-	for _, o := range e.graph.Operations()[first:] {
-		if statefulRandom[o.Type()] {
-			return fmt.Errorf("deterministic with %d virtual shards: op %q (%s) draws from a stateful random generator, "+
-				"whose numbers depend on the process and on the op's runs so far, which no checkpoint holds; "+
-				"draw them with a stateless random op keyed by a seed, the step and the replica "+
-				"(StatelessRandomUniformV2 and the like, as nn.Dropout does)", e.cfg.VirtualShards, o.Name(), o.Type())
+// noDeterministicGPUKernel are the ops whose GPU kernels, in TensorFlow
+// 2.18, have no deterministic implementation and fail under op
+// determinism (some only for the attributes the function accepts), each
+// with what would make the step work.
+var noDeterministicGPUKernel = map[string]struct {
+	when func(*tf.Operation) bool
+	fix  string
+}{
+	"SoftmaxCrossEntropyWithLogits":       {fix: "compute the loss with nn.SoftmaxCrossEntropy, which uses log_softmax there"},
+	"SparseSoftmaxCrossEntropyWithLogits": {fix: "compute the loss with nn.SparseSoftmaxCrossEntropy, which uses log_softmax there"},
+	"SparseTensorDenseMatMul":             {},
+	"Bincount":                            {},
+	"DenseBincount":                       {},
+	"ResizeNearestNeighborGrad":           {fix: "resize bilinearly, whose gradient is deterministic"},
+	"AdjustContrastv2":                    {},
+	"CropAndResizeGradImage":              {},
+	"FusedBatchNormGrad":                  {when: notTraining},
+	"FusedBatchNormGradV2":                {when: notTraining},
+	"FusedBatchNormGradV3":                {when: notTraining},
+	"DebugNumericSummaryV2": {when: func(o *tf.Operation) bool {
+		mode, err := o.Attr("tensor_debug_mode")
+		return err == nil && (mode == int64(3) || mode == int64(4)) // CONCISE_HEALTH, FULL_HEALTH
+	}},
+}
+
+func notTraining(o *tf.Operation) bool {
+	training, err := o.Attr("is_training")
+	return err == nil && training == false
+}
+
+// irreproducible returns why op o cannot give the same bits on every run
+// and topology, and what would, or "" when it can.
+func irreproducible(o *tf.Operation) string {
+	switch t := o.Type(); {
+	case statefulRandom[t]:
+		return "draws from a stateful random generator, whose numbers depend on the process and on the op's runs so far, " +
+			"which no checkpoint holds; draw them with a stateless random op keyed by a seed, the step and the replica " +
+			"(StatelessRandomUniformV2 and the like, as nn.Dropout does)"
+	case t == "Timestamp":
+		return "returns the clock's time, another on every run; feed the time as an input instead"
+	case t == "NonDeterministicInts":
+		return "draws from the system's entropy, other numbers on every run; draw them with a stateless random op keyed by a seed"
+	case tfrt.IsGPU(o.Device()):
+		k, ok := noDeterministicGPUKernel[t]
+		if !ok || (k.when != nil && !k.when(o)) {
+			return ""
+		}
+		why := "has no deterministic GPU kernel in TensorFlow 2.18 and would fail when it runs; place it on a CPU, whose kernel is deterministic"
+		if k.fix != "" {
+			why += ", or " + k.fix
+		}
+		return why
+	}
+	return ""
+}
+
+// refuseIrreproducible returns an error naming the first of the graph's
+// ops from the first'th on that cannot give the same bits on every run,
+// topology and resume, why, and what would.
+func (e *Engine) refuseIrreproducible(first int) error {
+	ops := e.graph.Operations()[first:]
+	for i := range ops {
+		if o, why := &ops[i], irreproducible(&ops[i]); why != "" {
+			return fmt.Errorf("deterministic with %d virtual shards: op %q (%s) %s", e.cfg.VirtualShards, o.Name(), o.Type(), why)
 		}
 	}
 	return nil

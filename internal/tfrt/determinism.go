@@ -14,6 +14,13 @@ package tfrt
 // 	f(true);
 // 	return 1;
 // }
+//
+// // tfrt_op_determinism returns tsl::OpDeterminismRequired(), or 0 when
+// // the loaded libraries lack it.
+// static int tfrt_op_determinism(void) {
+// 	bool (*f)(void) = (bool (*)(void))dlsym(RTLD_DEFAULT, "_ZN3tsl21OpDeterminismRequiredEv");
+// 	return f != NULL && f();
+// }
 import "C"
 
 import "errors"
@@ -29,3 +36,7 @@ func EnableOpDeterminism() error {
 	}
 	return nil
 }
+
+// OpDeterminism reports whether TensorFlow's op determinism is on: set by
+// EnableOpDeterminism or by TF_DETERMINISTIC_OPS in the environment.
+func OpDeterminism() bool { return C.tfrt_op_determinism() != 0 }

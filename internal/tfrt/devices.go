@@ -215,7 +215,13 @@ func deviceNames(available []Device) string {
 }
 
 // IsGPU reports whether the device named full is a GPU.
-func IsGPU(full string) bool {
+func IsGPU(full string) bool { return isType(full, "GPU") }
+
+// IsCPU reports whether the device named full is a CPU; a name that gives
+// no type (the placer's choice) is not.
+func IsCPU(full string) bool { return isType(full, "CPU") }
+
+func isType(full, typ string) bool {
 	d, err := ParseDevice(full)
-	return err == nil && d.Type == "GPU"
+	return err == nil && d.Type == typ
 }
