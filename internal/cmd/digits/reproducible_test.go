@@ -17,7 +17,10 @@ import (
 // after run (equal params_sha256): the default strategy, mirrored on 2
 // devices and 2 workers of 2 devices, three runs each; one of the
 // multi-worker runs is killed (SIGKILL) after step 57 and resumes from its
-// checkpoint of step 40, and still ends with the others' model.
+// checkpoint of step 40, and still ends with the others' model. Under
+// parameter servers, whose workers apply their updates as they arrive,
+// only one worker stepping alone has an order of updates to repeat: three
+// runs of a chief, one worker and one ps task end with one model.
 func TestRunsAreReproducible(t *testing.T) {
 	needBinaries(t)
 	args := []string{"-steps", "100", "-global-batch", "32", "-log-every", "0", "-json"}
@@ -50,6 +53,16 @@ func TestRunsAreReproducible(t *testing.T) {
 		runs[fmt.Sprintf("run %d", i)] = got["worker:0"]
 	}
 	assertOneModel(t, runs, "multiworker 2×2: three runs, the last killed and resumed")
+
+	runs = map[string]classifier.Result{}
+	for i := range 3 {
+		out, err := launch(t, 2*time.Minute, []string{"--chief", "--workers", "1", "--ps", "1"}, append(args, "-strategy", "ps")...)
+		require.NoError(t, err, out)
+		got := results(t, out)
+		require.Contains(t, got, "chief:0", out)
+		runs[fmt.Sprintf("run %d", i)] = got["chief:0"]
+	}
+	assertOneModel(t, runs, "ps with one worker: three runs")
 }
 
 // With -deterministic 8 (8 virtual shards), LeNet with batch
