@@ -89,7 +89,7 @@ func (e *Engine) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (strategy
 	outs := make([]strategy.Outputs, n)
 	for r := range n {
 		rs := root.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r])
-		rcs[r] = &ReplicaContext{e: e, local: r, scope: rs, reads: map[*variable]tf.Output{}, globalCount: globals[r], merges: m, acc: ab}
+		rcs[r] = &ReplicaContext{e: e, local: r, scope: rs, reads: map[*variable]tf.Output{}, peers: rcs, globalCount: globals[r], merges: m, acc: ab}
 		for _, name := range st.names {
 			ts := spec[name]
 			st.inputs[r] = append(st.inputs[r], op.Placeholder(rs.SubScope("input_"+sanitize(name)), ts.DType,

@@ -28,6 +28,7 @@ type ReplicaContext struct {
 	scope       *op.Scope
 	reads       map[*variable]tf.Output
 	readOps     []*tf.Operation
+	peers       []*ReplicaContext // every local replica's, for the reads of copies that shards share
 	targets     []*tf.Operation
 	globalCount tf.Output
 	merges      *merger
@@ -70,13 +71,27 @@ func (rc *ReplicaContext) Read(vv strategy.Variable) (tf.Output, error) {
 	if out, ok := rc.reads[v]; ok {
 		return out, nil
 	}
-	s := rc.scope.SubScope("read_" + sanitize(v.name))
-	out := op.ReadVariableOp(s, v.handles[rc.local], v.dtype)
-	if err := s.Err(); err != nil {
-		return tf.Output{}, err
+	// The shards of a device that share a copy share its read too: one
+	// op, in the scope of the shard that holds the copy, whose value every
+	// shard's kernels take as they took their own read's.
+	holder := rc
+	if h := rc.e.holder(v, rc.local); h != rc.local {
+		holder = rc.peers[h]
 	}
-	rc.reads[v] = out
-	rc.readOps = append(rc.readOps, out.Op)
+	out, ok := holder.reads[v]
+	if !ok {
+		s := holder.scope.SubScope("read_" + sanitize(v.name))
+		out = op.ReadVariableOp(s, v.handles[holder.local], v.dtype)
+		if err := s.Err(); err != nil {
+			return tf.Output{}, err
+		}
+		holder.reads[v] = out
+		holder.readOps = append(holder.readOps, out.Op)
+	}
+	if holder != rc {
+		rc.reads[v] = out
+		rc.readOps = append(rc.readOps, out.Op)
+	}
 	return out, nil
 }
 
