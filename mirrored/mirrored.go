@@ -98,8 +98,12 @@ func WithCrossDeviceOps(cdo strategy.CrossDeviceOps) Option { return func(c *con
 // n bytes before reducing them (default 32 MiB; 0 turns packing off).
 func WithBytesPerPack(n int64) Option { return func(c *config) { c.bytesPerPk = n } }
 
-// WithThreads sets TensorFlow's intra-op and inter-op thread pool sizes
-// (0 = TensorFlow's default).
+// WithThreads sets TensorFlow's intra-op and inter-op thread pool sizes;
+// a size of 0 is TF_NUM_INTRAOP_THREADS or TF_NUM_INTEROP_THREADS where
+// the environment sets them, else the cores the process may use (at least
+// 2 inter-op threads). TensorFlow sizes its pools once per process, at its
+// first session: in a process that opened one before New, they stay as it
+// set them.
 func WithThreads(intraOp, interOp int) Option {
 	return func(c *config) { c.intra, c.inter = intraOp, interOp }
 }
@@ -141,12 +145,9 @@ func New(opts ...Option) (*Strategy, error) {
 	if c.logicalCPUs > 0 {
 		sessOpts = append(sessOpts, tfrt.WithLogicalCPUs(c.logicalCPUs))
 	}
-	intra, inter := tfrt.DefaultThreads()
-	if c.intra > 0 {
-		intra = c.intra
-	}
-	if c.inter > 0 {
-		inter = c.inter
+	intra, inter, err := tfrt.ResolveThreads(c.intra, c.inter)
+	if err != nil {
+		return nil, fmt.Errorf("mirrored: %w", err)
 	}
 	sessOpts = append(sessOpts, tfrt.WithThreads(intra, inter))
 

@@ -257,14 +257,13 @@ func checkReplicaCounts(ctx context.Context, g *collective.Group, w joined, time
 }
 
 // engineSessionOptions tunes a worker's session for steps that wait on
-// tfdist's engine: TensorFlow's pools sleep rather than spin while they
-// do, and a worker with one device, unless WithThreads sets the inter-op
-// pool, runs its steps on the calling thread, which saves thread
+// tfdist's engine (its pools, which sleep rather than spin, are
+// sessionBase's): a worker with one device, unless WithThreads sets the
+// inter-op pool, runs its steps on the calling thread, which saves thread
 // hand-offs in every step.
 func engineSessionOptions(c config, nLocal int) []tfrt.ConfigOption {
-	opts := []tfrt.ConfigOption{tfrt.WithoutThreadSpinning()}
 	if nLocal == 1 && c.inter <= 0 {
-		opts = append(opts, tfrt.WithStepsOnCallerThread())
+		return []tfrt.ConfigOption{tfrt.WithStepsOnCallerThread()}
 	}
-	return opts
+	return nil
 }

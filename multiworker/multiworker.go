@@ -93,16 +93,20 @@ type config struct {
 	bytesPerPack   int64
 	timeout        time.Duration
 	startupTimeout time.Duration
-	intra, inter   int
-	tls            *tls.Config
-	requireTLS     bool
-	aggregation    aggregate.Rule
-	compression    Compression
-	tcpOnly        bool
-	log            *zap.Logger
-	timeline       *timeline.Recorder
-	metrics        *monitoring.Metrics
-	shards         int // WithDeterministic's virtual shards, 0 without
+	intra, inter   int      // WithThreads's; 0: not given
+	pools          struct { // what New resolved of TensorFlow's thread pools
+		intra, inter int
+		noSpinning   bool // on tfdist's engine, whose goroutines need the cores idle threads would spin on
+	}
+	tls         *tls.Config
+	requireTLS  bool
+	aggregation aggregate.Rule
+	compression Compression
+	tcpOnly     bool
+	log         *zap.Logger
+	timeline    *timeline.Recorder
+	metrics     *monitoring.Metrics
+	shards      int // WithDeterministic's virtual shards, 0 without
 }
 
 // closeTimeout bounds Close's barrier: as long as New waits for the
@@ -201,8 +205,12 @@ func WithSharedMemory(on bool) Option { return func(c *config) { c.tcpOnly = !on
 // (default 120 s).
 func WithStartupTimeout(d time.Duration) Option { return func(c *config) { c.startupTimeout = d } }
 
-// WithThreads sets TensorFlow's intra-op and inter-op thread pool sizes.
-// Without an inter-op size, a worker with one device on tfdist's engine
+// WithThreads sets TensorFlow's intra-op and inter-op thread pool sizes;
+// a size of 0 is TF_NUM_INTRAOP_THREADS or TF_NUM_INTEROP_THREADS where
+// the environment sets them, else the cores the process may use (at least
+// 2 inter-op threads). TensorFlow sizes its pools once per process, at its
+// first session: in a process that opened one before New, they stay as it
+// set them. Without an inter-op size, a worker with one device on tfdist's engine
 // runs each step's ops on the thread that calls Run, which saves thread
 // hand-offs in every step; with one, on the inter-op pool.
 func WithThreads(intraOp, interOp int) Option {
@@ -241,6 +249,10 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	if err := c.checkDeterministic(); err != nil {
 		return nil, err
 	}
+	var err error
+	if c.pools.intra, c.pools.inter, err = tfrt.ResolveThreads(c.intra, c.inter); err != nil {
+		return nil, fmt.Errorf("multiworker: %w", err)
+	}
 	spec := c.resolver.ClusterSpec()
 	task := cluster.TaskOf(c.resolver)
 	log := logging.OrNop(c.log)
@@ -274,13 +286,15 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		log.Warn("collective timeout 0: a step waits forever for its peers, so a dead or stopped peer hangs this worker")
 	}
 
+	onEngine := c.comm == Engine || c.comm == Auto
+	c.pools.noSpinning = onEngine
 	devices, err := c.localDevices(task)
 	if err != nil {
 		return nil, err
 	}
 	return observed(c, task, func(obs *observer) (*Strategy, error) {
 		w := joined{spec: spec, task: task, workers: workers, workerID: workerID, devices: devices, log: log, obs: obs}
-		if c.comm == Engine || c.comm == Auto {
+		if onEngine {
 			return newOnEngine(ctx, c, w)
 		}
 		if err := c.checkPlaintext(log); err != nil {
@@ -322,7 +336,7 @@ func (w joined) nLocal() int { return len(w.devices) }
 // named as an in-process session names them, and checks that NCCL, when
 // asked for, has GPUs.
 func (c config) localDevices(task cluster.Task) ([]string, error) {
-	available, err := tfrt.LocalDevices(c.cpuOptions()...)
+	available, err := tfrt.LocalDevices(c.sessionBase()...)
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: task %s: list devices: %w", task, err)
 	}
@@ -343,24 +357,24 @@ func (c config) chooseDevices(available []tfrt.Device, task cluster.Task) ([]str
 	return devices, nil
 }
 
-// cpuOptions splits the CPU into WithLogicalCPUs's devices.
-func (c config) cpuOptions() []tfrt.ConfigOption {
-	if c.logicalCPUs > 0 {
-		return []tfrt.ConfigOption{tfrt.WithLogicalCPUs(c.logicalCPUs)}
+// sessionBase is every session's thread pools (resolved by New) and
+// WithLogicalCPUs's devices. TensorFlow sizes and sets up its pools once
+// per process, at its first session, so the first (listing the devices)
+// has them too.
+func (c config) sessionBase() []tfrt.ConfigOption {
+	opts := []tfrt.ConfigOption{tfrt.WithThreads(c.pools.intra, c.pools.inter)}
+	if c.pools.noSpinning {
+		opts = append(opts, tfrt.WithoutThreadSpinning())
 	}
-	return nil
+	if c.logicalCPUs > 0 {
+		opts = append(opts, tfrt.WithLogicalCPUs(c.logicalCPUs))
+	}
+	return opts
 }
 
 // sessionOptions are the session's thread pools and logical CPUs.
 func (w joined) sessionOptions(c config, more ...tfrt.ConfigOption) []tfrt.ConfigOption {
-	intra, inter := tfrt.DefaultThreads()
-	if c.intra > 0 {
-		intra = c.intra
-	}
-	if c.inter > 0 {
-		inter = c.inter
-	}
-	return append(append(c.cpuOptions(), tfrt.WithThreads(intra, inter)), more...)
+	return append(c.sessionBase(), more...)
 }
 
 // newOnServer runs the collectives on TensorFlow's: this task starts its
@@ -441,8 +455,7 @@ func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
 	if c.bytesPerPack > 0 && (n > 1 || c.shards > 1) {
 		cross = ingraph.Packed{Inner: cross, BytesPerPack: c.bytesPerPack}
 	}
-	intra, inter := tfrt.DefaultThreads()
-	so, err := tfrt.SessionOptions("", append(c.cpuOptions(), tfrt.WithThreads(intra, inter))...)
+	so, err := tfrt.SessionOptions("", c.sessionBase()...)
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}

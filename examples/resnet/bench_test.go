@@ -29,7 +29,8 @@ import (
 func BenchmarkAgainstKeras(b *testing.B) {
 	const replicas = 2
 	o := options{globalBatch: 64, filters: 16, lr: 0.05, seed: 1}
-	intra, inter := tfrt.DefaultThreads()
+	intra, inter, err := tfrt.DefaultThreads()
+	require.NoError(b, err)
 	s, err := mirrored.New(mirrored.WithLogicalCPUs(replicas), mirrored.WithThreads(intra, inter))
 	require.NoError(b, err)
 	defer s.Close()

@@ -32,7 +32,8 @@ import (
 func BenchmarkAgainstKeras(b *testing.B) {
 	const replicas = 2
 	o, text, d := benchData(b)
-	intra, inter := tfrt.DefaultThreads()
+	intra, inter, err := tfrt.DefaultThreads()
+	require.NoError(b, err)
 	s, err := mirrored.New(mirrored.WithLogicalCPUs(replicas), mirrored.WithThreads(intra, inter))
 	require.NoError(b, err)
 	defer s.Close()

@@ -1,8 +1,11 @@
 package tfrt
 
 import (
+	"cmp"
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
 	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -130,12 +133,42 @@ func Configure(so *tf.SessionOptions, opts ...ConfigOption) (*tf.SessionOptions,
 }
 
 // DefaultThreads returns the thread counts tfdist uses when none are given:
-// TensorFlow's defaults, except that on a machine with few cores the inter-op
-// pool gets at least two threads so that replicas on logical devices run side
-// by side.
-func DefaultThreads() (intraOp, interOp int) {
+// TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS where the environment
+// sets them, as TensorFlow reads them, else TensorFlow's defaults, except
+// that on a machine with few cores the inter-op pool gets at least two
+// threads so that replicas on logical devices run side by side. A value
+// that is not a positive number is an error naming it.
+func DefaultThreads() (intraOp, interOp int, err error) {
 	n := runtime.NumCPU()
-	return n, max(n, 2)
+	if intraOp, err = envThreads("TF_NUM_INTRAOP_THREADS", n); err != nil {
+		return 0, 0, err
+	}
+	interOp, err = envThreads("TF_NUM_INTEROP_THREADS", max(n, 2))
+	return intraOp, interOp, err
+}
+
+// ResolveThreads returns intraOp and interOp, a count of 0 replaced by
+// DefaultThreads'.
+func ResolveThreads(intraOp, interOp int) (int, int, error) {
+	if intraOp > 0 && interOp > 0 {
+		return intraOp, interOp, nil
+	}
+	di, dn, err := DefaultThreads()
+	return cmp.Or(max(intraOp, 0), di), cmp.Or(max(interOp, 0), dn), err
+}
+
+// envThreads returns the thread count the environment variable name
+// gives, or def where it is unset.
+func envThreads(name string, def int) (int, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok || v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q: expected a positive number of threads", name, v)
+	}
+	return n, nil
 }
 
 // WithoutArithmeticRewrites turns off Grappler's arithmetic optimizer,

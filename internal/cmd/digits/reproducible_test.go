@@ -2,8 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,4 +96,46 @@ func TestTopologiesTrainOneModel(t *testing.T) {
 
 	plain := run("mirrored", "4")
 	assert.NotEqual(t, run("default", "1").ParamsSHA256, plain.ParamsSHA256, "without -deterministic, 4 devices sum in another order")
+}
+
+// With -deterministic 8 the model's bits depend on the number of threads
+// in each process's TensorFlow intra-op pool (some of LeNet's kernels split
+// a sum by thread), which defaults to the cores the process may use. So
+// processes given one core (taskset) and processes with
+// TF_NUM_INTRAOP_THREADS=1 on every core train one model: one device
+// pinned to a core, and 4 devices or 2 workers of 2 that set the variable; the
+// default on every core trains another, so the comparison can fail.
+func TestThreadCountDecidesTheBits(t *testing.T) {
+	needBinaries(t)
+	if runtime.NumCPU() < 2 {
+		t.Skipf("needs 2 cores to run with more than one thread, has %d", runtime.NumCPU())
+	}
+	args := []string{"-model", "lenet-bn", "-steps", "40", "-global-batch", "32", "-log-every", "0", "-json", "-deterministic", "8"}
+	run := func(env []string, cmd ...string) classifier.Result {
+		c := exec.Command(cmd[0], append(cmd[1:], args...)...)
+		c.Env = append(append(os.Environ(), "TF_CPP_MIN_LOG_LEVEL=2"), env...)
+		out, err := c.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		var res classifier.Result
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(line, "{") {
+				require.NoError(t, json.Unmarshal([]byte(line), &res), line)
+			}
+		}
+		require.NotEmpty(t, res.ParamsSHA256, "%s", out)
+		return res
+	}
+	models := map[string]classifier.Result{"one device on one core": run(nil, "taskset", "-c", "0", bins.digits)}
+	t.Setenv("TF_NUM_INTRAOP_THREADS", "1")
+	models["4 devices, TF_NUM_INTRAOP_THREADS=1"] = run(nil, bins.digits, "-strategy", "mirrored", "-devices", "4")
+	out, err := launch(t, 4*time.Minute, []string{"--workers", "2"}, append(args, "-strategy", "multiworker", "-devices", "2")...)
+	require.NoError(t, err, out)
+	got := results(t, out)
+	require.Len(t, got, 2, out)
+	for task, res := range got {
+		models["2×2, TF_NUM_INTRAOP_THREADS=1, "+task] = res
+	}
+	assertOneModel(t, models, "one intra-op thread in every process")
+	every := run([]string{"TF_NUM_INTRAOP_THREADS="}, bins.digits)
+	assert.NotEqual(t, models["one device on one core"].ParamsSHA256, every.ParamsSHA256, "%d intra-op threads sum in another order", runtime.NumCPU())
 }
