@@ -113,6 +113,9 @@ var noDeterministicGPUKernel = map[string]struct {
 	}},
 }
 
+// notTraining reports whether o, a batch normalisation's gradient, is
+// for inference (is_training false), the case without a deterministic
+// GPU kernel.
 func notTraining(o *tf.Operation) bool {
 	training, err := o.Attr("is_training")
 	return err == nil && training == false

@@ -85,13 +85,7 @@ func TestTopologiesTrainOneModel(t *testing.T) {
 	}
 	v := []string{"-deterministic", "8"}
 	models := map[string]classifier.Result{"default": run("default", "1", v...), "mirrored ×4": run("mirrored", "4", v...)}
-	out, err := launch(t, 4*time.Minute, []string{"--workers", "2"}, append(append(args, v...), "-strategy", "multiworker", "-devices", "2")...)
-	require.NoError(t, err, out)
-	got := results(t, out)
-	require.Len(t, got, 2, out)
-	for task, res := range got {
-		models["multiworker 2×2 "+task] = res
-	}
+	addLaunched(t, models, "multiworker 2×2 ", append(append(args, v...), "-strategy", "multiworker", "-devices", "2")...)
 	assertOneModel(t, models, "-deterministic 8 on 1, 4 and 2×2 replicas")
 
 	plain := run("mirrored", "4")
@@ -128,14 +122,22 @@ func TestThreadCountDecidesTheBits(t *testing.T) {
 	models := map[string]classifier.Result{"one device on one core": run(nil, "taskset", "-c", "0", bins.digits)}
 	t.Setenv("TF_NUM_INTRAOP_THREADS", "1")
 	models["4 devices, TF_NUM_INTRAOP_THREADS=1"] = run(nil, bins.digits, "-strategy", "mirrored", "-devices", "4")
-	out, err := launch(t, 4*time.Minute, []string{"--workers", "2"}, append(args, "-strategy", "multiworker", "-devices", "2")...)
+	addLaunched(t, models, "2×2, TF_NUM_INTRAOP_THREADS=1, ", append(args, "-strategy", "multiworker", "-devices", "2")...)
+	assertOneModel(t, models, "one intra-op thread in every process")
+	every := run([]string{"TF_NUM_INTRAOP_THREADS="}, bins.digits)
+	assert.NotEqual(t, models["one device on one core"].ParamsSHA256, every.ParamsSHA256, "%d intra-op threads sum in another order", runtime.NumCPU())
+}
+
+// addLaunched runs the digits program with args on 2 workers under tfdist
+// launch and adds each worker's result to models, named prefix and its
+// task.
+func addLaunched(t *testing.T, models map[string]classifier.Result, prefix string, args ...string) {
+	t.Helper()
+	out, err := launch(t, 4*time.Minute, []string{"--workers", "2"}, args...)
 	require.NoError(t, err, out)
 	got := results(t, out)
 	require.Len(t, got, 2, out)
 	for task, res := range got {
-		models["2×2, TF_NUM_INTRAOP_THREADS=1, "+task] = res
+		models[prefix+task] = res
 	}
-	assertOneModel(t, models, "one intra-op thread in every process")
-	every := run([]string{"TF_NUM_INTRAOP_THREADS="}, bins.digits)
-	assert.NotEqual(t, models["one device on one core"].ParamsSHA256, every.ParamsSHA256, "%d intra-op threads sum in another order", runtime.NumCPU())
 }
