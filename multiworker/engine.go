@@ -103,7 +103,7 @@ func (c *engineOps) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]t
 func (c *engineOps) sum(ns *op.Scope, name string, parts []tf.Output, devices []string) tf.Output {
 	hs := ns.WithDevice(c.host)
 	if c.tree {
-		local := ingraph.TreeSum(hs.SubScope("local"), parts)
+		local := ingraph.TreeSumOn(hs.SubScope("local"), parts, devices, c.host)
 		return engineops.AllReduceInTreeOrder(hs.SubScope("engine"), local, c.group, name)
 	}
 	local := sumOnHost(ns.SubScope("local"), c.host, parts, devices)

@@ -50,7 +50,9 @@ type ReductionToOneDevice struct {
 	// Device is where the reduction runs ("" = the first replica's device).
 	Device string
 	// InTreeOrder adds the replicas' values pairwise along the tree of
-	// TreeSum instead of with AddN, for Config.VirtualShards.
+	// TreeSum instead of with AddN, for Config.VirtualShards: the values
+	// of one device on it, the sums across devices on Device
+	// (TreeSumOn).
 	InTreeOrder bool
 }
 
@@ -62,7 +64,7 @@ func (c ReductionToOneDevice) BatchReduce(s *op.Scope, red strategy.ReduceOp, va
 		case len(parts) == 1:
 			sum = op.Identity(rs.SubScope("sum"), parts[0])
 		case c.InTreeOrder:
-			sum = TreeSum(rs.SubScope("sum"), parts)
+			sum = TreeSumOn(rs.SubScope("sum"), parts, devices, c.Device)
 		default:
 			sum = op.AddN(rs.SubScope("sum"), parts)
 		}

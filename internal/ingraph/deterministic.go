@@ -1,6 +1,7 @@
 package ingraph
 
 import (
+	"cmp"
 	"fmt"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -190,10 +191,39 @@ func (e *Engine) holder(v *variable, r int) int {
 // TreeSum adds parts along the binary tree over their indices that splits
 // [lo, hi) at lo + (hi−lo)/2 (collective.InTreeOrder's), pairwise, on s's
 // device. One part is returned as it is.
-func TreeSum(s *op.Scope, parts []tf.Output) tf.Output {
+func TreeSum(s *op.Scope, parts []tf.Output) tf.Output { return treeSum(s, parts, nil, "") }
+
+// TreeSumOn is TreeSum with each addition placed by where its parts lie,
+// devices[r] holding parts[r]: an addition of parts of one device runs on
+// that device, one across devices on cross, or when cross is "" on the
+// device of its first part. Under virtual shards a device's parts are
+// contiguous and a power of two, a subtree, so each device sums its own
+// shards and only one sum a device is copied (one a GPU to the host,
+// rather than every shard's value). The additions, and so the bits, are
+// TreeSum's.
+func TreeSumOn(s *op.Scope, parts []tf.Output, devices []string, cross string) tf.Output {
+	return treeSum(s, parts, devices, cross)
+}
+
+func treeSum(s *op.Scope, parts []tf.Output, devices []string, cross string) tf.Output {
 	if len(parts) == 1 {
 		return parts[0]
 	}
 	mid := len(parts) / 2
-	return op.AddV2(s, TreeSum(s.SubScope("left"), parts[:mid]), TreeSum(s.SubScope("right"), parts[mid:]))
+	var left, right []string
+	if devices != nil {
+		left, right = devices[:mid], devices[mid:]
+		s = s.WithDevice(additionDevice(devices, cross))
+	}
+	return op.AddV2(s, treeSum(s.SubScope("left"), parts[:mid], left, cross), treeSum(s.SubScope("right"), parts[mid:], right, cross))
+}
+
+// additionDevice is where TreeSumOn adds parts that lie on devices.
+func additionDevice(devices []string, cross string) string {
+	for _, d := range devices[1:] {
+		if d != devices[0] {
+			return cmp.Or(cross, devices[0])
+		}
+	}
+	return devices[0]
 }

@@ -520,3 +520,43 @@ func TestWorkerAgreesOnCountsInOneReduction(t *testing.T) {
 	}
 	assert.Equal(t, []int64{1, 1, 1}, testmodel.Deltas(counts))
 }
+
+// TreeSumOn adds a device's own parts on that device and only the
+// devices' sums across them (on the device named for that, or the first
+// part's), so that a GPU's shards cross to another device as one sum; the
+// additions are TreeSum's, so the bits are too.
+func TestTreeSumOnAddsEachDevicesPartsOnIt(t *testing.T) {
+	a, b, host := strategy.LocalCPU(1), strategy.LocalCPU(2), strategy.LocalCPU(0)
+	devices := []string{a, a, a, a, b, b, b, b}
+	s := op.NewScope()
+	parts := make([]tf.Output, len(devices))
+	for r, d := range devices {
+		// Values whose sum depends on the grouping of its additions.
+		parts[r] = op.Const(s.SubScope("part").WithDevice(d), []float32{1e8 * float32(r%3-1), 1.5 + float32(r)*1e-3, -0.3 * float32(r)})
+	}
+	onDevices := ingraph.TreeSumOn(s.SubScope("on").WithDevice(host), parts, devices, host)
+	firstPart := ingraph.TreeSumOn(s.SubScope("first").WithDevice(host), parts, devices, "")
+	plain := ingraph.TreeSum(s.SubScope("plain").WithDevice(host), parts)
+	g, err := s.Finalize()
+	require.NoError(t, err)
+
+	placed := map[string]map[string]int{"on": {}, "first": {}} // additions by scope and device
+	for _, o := range g.Operations() {
+		if scope, _, _ := strings.Cut(o.Name(), "/"); o.Type() == "AddV2" && placed[scope] != nil {
+			placed[scope][o.Device()]++
+		}
+	}
+	assert.Equal(t, map[string]int{a: 3, b: 3, host: 1}, placed["on"], "each device's 4 parts summed on it, the two sums on the host")
+	assert.Equal(t, map[string]int{a: 4, b: 3}, placed["first"], "without a device for the sums across devices, the first part's")
+
+	opts, err := tfrt.SessionOptions("", tfrt.WithLogicalCPUs(3))
+	require.NoError(t, err)
+	sess, err := tf.NewSession(g, opts)
+	require.NoError(t, err)
+	defer sess.Close()
+	out, err := sess.Run(nil, []tf.Output{onDevices, firstPart, plain}, nil)
+	require.NoError(t, err)
+	want := out[2].Value().([]float32)
+	assert.Equal(t, want, out[0].Value().([]float32), "the same additions, the same bits")
+	assert.Equal(t, want, out[1].Value().([]float32))
+}
