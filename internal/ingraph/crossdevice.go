@@ -50,9 +50,8 @@ type ReductionToOneDevice struct {
 	// Device is where the reduction runs ("" = the first replica's device).
 	Device string
 	// InTreeOrder adds the replicas' values pairwise along the tree of
-	// TreeSum instead of with AddN, for Config.VirtualShards: the values
-	// of one device on it, the sums across devices on Device
-	// (TreeSumOn).
+	// TreeSumOn instead of with AddN, for Config.VirtualShards: the
+	// values of one device on it, the sums across devices on Device.
 	InTreeOrder bool
 }
 

@@ -18,7 +18,7 @@ import (
 // whatever its devices: each device runs V/N of them (N the devices across
 // workers), every replica's step sees the same examples and shapes on
 // every topology, and every cross-replica sum adds the V replicas' values
-// along one binary tree over their ids (TreeSum on a worker, and
+// along one binary tree over their ids (TreeSumOn on a worker, and
 // collective.InTreeOrder across workers, whose members each bring the sum
 // of an aligned block of leaves). V a power of two makes every block that
 // a replica count dividing V cuts a subtree, so the sums, and the model,
@@ -188,24 +188,17 @@ func (e *Engine) holder(v *variable, r int) int {
 	return r
 }
 
-// TreeSum adds parts along the binary tree over their indices that splits
-// [lo, hi) at lo + (hi−lo)/2 (collective.InTreeOrder's), pairwise, on s's
-// device. One part is returned as it is.
-func TreeSum(s *op.Scope, parts []tf.Output) tf.Output { return treeSum(s, parts, nil, "") }
-
-// TreeSumOn is TreeSum with each addition placed by where its parts lie,
-// devices[r] holding parts[r]: an addition of parts of one device runs on
-// that device, one across devices on cross, or when cross is "" on the
-// device of its first part. Under virtual shards a device's parts are
-// contiguous and a power of two, a subtree, so each device sums its own
-// shards and only one sum a device is copied (one a GPU to the host,
-// rather than every shard's value). The additions, and so the bits, are
-// TreeSum's.
+// TreeSumOn adds parts along the binary tree over their indices that
+// splits [lo, hi) at lo + (hi−lo)/2 (collective.InTreeOrder's), pairwise;
+// one part is returned as it is. With devices nil every addition runs on
+// s's device. Else devices[r] holds parts[r], and an addition of parts of
+// one device runs on that device, one across devices on cross, or when
+// cross is "" on the device of its first part. Under virtual shards a
+// device's parts are contiguous and a power of two, a subtree, so each
+// device sums its own shards and only one sum a device is copied (one a
+// GPU to the host, rather than every shard's value). Where the additions
+// run does not change them, nor the bits.
 func TreeSumOn(s *op.Scope, parts []tf.Output, devices []string, cross string) tf.Output {
-	return treeSum(s, parts, devices, cross)
-}
-
-func treeSum(s *op.Scope, parts []tf.Output, devices []string, cross string) tf.Output {
 	if len(parts) == 1 {
 		return parts[0]
 	}
@@ -215,7 +208,7 @@ func treeSum(s *op.Scope, parts []tf.Output, devices []string, cross string) tf.
 		left, right = devices[:mid], devices[mid:]
 		s = s.WithDevice(additionDevice(devices, cross))
 	}
-	return op.AddV2(s, treeSum(s.SubScope("left"), parts[:mid], left, cross), treeSum(s.SubScope("right"), parts[mid:], right, cross))
+	return op.AddV2(s, TreeSumOn(s.SubScope("left"), parts[:mid], left, cross), TreeSumOn(s.SubScope("right"), parts[mid:], right, cross))
 }
 
 // additionDevice is where TreeSumOn adds parts that lie on devices.

@@ -524,7 +524,7 @@ func TestWorkerAgreesOnCountsInOneReduction(t *testing.T) {
 // TreeSumOn adds a device's own parts on that device and only the
 // devices' sums across them (on the device named for that, or the first
 // part's), so that a GPU's shards cross to another device as one sum; the
-// additions are TreeSum's, so the bits are too.
+// additions are those of the tree on one device, so the bits are too.
 func TestTreeSumOnAddsEachDevicesPartsOnIt(t *testing.T) {
 	a, b, host := strategy.LocalCPU(1), strategy.LocalCPU(2), strategy.LocalCPU(0)
 	devices := []string{a, a, a, a, b, b, b, b}
@@ -536,7 +536,7 @@ func TestTreeSumOnAddsEachDevicesPartsOnIt(t *testing.T) {
 	}
 	onDevices := ingraph.TreeSumOn(s.SubScope("on").WithDevice(host), parts, devices, host)
 	firstPart := ingraph.TreeSumOn(s.SubScope("first").WithDevice(host), parts, devices, "")
-	plain := ingraph.TreeSum(s.SubScope("plain").WithDevice(host), parts)
+	plain := ingraph.TreeSumOn(s.SubScope("plain").WithDevice(host), parts, nil, "")
 	g, err := s.Finalize()
 	require.NoError(t, err)
 
