@@ -1,0 +1,79 @@
+package elastic
+
+import (
+	"crypto/tls"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// The defaults, which work together: a dead process is seen at once (its
+// connection breaks), a silent host within the heartbeat timeout; the
+// round timeout then bounds how long the first member to report waits for
+// the others, which is longer than a heartbeat so that a member that is
+// only slow is not dropped, and the wait timeout, far longer, is how long
+// a job below its minimum waits for a replacement.
+const (
+	DefaultHeartbeat        = time.Second
+	DefaultHeartbeatTimeout = 5 * time.Second
+	DefaultRoundTimeout     = 10 * time.Second
+	DefaultSettle           = 2 * time.Second
+	DefaultWaitTimeout      = 5 * time.Minute
+	DefaultFlapLimit        = 3
+	DefaultFlapWindow       = 10 * time.Minute
+)
+
+// Option configures a Server.
+type Option func(*serverConfig)
+
+type serverConfig struct {
+	job              string
+	min, max         int
+	heartbeatTimeout time.Duration
+	roundTimeout     time.Duration
+	settle           time.Duration
+	waitTimeout      time.Duration
+	flapLimit        int
+	flapWindow       time.Duration
+	tls              *tls.Config
+	log              *zap.Logger
+}
+
+// WithJob names the job; a worker whose Hello names another is refused.
+// Without it the first worker's job becomes the job's.
+func WithJob(name string) Option { return func(c *serverConfig) { c.job = name } }
+
+// WithMembers bounds the membership: a group forms with at least min
+// workers and admits at most max.
+func WithMembers(min, max int) Option { return func(c *serverConfig) { c.min, c.max = min, max } }
+
+// WithHeartbeatTimeout sets how long a worker may stay silent before the
+// server counts it as gone (a host down or cut off).
+func WithHeartbeatTimeout(d time.Duration) Option {
+	return func(c *serverConfig) { c.heartbeatTimeout = d }
+}
+
+// WithRoundTimeout sets how long, after a member reports for a new
+// membership, the server waits for the other members before it drops
+// those that have not reported.
+func WithRoundTimeout(d time.Duration) Option { return func(c *serverConfig) { c.roundTimeout = d } }
+
+// WithSettle sets how long the first group waits, with at least the
+// minimum but fewer than the maximum, for further workers.
+func WithSettle(d time.Duration) Option { return func(c *serverConfig) { c.settle = d } }
+
+// WithWaitTimeout sets how long a job with fewer than its minimum waits
+// for joiners, at the start and after losses, before it stops.
+func WithWaitTimeout(d time.Duration) Option { return func(c *serverConfig) { c.waitTimeout = d } }
+
+// WithFlapLimit refuses a worker that has left more than limit times
+// within window.
+func WithFlapLimit(limit int, window time.Duration) Option {
+	return func(c *serverConfig) { c.flapLimit, c.flapWindow = limit, window }
+}
+
+// WithTLS serves over TLS with cfg; workers then need Join's WithClientTLS.
+func WithTLS(cfg *tls.Config) Option { return func(c *serverConfig) { c.tls = cfg } }
+
+// WithLogger logs membership changes to l.
+func WithLogger(l *zap.Logger) Option { return func(c *serverConfig) { c.log = l } }

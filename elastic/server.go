@@ -1,0 +1,220 @@
+package elastic
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/logging"
+)
+
+// helloTimeout bounds a new connection's hello; writeTimeout a message's
+// write.
+const (
+	helloTimeout = 10 * time.Second
+	writeTimeout = 5 * time.Second
+)
+
+// Server is the rendezvous of an elastic job.
+type Server struct {
+	cfg    serverConfig
+	ln     net.Listener
+	events chan event
+	done   chan struct{} // closed when Serve returns
+	conns  sync.WaitGroup
+}
+
+// Listen validates the options and listens on addr (host:port; port 0
+// picks one).
+func Listen(addr string, opts ...Option) (*Server, error) {
+	cfg := serverConfig{
+		min: 1, max: 1,
+		heartbeatTimeout: DefaultHeartbeatTimeout,
+		roundTimeout:     DefaultRoundTimeout,
+		settle:           DefaultSettle,
+		waitTimeout:      DefaultWaitTimeout,
+		flapLimit:        DefaultFlapLimit,
+		flapWindow:       DefaultFlapWindow,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.log = logging.OrNop(cfg.log)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("elastic: listen on %s: %w", addr, err)
+	}
+	if cfg.tls != nil {
+		ln = tls.NewListener(ln, cfg.tls)
+	}
+	return &Server{cfg: cfg, ln: ln, events: make(chan event, 64), done: make(chan struct{})}, nil
+}
+
+func (c serverConfig) validate() error {
+	switch {
+	case c.min < 1 || c.max < c.min:
+		return fmt.Errorf("elastic: WithMembers(%d, %d): expected 1 ≤ min ≤ max", c.min, c.max)
+	case c.heartbeatTimeout <= DefaultHeartbeat:
+		return fmt.Errorf("elastic: WithHeartbeatTimeout(%v): expected more than the heartbeat, %v", c.heartbeatTimeout, DefaultHeartbeat)
+	case c.roundTimeout <= 0:
+		return fmt.Errorf("elastic: WithRoundTimeout(%v): expected a positive duration", c.roundTimeout)
+	case c.settle < 0:
+		return fmt.Errorf("elastic: WithSettle(%v): expected a duration ≥ 0", c.settle)
+	case c.waitTimeout <= 0:
+		return fmt.Errorf("elastic: WithWaitTimeout(%v): expected a positive duration", c.waitTimeout)
+	case c.flapLimit < 0 || c.flapWindow < 0:
+		return fmt.Errorf("elastic: WithFlapLimit(%d, %v): expected a count and a duration ≥ 0", c.flapLimit, c.flapWindow)
+	}
+	return nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Serve, called once, admits workers and forms memberships until the job finishes (a
+// member leaves with done, and every worker has gone: nil), stops (too
+// few members for longer than the wait timeout: a *StopError, also sent
+// to every worker), or ctx ends. It closes the listener and every
+// connection before it returns.
+func (s *Server) Serve(ctx context.Context) error {
+	go s.accept()
+	err := s.run(ctx)
+	close(s.done)
+	_ = s.ln.Close()
+	s.conns.Wait()
+	return err
+}
+
+func (s *Server) accept() {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.conns.Add(1)
+		go s.serveConn(c)
+	}
+}
+
+// event is what a connection tells the state loop.
+type event struct {
+	p   *peer
+	msg message
+	err error // the connection ended
+}
+
+// peer is a worker's connection, as the server sees it. Only the state
+// loop touches its fields past conn and out.
+type peer struct {
+	conn     net.Conn
+	out      chan message
+	hello    Hello
+	lastSeen time.Time
+	claimed  time.Time // when it asked for a member's name
+	report   *Report   // at a boundary, for the next membership
+	leaving  bool
+	gone     bool
+}
+
+func (s *Server) post(ev event) bool {
+	select {
+	case s.events <- ev:
+		return true
+	case <-s.done:
+		return false
+	}
+}
+
+// serveConn reads a worker's messages into the state loop.
+func (s *Server) serveConn(c net.Conn) {
+	defer s.conns.Done()
+	p := &peer{conn: c, out: make(chan message, 32)}
+	s.conns.Add(1)
+	go s.write(p)
+	_ = c.SetReadDeadline(time.Now().Add(helloTimeout))
+	m, err := readMessage(c)
+	if err == nil && (m.Kind != kindHello || m.Hello == nil) {
+		err = fmt.Errorf("a %q message before its hello", m.Kind)
+	}
+	if err != nil {
+		s.cfg.log.Warn("a connection without a hello", zap.Stringer("from", c.RemoteAddr()), zap.Error(err))
+		close(p.out)
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	p.hello = *m.Hello
+	for ok := s.post(event{p: p, msg: m}); ok; {
+		m, err := readMessage(c)
+		if err != nil {
+			s.post(event{p: p, err: err})
+			return
+		}
+		ok = s.post(event{p: p, msg: m})
+	}
+	_ = c.Close()
+}
+
+// write sends p's messages until out is closed (or, once Serve has
+// returned, empty), then closes the connection.
+func (s *Server) write(p *peer) {
+	defer s.conns.Done()
+	defer p.conn.Close()
+	for {
+		var m message
+		var ok bool
+		select {
+		case m, ok = <-p.out:
+		case <-s.done:
+			select {
+			case m, ok = <-p.out:
+			default:
+			}
+		}
+		if !ok {
+			return
+		}
+		_ = p.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+		if writeMessage(p.conn, m) != nil {
+			return
+		}
+	}
+}
+
+// run is the state loop: it alone changes the job's state.
+func (s *Server) run(ctx context.Context) error {
+	st := newState(s.cfg, time.Now())
+	tick := time.NewTicker(s.cfg.heartbeatTimeout / 4)
+	defer tick.Stop()
+	for {
+		var wake <-chan time.Time
+		var timer *time.Timer
+		if d, ok := st.nextDeadline(time.Now()); ok {
+			timer = time.NewTimer(time.Until(d))
+			wake = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			st.stopAll(message{Kind: kindStop, Reason: "the rendezvous stopped: " + ctx.Err().Error()})
+			return ctx.Err()
+		case ev := <-s.events:
+			st.handle(ev, time.Now())
+		case now := <-tick.C:
+			st.checkHeartbeats(now)
+		case <-wake:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if over, err := st.advance(time.Now()); over {
+			return err
+		}
+	}
+}

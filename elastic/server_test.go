@@ -1,0 +1,209 @@
+package elastic_test
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/elastic"
+)
+
+// serve runs a rendezvous for the test.
+func serve(t *testing.T, opts ...elastic.Option) *elastic.Server {
+	srv, err := elastic.Listen("127.0.0.1:0", opts...)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = srv.Serve(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return srv
+}
+
+func join(t *testing.T, srv *elastic.Server, name string) *elastic.Member {
+	m, err := elastic.Join(context.Background(), srv.Addr(), elastic.Hello{Job: "j", Name: name, Fingerprint: 7})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+// next asks for a membership in the background.
+func next(m *elastic.Member, step int64) chan elastic.Membership {
+	c := make(chan elastic.Membership, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		mb, err := m.Next(ctx, elastic.Report{Step: step, Addr: "127.0.0.1:1"})
+		if err == nil {
+			c <- mb
+		}
+		close(c)
+	}()
+	return c
+}
+
+func names(mb elastic.Membership) []string {
+	var s []string
+	for _, m := range mb.Members {
+		s = append(s, m.Name)
+	}
+	return s
+}
+
+func TestFirstMembershipSettlesOrFills(t *testing.T) {
+	srv := serve(t, elastic.WithMembers(2, 3), elastic.WithSettle(300*time.Millisecond))
+	start := time.Now()
+	a, b := next(join(t, srv, "a"), 0), next(join(t, srv, "b"), 0)
+	mb := <-a
+	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "formed before the settle time with fewer than the maximum")
+	assert.Equal(t, []string{"a", "b"}, names(mb))
+	assert.Equal(t, uint32(1), mb.Epoch)
+	assert.Equal(t, 1, (<-b).Rank)
+
+	full := serve(t, elastic.WithMembers(2, 3), elastic.WithSettle(time.Hour))
+	cs := []chan elastic.Membership{next(join(t, full, "a"), 0), next(join(t, full, "b"), 0), next(join(t, full, "c"), 0)}
+	for i, c := range cs {
+		mb, ok := <-c
+		require.True(t, ok)
+		assert.Equal(t, i, mb.Rank)
+		assert.Len(t, mb.Members, 3)
+	}
+}
+
+// TestRefusesForeignWorkers: a worker of another job, protocol or model,
+// or a second worker of a member's name, is refused with the reason, and
+// the members are not disturbed.
+func TestRefusesForeignWorkers(t *testing.T) {
+	srv := serve(t, elastic.WithJob("j"), elastic.WithMembers(1, 4), elastic.WithSettle(0), elastic.WithHeartbeatTimeout(1500*time.Millisecond))
+	a := join(t, srv, "a")
+	mb := <-next(a, 0)
+	require.Equal(t, uint32(1), mb.Epoch)
+	ctx := context.Background()
+	for _, c := range []struct {
+		hello elastic.Hello
+		want  string
+	}{
+		{elastic.Hello{Job: "other", Name: "x", Fingerprint: 7}, `it belongs to job "other"; this is job "j"`},
+		{elastic.Hello{Job: "j", Name: "x", Fingerprint: 8}, "fingerprint is 0000000000000008 and the job's 0000000000000007"},
+		{elastic.Hello{Job: "j", Name: "a", Fingerprint: 7}, "a worker named a is already in the job"},
+		{elastic.Hello{Job: "j", Fingerprint: 7}, "it gave no name"},
+	} {
+		_, err := elastic.Join(ctx, srv.Addr(), c.hello)
+		var refused *elastic.RefusedError
+		require.True(t, errors.As(err, &refused), "%+v: %v", c.hello, err)
+		assert.Contains(t, refused.Reason, c.want)
+	}
+	assert.Contains(t, rawHello(t, srv.Addr(), 0), "it speaks rendezvous protocol 0; this job speaks 1")
+	assert.False(t, a.Pending(), "a refused worker disturbed the members")
+}
+
+// rawHello says hello with protocol version v and returns the answer.
+func rawHello(t *testing.T, addr string, v int) string {
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c.Close()
+	b, _ := json.Marshal(map[string]any{"kind": "hello", "hello": map[string]any{"protocol": v, "job": "j", "name": "old"}})
+	require.NoError(t, binary.Write(c, binary.BigEndian, uint32(len(b))))
+	_, err = c.Write(b)
+	require.NoError(t, err)
+	var n uint32
+	require.NoError(t, binary.Read(c, binary.BigEndian, &n))
+	answer := make([]byte, n)
+	_, err = c.Read(answer)
+	require.NoError(t, err)
+	return string(answer)
+}
+
+// TestFlappingWorkerIsExcluded: a worker that keeps dying is admitted
+// again up to the flap limit, then refused, and the job goes on.
+func TestFlappingWorkerIsExcluded(t *testing.T) {
+	srv := serve(t, elastic.WithMembers(1, 2), elastic.WithSettle(0), elastic.WithFlapLimit(2, time.Minute))
+	a := join(t, srv, "a")
+	<-next(a, 0)
+	for i := range 3 {
+		b := join(t, srv, "b")
+		nb := next(b, 0)
+		require.Eventually(t, a.Pending, 5*time.Second, time.Millisecond, "a joiner waits")
+		na := next(a, int64(i))
+		mb := <-nb
+		require.Len(t, mb.Members, 2, "round %d", i)
+		<-na
+		_ = b.Close() // dies
+		require.Eventually(t, a.Pending, 5*time.Second, time.Millisecond)
+		mb = <-next(a, int64(i))
+		require.Equal(t, []string{"a"}, names(mb))
+		require.Len(t, mb.Left, 1)
+		assert.Equal(t, "b", mb.Left[0].Name)
+	}
+	_, err := elastic.Join(context.Background(), srv.Addr(), elastic.Hello{Job: "j", Name: "b", Fingerprint: 7})
+	var refused *elastic.RefusedError
+	require.True(t, errors.As(err, &refused), "%v", err)
+	assert.Contains(t, refused.Reason, "b left 3 times in the last 1m0s (the limit is 2): it is excluded")
+}
+
+// TestSilentMembersAreDropped: a member whose host went silent is dropped
+// after the heartbeat timeout, and one alive but not reporting after the
+// round timeout; the others go on without them.
+func TestSilentMembersAreDropped(t *testing.T) {
+	srv := serve(t, elastic.WithMembers(1, 3), elastic.WithSettle(time.Hour),
+		elastic.WithHeartbeatTimeout(1500*time.Millisecond), elastic.WithRoundTimeout(500*time.Millisecond))
+	a, b := join(t, srv, "a"), join(t, srv, "b")
+	silent := silentMember(t, srv.Addr(), "c")
+	na, nb := next(a, 0), next(b, 0)
+	mb := <-na
+	<-nb
+	require.Len(t, mb.Members, 3)
+	defer silent.Close()
+
+	start := time.Now()
+	require.Eventually(t, a.Pending, 5*time.Second, time.Millisecond, "the silent member was not dropped")
+	mb = <-next(a, 1) // b never reports
+	assert.Equal(t, []string{"a"}, names(mb))
+	assert.GreaterOrEqual(t, time.Since(start), 1500*time.Millisecond)
+	require.Len(t, mb.Left, 2)
+	assert.Equal(t, "c", mb.Left[0].Name)
+	assert.Equal(t, "no heartbeat for 1.5s", mb.Left[0].Why)
+	assert.Equal(t, "b", mb.Left[1].Name)
+	assert.Equal(t, "it did not report within the round timeout, 500ms", mb.Left[1].Why)
+	assert.Equal(t, int64(1), mb.Step)
+}
+
+// silentMember joins as name, reports once, and then says nothing.
+func silentMember(t *testing.T, addr, name string) net.Conn {
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	for _, m := range []map[string]any{
+		{"kind": "hello", "hello": map[string]any{"protocol": elastic.ProtocolVersion, "job": "j", "name": name, "fingerprint": 7}},
+		{"kind": "ready", "report": map[string]any{"step": 0, "addr": "127.0.0.1:1"}},
+	} {
+		b, _ := json.Marshal(m)
+		require.NoError(t, binary.Write(c, binary.BigEndian, uint32(len(b))))
+		_, err = c.Write(b)
+		require.NoError(t, err)
+	}
+	return c
+}
+
+func TestBadOptions(t *testing.T) {
+	for _, c := range []struct {
+		opt  elastic.Option
+		want string
+	}{
+		{elastic.WithMembers(3, 2), "WithMembers(3, 2): expected 1 ≤ min ≤ max"},
+		{elastic.WithMembers(0, 2), "WithMembers(0, 2)"},
+		{elastic.WithHeartbeatTimeout(time.Second), "WithHeartbeatTimeout(1s): expected more than the heartbeat, 1s"},
+		{elastic.WithRoundTimeout(0), "WithRoundTimeout(0s)"},
+		{elastic.WithWaitTimeout(-1), "WithWaitTimeout(-1ns)"},
+		{elastic.WithFlapLimit(-1, time.Minute), "WithFlapLimit(-1, 1m0s)"},
+	} {
+		_, err := elastic.Listen("127.0.0.1:0", c.opt)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), c.want)
+	}
+}
