@@ -9,8 +9,10 @@ import (
 	"slices"
 	"unsafe"
 
-	"github.com/tfdist/tfdist/internal/graphutil"
 	tf "github.com/wamuir/graft/tensorflow"
+
+	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 )
 
 // A column is one named value of an element, held on the host. Pipelines
@@ -284,13 +286,7 @@ func kindFor(dt tf.DataType) (kind, error) {
 	return k, nil
 }
 
-func numElements(shape []int64) int64 {
-	n := int64(1)
-	for _, d := range shape {
-		n *= d
-	}
-	return n
-}
+func numElements(shape []int64) int64 { return tensorutil.NumElements(shape) }
 
 // hostData returns the column's flat data, reading it out of its tensor if
 // need be (without changing c, which may be shared).

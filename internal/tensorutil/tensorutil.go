@@ -62,3 +62,13 @@ func SumSquares[T float32 | float64](v []T) float64 {
 	}
 	return s
 }
+
+// NumElements returns the number of elements of a tensor of shape, whose
+// dimensions are all known.
+func NumElements(shape []int64) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
