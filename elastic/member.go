@@ -213,14 +213,20 @@ func (m *Member) Close() error {
 // graceful leave, on SIGTERM say.
 func (m *Member) LeaveSoon() { m.leaving.Store(true) }
 
+// Leaving says whether LeaveSoon was called.
+func (m *Member) Leaving() bool { return m.leaving.Load() }
+
 // Agree says whether any member of g has a change pending or wants to
 // leave, the same answer on every member: called at every step boundary
 // (or every few, the same on all), it is where members stop together to
-// report.
+// report. A membership of one has no group: g nil.
 func (m *Member) Agree(ctx context.Context, g *collective.Group, name string) (bool, error) {
 	var b [4]byte
 	if m.Pending() || m.leaving.Load() {
 		b[0] = 1
+	}
+	if g == nil {
+		return b[0] != 0, nil
 	}
 	if err := g.AllReduce(ctx, name, collective.Max, collective.Int32, b[:]); err != nil {
 		return false, err

@@ -31,6 +31,9 @@ func TestMain(m *testing.M) {
 	if code, ok := runPeer(); ok {
 		os.Exit(code)
 	}
+	if code, ok := runElasticWorker(); ok {
+		os.Exit(code)
+	}
 	os.Exit(m.Run())
 }
 

@@ -156,6 +156,9 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.listener != nil {
+		secure = append(secure, collective.WithListener(c.listener), collective.WithEpoch(c.epoch))
+	}
 	g, err := collective.New(ctx, members, w.workerID, append(secure,
 		collective.WithFingerprint(uint64(w.spec.Fingerprint())),
 		collective.WithTimeout(c.timeout),

@@ -28,6 +28,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -81,6 +82,9 @@ type Strategy struct {
 	// obs records the worker's steps and collectives.
 	obs *observer
 
+	// In an elastic job (RunElastic): the membership and the state.
+	elastic *elasticRun
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -107,6 +111,9 @@ type config struct {
 	timeline    *timeline.Recorder
 	metrics     *monitoring.Metrics
 	shards      int // WithDeterministic's virtual shards, 0 without
+	// In an elastic job: the group's listener and membership epoch.
+	listener net.Listener
+	epoch    uint32
 }
 
 // closeTimeout bounds Close's barrier: as long as New waits for the

@@ -1,0 +1,356 @@
+package multiworker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"time"
+
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+	"go.uber.org/zap"
+
+	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/internal/engineops"
+	"github.com/tfdist/tfdist/internal/tensorutil"
+	"github.com/tfdist/tfdist/strategy"
+)
+
+// ErrMembershipChanged is StepDone's error when the job's membership
+// changes at this step boundary: a worker joins or leaves. The train
+// function of RunElastic returns it, and RunElastic calls train again on
+// the next membership.
+var ErrMembershipChanged = errors.New("multiworker: the job's membership changes at this step boundary")
+
+// maxUnexplained bounds the failed memberships in a row from which no
+// worker left: a failure that re-forming does not cure is train's own.
+const maxUnexplained = 3
+
+// elasticStartup is the default start-up timeout of a membership's group:
+// its members listen before the membership forms, so only a member that
+// died since keeps a group from forming.
+const elasticStartup = 10 * time.Second
+
+// snapshot is a worker's state after Steps steps: every Saveable's value,
+// in the order of State().Saveables().
+type snapshot struct {
+	steps  int64
+	names  []string
+	values []*tf.Tensor
+}
+
+// elasticRun is a Strategy's part in an elastic job.
+type elasticRun struct {
+	member *elastic.Member
+	mb     elastic.Membership
+	snap   snapshot
+	reads  []tf.Output // of every Saveable, built at the first StepDone
+}
+
+// RunElastic trains on every membership of an elastic job in turn. For
+// each, it forms a group of the members (listening on host, port chosen),
+// makes a Strategy of it with opts, and calls train, which builds the
+// model, calls Resume for the step to go on from, and calls StepDone after
+// every step. When a member dies (a step fails with ErrCannotContinue) or
+// the membership changes (ErrMembershipChanged), RunElastic closes the
+// strategy and calls train again on the next membership, in the same
+// process: the members take the state of the last step any of them
+// completed from one that holds it. It returns nil once train does (and
+// tells the rendezvous the job is done), nil after a graceful leave
+// (m.LeaveSoon), or train's other errors.
+func RunElastic(ctx context.Context, m *elastic.Member, host string, train func(ctx context.Context, s *Strategy) error, opts ...Option) error {
+	if err := checkElastic(opts); err != nil {
+		return errors.Join(err, m.Close())
+	}
+	var snap snapshot
+	var failed error // of the last membership, if it broke
+	unexplained := 0
+	for {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return errors.Join(fmt.Errorf("multiworker: listen for the next group: %w", err), m.Close())
+		}
+		mb, err := m.Next(ctx, elastic.Report{Step: snap.steps, Addr: ln.Addr().String()})
+		if err != nil {
+			return errors.Join(err, ln.Close(), m.Close())
+		}
+		if failed == nil || len(mb.Left) > 0 {
+			unexplained = 0
+		} else if unexplained++; unexplained >= maxUnexplained {
+			return errors.Join(fmt.Errorf("multiworker: %d memberships in a row broke while no worker left: %w", unexplained, failed), m.Close())
+		}
+		failed = nil
+		err = trainOn(ctx, mb, ln, &snap, m, train, opts)
+		switch {
+		case err == nil:
+			return m.Leave(true)
+		case errors.Is(err, ErrMembershipChanged) && m.Leaving():
+			return m.Leave(false)
+		case errors.Is(err, ErrMembershipChanged):
+		case errors.Is(err, strategy.ErrCannotContinue):
+			failed = err
+		default:
+			return errors.Join(err, m.Close())
+		}
+	}
+}
+
+// checkElastic refuses the options an elastic job cannot honour.
+func checkElastic(opts []Option) error {
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	switch {
+	case c.comm != Auto && c.comm != Engine:
+		return fmt.Errorf("multiworker: RunElastic: WithCommunication(%v): an elastic job runs on tfdist's engine (Auto or Engine)", c.comm)
+	case c.tls != nil || c.requireTLS:
+		return errors.New("multiworker: RunElastic: WithTLS or RequireTLS: an elastic job's groups do not run TLS yet, since a worker's certificate names a fixed task")
+	case c.resolver != nil:
+		return errors.New("multiworker: RunElastic: WithResolver: an elastic job's membership comes from its rendezvous, not a cluster spec")
+	}
+	return nil
+}
+
+// trainOn runs train on the strategy of membership mb, whose group
+// listens on ln, and keeps its last state in snap.
+func trainOn(ctx context.Context, mb elastic.Membership, ln net.Listener, snap *snapshot, m *elastic.Member,
+	train func(ctx context.Context, s *Strategy) error, opts []Option) error {
+	s, err := newMember(ctx, mb, ln, opts)
+	if err != nil {
+		return errors.Join(err, strategy.ErrCannotContinue) // a member failed to come up: form another
+	}
+	s.elastic = &elasticRun{member: m, mb: mb, snap: *snap}
+	err = train(ctx, s)
+	*snap = s.elastic.snap
+	cerr := s.Close()
+	if err != nil {
+		s.log.Debug("closed the strategy of a membership that ended", zap.Error(err), zap.NamedError("close", cerr))
+		return err
+	}
+	return cerr
+}
+
+// newMember makes the Strategy of membership mb, its group listening on
+// ln.
+func newMember(ctx context.Context, mb elastic.Membership, ln net.Listener, opts []Option) (*Strategy, error) {
+	addrs := make([]string, len(mb.Members))
+	for i, m := range mb.Members {
+		addrs[i] = m.Addr
+	}
+	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: addrs})
+	if err == nil {
+		var r cluster.Resolver
+		if r, err = cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: mb.Rank}); err == nil {
+			opts = append(append([]Option{WithStartupTimeout(elasticStartup)}, opts...), WithResolver(r), func(c *config) {
+				c.listener, c.epoch = ln, mb.Epoch
+			})
+			return New(ctx, opts...)
+		}
+	}
+	_ = ln.Close()
+	return nil, fmt.Errorf("multiworker: membership %d: %w", mb.Epoch, err)
+}
+
+// Resume gives every worker of an elastic job the state of the last step
+// any of them completed, and returns that step's count: the step to go on
+// from (0 in a new job, which keeps its initial values). Every worker
+// calls it once, after building its model and steps and before its first
+// step.
+func (s *Strategy) Resume(ctx context.Context) (int64, error) {
+	el := s.elastic
+	if el == nil {
+		return 0, errors.New("multiworker: Resume: the strategy is not elastic (RunElastic makes one)")
+	}
+	saveables := s.State().Saveables()
+	if err := s.sameModel(ctx, saveables); err != nil {
+		return 0, err
+	}
+	if el.mb.Step <= 0 {
+		el.snap = snapshot{}
+		return 0, nil
+	}
+	values, err := s.receiveState(ctx, saveables)
+	if err != nil {
+		return 0, err
+	}
+	if err := s.writeState(ctx, saveables, values); err != nil {
+		return 0, err
+	}
+	el.snap = snapshot{steps: el.mb.Step, names: names(saveables), values: values}
+	return el.mb.Step, nil
+}
+
+// ErrModelMismatch is Resume's error on a worker whose model differs
+// from the one of the member holding the job's state.
+var ErrModelMismatch = errors.New("multiworker: this worker's model differs from the job's")
+
+// sameModel checks that every member built the model of the holder: the
+// same variables' names, dtypes and shapes. The member that differs gets
+// ErrModelMismatch (and RunElastic leaves the job); the others re-form
+// without it (ErrMembershipChanged).
+func (s *Strategy) sameModel(ctx context.Context, saveables []strategy.Saveable) error {
+	if s.group == nil {
+		return nil
+	}
+	h := fnv.New64a()
+	for _, sv := range saveables {
+		fmt.Fprintf(h, "%s %d %v;", sv.Name, sv.DType, sv.Shape)
+	}
+	all, err := s.group.AllGather(ctx, "tfdist_elastic_model", collective.Int64, h.Sum(nil))
+	if err != nil {
+		return fmt.Errorf("multiworker: Resume: compare the models: %w", errors.Join(err, strategy.ErrCannotContinue))
+	}
+	holder := s.elastic.mb.Holder
+	var odd []int
+	for i, fp := range all {
+		if !bytes.Equal(fp, all[holder]) {
+			odd = append(odd, i)
+		}
+	}
+	switch {
+	case len(odd) == 0:
+		return nil
+	case !bytes.Equal(all[s.WorkerID()], all[holder]):
+		return fmt.Errorf("%w: its variables' names, dtypes or shapes differ from those of worker %d, which holds the job's state", ErrModelMismatch, holder)
+	}
+	s.log.Warn("workers built another model and leave the job", zap.Ints("workers", odd))
+	return fmt.Errorf("workers %v built another model: %w", odd, ErrMembershipChanged)
+}
+
+func names(saveables []strategy.Saveable) []string {
+	out := make([]string, len(saveables))
+	for i, sv := range saveables {
+		out[i] = sv.Name
+	}
+	return out
+}
+
+// receiveState broadcasts the holder's snapshot to every member.
+func (s *Strategy) receiveState(ctx context.Context, saveables []strategy.Saveable) ([]*tf.Tensor, error) {
+	el := s.elastic
+	holder := el.mb.Rank == el.mb.Holder
+	if holder && (el.snap.steps != el.mb.Step || len(el.snap.names) != len(saveables)) {
+		return nil, fmt.Errorf("multiworker: Resume: this worker holds the state of step %d, of %d variables; the membership expects step %d, of %d",
+			el.snap.steps, len(el.snap.names), el.mb.Step, len(saveables))
+	}
+	if s.group == nil { // a membership of one: its own state
+		return el.snap.values, nil
+	}
+	values := make([]*tf.Tensor, len(saveables))
+	for i, sv := range saveables {
+		dt, ok := engineops.CollectiveDType(sv.DType)
+		if !ok {
+			return nil, fmt.Errorf("multiworker: Resume: variable %s has dtype %v, which the collective engine cannot broadcast", sv.Name, sv.DType)
+		}
+		var buf bytes.Buffer
+		if holder {
+			if el.snap.names[i] != sv.Name {
+				return nil, fmt.Errorf("multiworker: Resume: variable %d is %s here and %s in the snapshot: build the same model on every membership", i, sv.Name, el.snap.names[i])
+			}
+			if _, err := el.snap.values[i].WriteContentsTo(&buf); err != nil {
+				return nil, err
+			}
+		} else {
+			buf.Write(make([]byte, dt.Size()*int(tensorutil.NumElements(sv.Shape))))
+		}
+		data := buf.Bytes()
+		if err := s.group.Broadcast(ctx, "tfdist_elastic_state/"+sv.Name, el.mb.Holder, dt, data, collective.Shape(sv.Shape...)); err != nil {
+			return nil, fmt.Errorf("multiworker: Resume: take %s from worker %d: %w", sv.Name, el.mb.Holder, errors.Join(err, strategy.ErrCannotContinue))
+		}
+		t, err := tf.ReadTensor(sv.DType, sv.Shape, bytes.NewReader(data))
+		if err != nil {
+			return nil, fmt.Errorf("multiworker: Resume: %s: %w", sv.Name, err)
+		}
+		values[i] = t
+	}
+	return values, nil
+}
+
+// writeState assigns values to the variables.
+func (s *Strategy) writeState(ctx context.Context, saveables []strategy.Saveable, values []*tf.Tensor) error {
+	feeds := map[tf.Output]*tf.Tensor{}
+	var targets []*tf.Operation
+	err := s.State().Extend("elastic_resume", func(sc *op.Scope) error {
+		for i, sv := range saveables {
+			sl := sv.Slices[0]
+			ph := op.Placeholder(sc.WithDevice(sl.Device).SubScope("value"), sv.DType)
+			ops, err := sl.Write(sc.WithDevice(sl.Device).SubScope("write"), ph)
+			if err != nil {
+				return fmt.Errorf("variable %s: %w", sv.Name, err)
+			}
+			feeds[ph] = values[i]
+			targets = append(targets, ops...)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("multiworker: Resume: %w", err)
+	}
+	_, err = s.State().Run(ctx, feeds, nil, targets, func() {
+		for _, sv := range saveables {
+			if sv.Slices[0].Restored != nil {
+				sv.Slices[0].Restored()
+			}
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("multiworker: Resume: write the state: %w", err)
+	}
+	return nil
+}
+
+// StepDone marks the end of a step of an elastic job: it keeps the state
+// in memory (the state a re-formed group takes if this worker holds the
+// newest), then agrees with the other members whether the membership
+// changes here, and returns ErrMembershipChanged if it does.
+func (s *Strategy) StepDone(ctx context.Context) error {
+	el := s.elastic
+	if el == nil {
+		return errors.New("multiworker: StepDone: the strategy is not elastic (RunElastic makes one)")
+	}
+	if err := s.snapshot(ctx); err != nil {
+		return err
+	}
+	change, err := el.member.Agree(ctx, s.group, "tfdist_elastic_agree")
+	if err != nil {
+		return fmt.Errorf("multiworker: StepDone: agree on the membership: %w", errors.Join(err, strategy.ErrCannotContinue))
+	}
+	if change {
+		return ErrMembershipChanged
+	}
+	return nil
+}
+
+// snapshot reads every Saveable into memory.
+func (s *Strategy) snapshot(ctx context.Context) error {
+	el := s.elastic
+	saveables := s.State().Saveables()
+	if el.reads == nil {
+		err := s.State().Extend("elastic_snapshot", func(sc *op.Scope) error {
+			for _, sv := range saveables {
+				out, err := sv.Slices[0].Read(sc.WithDevice(sv.Slices[0].Device))
+				if err != nil {
+					return fmt.Errorf("variable %s: %w", sv.Name, err)
+				}
+				el.reads = append(el.reads, out)
+			}
+			return nil
+		})
+		if err != nil {
+			el.reads = nil
+			return fmt.Errorf("multiworker: StepDone: %w", err)
+		}
+	}
+	values, err := s.State().Run(ctx, nil, el.reads, nil, nil)
+	if err != nil {
+		return fmt.Errorf("multiworker: StepDone: keep the state: %w", err)
+	}
+	el.snap = snapshot{steps: el.snap.steps + 1, names: names(saveables), values: values}
+	return nil
+}
