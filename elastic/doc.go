@@ -13,7 +13,7 @@
 // them report (Agree).
 //
 // A membership names its members in rank order (survivors keep their
-// relative order, joiners follow in the order they came), the newest step
+// relative order, joiners follow in the order of their names), the newest step
 // any of them completed, and the member holding it (Holder), from which the
 // others take the state. A joiner of another job, protocol or model is
 // refused with the reason and the group goes on; a worker that keeps

@@ -67,6 +67,9 @@ func Join(ctx context.Context, addr string, h Hello, opts ...JoinOption) (*Membe
 	_ = c.SetDeadline(time.Time{})
 	if m.Kind == kindRefused {
 		_ = c.Close()
+		if m.Done {
+			return nil, ErrJobFinished
+		}
 		return nil, &RefusedError{Reason: m.Reason}
 	}
 	mb := &Member{addr: addr, conn: c, next: make(chan Membership, 1), done: make(chan struct{}), stop: make(chan struct{})}
@@ -123,6 +126,9 @@ func (m *Member) readLoop() error {
 			}
 			m.next <- *msg.Membership
 		case kindStop:
+			if msg.Done {
+				return ErrJobFinished
+			}
 			return &StopError{Left: msg.Left, reason: msg.Reason}
 		default:
 			return fmt.Errorf("elastic: the rendezvous at %s sent %q, which a worker does not expect", m.addr, msg.Kind)

@@ -1,6 +1,7 @@
 package elastic
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -57,6 +58,11 @@ func (e *StopError) Error() string {
 	return fmt.Sprintf("elastic: the job stopped: %d of its minimum of %d workers remained and none joined within %v: %s",
 		e.Have, e.Min, e.Wait, who)
 }
+
+// ErrJobFinished is Join's and Member.Next's error once the job has
+// finished: its members are done, and a worker that joins late, or waited
+// as a standby, has nothing to do.
+var ErrJobFinished = errors.New("elastic: the job has finished")
 
 // RefusedError is a server's refusal of a worker.
 type RefusedError struct {

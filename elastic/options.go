@@ -2,6 +2,7 @@ package elastic
 
 import (
 	"crypto/tls"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -29,6 +30,7 @@ type Option func(*serverConfig)
 type serverConfig struct {
 	job              string
 	min, max         int
+	sizes            []int // the memberships' allowed sizes, ascending; nil: min to max
 	heartbeatTimeout time.Duration
 	roundTimeout     time.Duration
 	settle           time.Duration
@@ -46,6 +48,13 @@ func WithJob(name string) Option { return func(c *serverConfig) { c.job = name }
 // WithMembers bounds the membership: a group forms with at least min
 // workers and admits at most max.
 func WithMembers(min, max int) Option { return func(c *serverConfig) { c.min, c.max = min, max } }
+
+// WithSizes allows memberships of these sizes only (each between the
+// minimum and the maximum), say 1, 2 and 4 for a job whose replica count
+// must divide WithDeterministic's virtual shards: a group forms with the
+// largest allowed size that its candidates reach, and the others wait as
+// standbys.
+func WithSizes(sizes ...int) Option { return func(c *serverConfig) { c.sizes = slices.Clone(sizes) } }
 
 // WithHeartbeatTimeout sets how long a worker may stay silent before the
 // server counts it as gone (a host down or cut off).

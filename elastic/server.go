@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -70,6 +71,8 @@ func (c serverConfig) validate() error {
 		return fmt.Errorf("elastic: WithSettle(%v): expected a duration ≥ 0", c.settle)
 	case c.waitTimeout <= 0:
 		return fmt.Errorf("elastic: WithWaitTimeout(%v): expected a positive duration", c.waitTimeout)
+	case slices.ContainsFunc(c.sizes, func(n int) bool { return n < c.min || n > c.max }) || !slices.IsSorted(c.sizes):
+		return fmt.Errorf("elastic: WithSizes(%v): expected ascending sizes between the minimum %d and the maximum %d", c.sizes, c.min, c.max)
 	case c.flapLimit < 0 || c.flapWindow < 0:
 		return fmt.Errorf("elastic: WithFlapLimit(%d, %v): expected a count and a duration ≥ 0", c.flapLimit, c.flapWindow)
 	}

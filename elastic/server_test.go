@@ -190,6 +190,53 @@ func silentMember(t *testing.T, addr, name string) net.Conn {
 	return c
 }
 
+// TestSizes: with WithSizes(1, 2, 4), three workers make a membership of
+// two and a standby, and a fourth makes one of four.
+func TestSizes(t *testing.T) {
+	srv := serve(t, elastic.WithMembers(1, 4), elastic.WithSizes(1, 2, 4), elastic.WithSettle(200*time.Millisecond))
+	a, b, c := join(t, srv, "a"), join(t, srv, "b"), join(t, srv, "c")
+	na, nb, nc := next(a, 0), next(b, 0), next(c, 0)
+	mb := <-na
+	assert.Equal(t, []string{"a", "b"}, names(mb))
+	<-nb
+	select {
+	case <-nc:
+		t.Fatal("the third worker got a membership of two")
+	case <-time.After(100 * time.Millisecond):
+	}
+	d := join(t, srv, "d")
+	nd := next(d, 0)
+	require.Eventually(t, a.Pending, 5*time.Second, time.Millisecond, "four workers make a larger membership")
+	na, nb = next(a, 5), next(b, 5)
+	for _, ch := range []chan elastic.Membership{na, nb, nc, nd} {
+		mb := <-ch
+		assert.Equal(t, []string{"a", "b", "c", "d"}, names(mb))
+		assert.Equal(t, int64(5), mb.Step)
+	}
+}
+
+// TestFinishedJobReleasesStandbys: once a member leaves done, a standby
+// waiting for a membership, and a worker joining late, learn that the
+// job has finished.
+func TestFinishedJobReleasesStandbys(t *testing.T) {
+	srv := serve(t, elastic.WithMembers(2, 4), elastic.WithSizes(2, 4), elastic.WithSettle(0))
+	a, b := join(t, srv, "a"), join(t, srv, "b")
+	na, nb := next(a, 0), next(b, 0)
+	<-na
+	<-nb
+	c := join(t, srv, "c")
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Next(context.Background(), elastic.Report{Step: 0, Addr: "127.0.0.1:1"})
+		errc <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // c waits: three make no membership larger than two
+	require.NoError(t, a.Leave(true))
+	require.ErrorIs(t, <-errc, elastic.ErrJobFinished)
+	_, err := elastic.Join(context.Background(), srv.Addr(), elastic.Hello{Job: "j", Name: "late", Fingerprint: 7})
+	require.ErrorIs(t, err, elastic.ErrJobFinished)
+}
+
 func TestBadOptions(t *testing.T) {
 	for _, c := range []struct {
 		opt  elastic.Option
@@ -201,6 +248,7 @@ func TestBadOptions(t *testing.T) {
 		{elastic.WithRoundTimeout(0), "WithRoundTimeout(0s)"},
 		{elastic.WithWaitTimeout(-1), "WithWaitTimeout(-1ns)"},
 		{elastic.WithFlapLimit(-1, time.Minute), "WithFlapLimit(-1, 1m0s)"},
+		{elastic.WithSizes(1, 2), "WithSizes([1 2]): expected ascending sizes between the minimum 1 and the maximum 1"},
 	} {
 		_, err := elastic.Listen("127.0.0.1:0", c.opt)
 		require.Error(t, err)

@@ -1,7 +1,9 @@
 package elastic
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -100,7 +102,9 @@ func (st *state) handle(ev event, now time.Time) {
 		st.ready(p, ev.msg.Report, now)
 	case kindLeave:
 		p.leaving = true
-		st.finishing = st.finishing || ev.msg.Done
+		if ev.msg.Done && !st.finishing {
+			st.finish(now)
+		}
 		if index(st.running, p) < 0 {
 			st.drop(p, now, "left")
 		} else if !st.finishing {
@@ -122,7 +126,7 @@ func (st *state) admit(p *peer, now time.Time) {
 	}
 	if why := st.refusal(p.hello, now); why != "" {
 		st.cfg.log.Warn("refused a worker", zap.String("worker", p.hello.Name), zap.String("why", why))
-		st.send(p, message{Kind: kindRefused, Reason: why})
+		st.send(p, message{Kind: kindRefused, Reason: why, Done: st.finishing})
 		st.drop(p, now, why)
 		return
 	}
@@ -208,7 +212,7 @@ func (st *state) ready(p *peer, r *Report, now time.Time) {
 		st.lastArrival = now
 		return
 	}
-	if st.roundStart.IsZero() && len(st.running) < st.cfg.max {
+	if st.roundStart.IsZero() && st.grows() {
 		st.startRound(now) // a joiner waits: the members report at their next boundary
 	}
 }
@@ -320,15 +324,46 @@ func (st *state) roundOver(now time.Time) bool {
 }
 
 // candidates are the next membership: the members that reported, in rank
-// order, then the ready joiners, up to the maximum.
+// order, then the ready joiners in the order of their names ("worker:2"
+// before "worker:10"), up to the maximum.
 func (st *state) candidates() []*peer {
+	joiners := slices.Clone(st.waiting)
+	slices.SortStableFunc(joiners, func(a, b *peer) int {
+		return cmp.Or(cmp.Compare(len(a.hello.Name), len(b.hello.Name)), cmp.Compare(a.hello.Name, b.hello.Name))
+	})
 	var c []*peer
-	for _, p := range append(append([]*peer(nil), st.running...), st.waiting...) {
-		if p.report != nil && len(c) < st.cfg.max {
+	for _, p := range append(slices.Clone(st.running), joiners...) {
+		if p.report != nil {
 			c = append(c, p)
 		}
 	}
-	return c
+	return c[:st.size(len(c))]
+}
+
+// size is the largest membership size allowed of at most n workers, or 0.
+func (st *state) size(n int) int {
+	n = min(n, st.cfg.max)
+	if st.cfg.sizes == nil {
+		return n
+	}
+	for i := len(st.cfg.sizes) - 1; i >= 0; i-- {
+		if st.cfg.sizes[i] <= n {
+			return st.cfg.sizes[i]
+		}
+	}
+	return 0
+}
+
+// grows says whether the members and the ready joiners make a larger
+// membership than the current one.
+func (st *state) grows() bool {
+	n := len(st.running)
+	for _, p := range st.waiting {
+		if p.report != nil {
+			n++
+		}
+	}
+	return st.size(n) > len(st.running)
 }
 
 // form makes cands the next membership and tells each its place.
@@ -351,17 +386,28 @@ func (st *state) form(cands []*peer, now time.Time) {
 		st.send(p, message{Kind: kindMembership, Membership: &mi})
 		p.report = nil
 	}
+	for _, p := range slices.Backward(st.running) {
+		if index(cands, p) < 0 { // a standby until a size takes it
+			st.waiting = append([]*peer{p}, st.waiting...)
+		}
+	}
 	st.running = cands
 	st.roundStart, st.belowSince, st.left = time.Time{}, time.Time{}, nil
 	st.cfg.log.Info("membership formed", zap.Uint32("epoch", m.Epoch), zap.Int("members", len(cands)),
 		zap.Int64("step", m.Step), zap.Strings("joined", m.Joined), zap.Int("left", len(m.Left)))
-	if len(st.waiting) > 0 && len(st.running) < st.cfg.max {
-		for _, p := range st.waiting {
-			if p.report != nil {
-				st.startRound(now)
-				break
-			}
-		}
+	if st.grows() {
+		st.startRound(now)
+	}
+}
+
+// finish starts the job's end: a member is done, so no membership forms
+// again, and the workers waiting for one are told.
+func (st *state) finish(now time.Time) {
+	st.finishing = true
+	st.cfg.log.Info("the job is finishing")
+	for _, p := range append(slices.Clone(st.waiting), st.claims...) {
+		st.send(p, message{Kind: kindStop, Done: true, Reason: "the job has finished"})
+		st.drop(p, now, "the job has finished")
 	}
 }
 

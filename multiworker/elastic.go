@@ -62,7 +62,8 @@ type elasticRun struct {
 // process: the members take the state of the last step any of them
 // completed from one that holds it. It returns nil once train does (and
 // tells the rendezvous the job is done), nil after a graceful leave
-// (m.LeaveSoon), or train's other errors.
+// (m.LeaveSoon), nil when the job finishes while this worker waits as a
+// standby (train then never finished here), or train's other errors.
 func RunElastic(ctx context.Context, m *elastic.Member, host string, train func(ctx context.Context, s *Strategy) error, opts ...Option) error {
 	if err := checkElastic(opts); err != nil {
 		return errors.Join(err, m.Close())
@@ -76,6 +77,9 @@ func RunElastic(ctx context.Context, m *elastic.Member, host string, train func(
 			return errors.Join(fmt.Errorf("multiworker: listen for the next group: %w", err), m.Close())
 		}
 		mb, err := m.Next(ctx, elastic.Report{Step: snap.steps, Addr: ln.Addr().String()})
+		if errors.Is(err, elastic.ErrJobFinished) { // while this worker waited as a standby
+			return errors.Join(ln.Close(), m.Close())
+		}
 		if err != nil {
 			return errors.Join(err, ln.Close(), m.Close())
 		}
