@@ -1,11 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -88,6 +91,17 @@ When the run ends
 	This is the only restart outside --ps clusters, and for a chief or ps
 	task.
 
+	With --elastic (a program that calls multiworker.RunElastic), launch
+	runs the job's rendezvous and --workers workers (default --max-workers)
+	with no TF_CONFIG: each joins the rendezvous that TFDIST_RENDEZVOUS
+	names (elastic.JoinFromEnv). A worker that fails is replaced alone, up
+	to --task-restarts times, after the same delays, while the others go on
+	without restarting; SIGUSR1 to launch starts one more worker, up to
+	--max-workers, and SIGUSR2 sends the newest one SIGTERM, so that it
+	leaves at its next step boundary, down to --min-workers. The run ends
+	once every worker has exited; if the job falls below --min-workers for
+	5 minutes, its rendezvous stops it.
+
 Exit status: 0 on success; a failed task's own status; 124 after --timeout;
 130 or 143 after SIGINT or SIGTERM; 1 if launch could not start the tasks;
 2 for bad flags.
@@ -108,6 +122,9 @@ Examples
 	# its Prometheus metrics while it trains, at the URLs launch prints:
 	tfdist launch --workers 2 --timeline trace.json --metrics -- go run ./examples/classifier -strategy multiworker
 
+	# An elastic job of 2 to 4 workers (kill one, or kill -USR1 launch):
+	tfdist launch --elastic --min-workers 2 --max-workers 4 -- go run ./examples/elastic
+
 	# See what each task is given:
 	tfdist launch --chief --workers 2 -- tfdist config validate
 `,
@@ -125,6 +142,10 @@ Examples
 		timeline := fs.String("timeline", "", "gather every task's step timeline into `FILE`, a Chrome trace that Perfetto and chrome://tracing open")
 		metrics := fs.Bool("metrics", false, "serve each task's Prometheus metrics on a port of its own, printed at start")
 		quiet := fs.Bool("quiet", false, "print only launch's warnings and errors, not each task's start and exit")
+		elastic := fs.Bool("elastic", false, "run an elastic job of workers (multiworker.RunElastic): a rendezvous, a failed worker replaced alone, SIGUSR1 adds a worker and SIGUSR2 removes one")
+		minWorkers := fs.Int("min-workers", 1, "with --elastic: the fewest workers the job trains with")
+		maxWorkers := fs.Int("max-workers", 0, "with --elastic: the most workers the job takes (default --workers)")
+		sizes := fs.String("sizes", "", "with --elastic: the worker counts a membership may have, e.g. 1,2,4 for a program with -deterministic 4 (default: any from --min-workers to --max-workers)")
 		return func(e *env, args []string) int {
 			if len(args) == 0 {
 				fmt.Fprint(e.stderr, "tfdist launch: no program to run: name it after --, e.g.\n\ttfdist launch --workers 2 -- go run ./examples/classifier\nRun 'tfdist launch -h' for help.\n")
@@ -134,18 +155,33 @@ Examples
 			if *quiet {
 				level = zapcore.WarnLevel
 			}
-			l, err := launch.New(args,
+			opts := []launch.Option{}
+			if *elastic {
+				counts, err := parseSizes(*sizes)
+				if err != nil {
+					fmt.Fprintf(e.stderr, "tfdist launch: --sizes %q: %v\n", *sizes, err)
+					return exitUsage
+				}
+				opts = append(opts, launch.WithElastic(*minWorkers, cmp.Or(*maxWorkers, *workers)), launch.WithElasticSizes(counts...))
+				if !flagSet(fs, "workers") {
+					*workers = cmp.Or(*maxWorkers, *workers)
+				}
+			}
+			l, err := launch.New(args, append(opts,
 				launch.WithWorkers(*workers), launch.WithChief(*chief), launch.WithPS(*ps),
 				launch.WithEvaluator(*evaluator), launch.WithMaxRestarts(*restarts), launch.WithTaskRestarts(*taskRestarts),
 				launch.WithTimeout(*timeout), launch.WithGracePeriod(*grace), launch.WithBasePort(*basePort), launch.WithCertificates(*useTLS),
 				launch.WithTimeline(*timeline), launch.WithMetrics(*metrics),
-				launch.WithOutput(e.stdout, e.stderr), launch.WithLogger(cliLogger(e, level, "launch")))
+				launch.WithOutput(e.stdout, e.stderr), launch.WithLogger(cliLogger(e, level, "launch")))...)
 			if err != nil {
 				fmt.Fprintf(e.stderr, "tfdist launch: %v\nRun 'tfdist launch -h' for help.\n", err)
 				return exitUsage
 			}
 			sigs := make(chan os.Signal, 2)
 			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+			if *elastic {
+				signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
+			}
 			defer signal.Stop(sigs)
 			stopForwarding := make(chan struct{})
 			defer close(stopForwarding)
@@ -153,7 +189,14 @@ Examples
 				for {
 					select {
 					case s := <-sigs:
-						l.Signal(s)
+						switch s {
+						case syscall.SIGUSR1:
+							l.Scale(1)
+						case syscall.SIGUSR2:
+							l.Scale(-1)
+						default:
+							l.Signal(s)
+						}
 					case <-stopForwarding:
 						return
 					}
@@ -166,6 +209,22 @@ Examples
 			return launch.ExitCode(err)
 		}
 	},
+}
+
+// parseSizes parses a comma-separated list of worker counts.
+func parseSizes(s string) ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a worker count; expected positive integers, e.g. 1,2,4", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // cliLogger returns a terse human-readable logger to e.stderr for the

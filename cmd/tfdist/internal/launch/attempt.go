@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -27,6 +28,12 @@ type clusterRun struct {
 	restarts []int         // restarts of each task alone in this attempt
 	pending  []*time.Timer // each task's restart being waited for, or nil
 	due      chan int      // positions of the tasks whose restart delay is over
+
+	// An elastic job: its rendezvous's end (nil once received), whether it
+	// finished, and the exit of the last worker not replaced.
+	served      <-chan error
+	finished    bool
+	lastFailure error
 
 	running   int
 	result    error
@@ -54,9 +61,8 @@ func (l *Launcher) attempt(ctx context.Context, attempt int) error {
 		zap.Stringer("fingerprint", spec.Fingerprint()))
 	l.assignMetrics(tasks, ports[len(tasks):])
 
-	r := &clusterRun{l: l, attempt: attempt, spec: spec, out: &syncWriters{stdout: l.stdout, stderr: l.stderr},
-		exits: make(chan exitEvent, len(tasks)), restarts: make([]int, len(tasks)),
-		pending: make([]*time.Timer, len(tasks)), due: make(chan int, len(tasks))}
+	r := l.newRun(attempt, spec, len(tasks))
+	r.restarts, r.pending = make([]int, len(tasks)), make([]*time.Timer, len(tasks))
 	defer r.end()
 	for i, t := range tasks {
 		p, err := l.start(spec, t, i, attempt, r.out, r.exits)
@@ -69,10 +75,16 @@ func (l *Launcher) attempt(ctx context.Context, attempt int) error {
 	return r.wait(ctx)
 }
 
+// newRun returns the run of an attempt of up to n tasks.
+func (l *Launcher) newRun(attempt int, spec cluster.ClusterSpec, n int) *clusterRun {
+	return &clusterRun{l: l, attempt: attempt, spec: spec, out: &syncWriters{stdout: l.stdout, stderr: l.stderr},
+		exits: make(chan exitEvent, n), due: make(chan int, n)}
+}
+
 // wait runs the attempt's event loop until every process has exited.
 func (r *clusterRun) wait(ctx context.Context) error {
 	ctxDone := ctx.Done()
-	for r.running > 0 {
+	for r.running > 0 || slices.ContainsFunc(r.pending, func(t *time.Timer) bool { return t != nil }) {
 		select {
 		case ev := <-r.exits:
 			r.exited(ev)
@@ -88,6 +100,10 @@ func (r *clusterRun) wait(ctx context.Context) error {
 			r.stop(reason, nil, syscall.SIGTERM)
 		case sig := <-r.l.sigs:
 			r.signaled(sig)
+		case err := <-r.served:
+			r.rendezvousEnded(err)
+		case d := <-r.l.scales:
+			r.scale(d)
 		case <-r.killTimer:
 			r.killTimer = nil
 			r.l.log.Warn("grace period over: killing the tasks still running",
@@ -167,6 +183,9 @@ func (r *clusterRun) killAll() {
 func (r *clusterRun) judge(ev exitEvent) (error, bool) {
 	t, start := ev.p.task, ev.p.start
 	failed := !ev.state.Success()
+	if r.l.elastic {
+		return r.elasticExited(ev)
+	}
 	if !r.l.paramServer() {
 		if failed {
 			return newTaskError(t, start, ev.state, ""), true

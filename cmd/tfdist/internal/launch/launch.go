@@ -92,6 +92,14 @@ type Launcher struct {
 	taskRestarts        int
 	backoff, maxBackoff time.Duration
 
+	// An elastic job: its bounds, and, once Run starts it, its name and
+	// rendezvous's address.
+	elastic                bool
+	minWorkers, maxWorkers int
+	sizes                  []int
+	job, rendezvous        string
+	scales                 chan int
+
 	sigs chan os.Signal
 	mu   sync.Mutex
 	sig  os.Signal // the first signal Signal forwarded
@@ -201,7 +209,7 @@ func WithOnStart(fn func(t cluster.Task, attempt, pid int)) Option {
 func New(command []string, opts ...Option) (*Launcher, error) {
 	l := &Launcher{command: slices.Clone(command), workers: 1, grace: DefaultGracePeriod,
 		taskRestarts: DefaultTaskRestarts, backoff: DefaultRestartBackoff, maxBackoff: DefaultMaxRestartBackoff,
-		stdout: os.Stdout, stderr: os.Stderr, sigs: make(chan os.Signal, 8)}
+		stdout: os.Stdout, stderr: os.Stderr, sigs: make(chan os.Signal, 8), scales: make(chan int, 8)}
 	for _, o := range opts {
 		o(l)
 	}
@@ -232,6 +240,8 @@ func New(command []string, opts ...Option) (*Launcher, error) {
 		return nil, fmt.Errorf("timeout: %v, expected >= 0 (0 means none)", l.timeout)
 	case l.grace <= 0:
 		return nil, fmt.Errorf("grace period: %v, expected > 0", l.grace)
+	case l.checkElastic() != nil:
+		return nil, l.checkElastic()
 	case l.basePort < 0 || l.basePort > 0 && l.basePort+l.numPorts()-1 > 65535:
 		return nil, fmt.Errorf("base port: %d, expected 1..%d for %d tasks (%d ports)",
 			l.basePort, 65536-l.numPorts(), len(l.Tasks()), l.numPorts())
@@ -309,6 +319,9 @@ func (l *Launcher) Run(ctx context.Context) (err error) {
 			return err
 		}
 		defer cleanup()
+	}
+	if l.elastic {
+		return l.attemptElastic(ctx)
 	}
 	for attempt := 0; ; attempt++ {
 		if sig := l.interrupted(); sig != nil {

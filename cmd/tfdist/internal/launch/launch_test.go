@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 }
 
 func helper(mode string) int {
+	if mode == "elastic" {
+		return elasticWorker()
+	}
 	cfg, err := cluster.LoadTFConfig()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper:", err)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/elastic"
 	"github.com/tfdist/tfdist/monitoring"
 	"github.com/tfdist/tfdist/mtls"
 	"github.com/tfdist/tfdist/timeline"
@@ -30,6 +31,7 @@ type proc struct {
 	tail    tail
 	done    bool // its exit has been seen
 	drained bool // its output has been read to the end
+	leaving bool // asked to leave an elastic job
 }
 
 type exitEvent struct {
@@ -47,18 +49,24 @@ const drainTimeout = 2 * time.Second
 // TFDIST_RESTART), in its own process group, its output prefixed; its exit
 // goes to exits.
 func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start int, out *syncWriters, exits chan<- exitEvent) (*proc, error) {
-	tfConfig, err := cluster.Marshal(spec, t)
-	if err != nil {
-		return nil, err
+	var tfConfig string
+	if !l.elastic {
+		var err error
+		if tfConfig, err = cluster.Marshal(spec, t); err != nil {
+			return nil, err
+		}
 	}
 	env := slices.DeleteFunc(slices.Clone(l.env), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
 		return k == cluster.EnvVar || k == EnvTaskType || k == EnvTaskIndex || k == EnvRestart ||
-			k == timeline.Env || k == monitoring.Env ||
+			k == timeline.Env || k == monitoring.Env || k == elastic.EnvRendezvous || k == elastic.EnvJob || k == elastic.EnvName ||
 			l.tls && (k == mtls.EnvCA || k == mtls.EnvCert || k == mtls.EnvKey || k == mtls.EnvRequire)
 	})
+	if tfConfig != "" {
+		env = append(env, cluster.EnvVar+"="+tfConfig)
+	}
+	env = append(env, l.elasticEnv(t)...)
 	env = append(env,
-		cluster.EnvVar+"="+tfConfig,
 		EnvTaskType+"="+string(t.Type),
 		EnvTaskIndex+"="+strconv.Itoa(t.Index),
 		EnvRestart+"="+strconv.Itoa(start),
