@@ -33,6 +33,7 @@ type example struct {
 // examples lists every example program.
 var examples = []example{
 	{name: "classifier", flag: "-strategy"},
+	{name: "elastic", flag: "-deterministic", args: []string{"-steps", "100"}, want: "held-out accuracy"},
 	{name: "customloop", flag: "-decay-epochs", args: []string{"-dir", "{tmp}", "-epochs", "1", "-devices", "2"}, want: "held-out accuracy"},
 	{name: "lenet", flag: "-export-dir", args: []string{"-strategy", "mirrored", "-devices", "2", "-epochs", "1"}, want: "held-out accuracy"},
 	{name: "quickstart", want: "held-out accuracy"},
