@@ -21,6 +21,7 @@ type Member struct {
 	pending atomic.Bool
 	leaving atomic.Bool
 	next    chan Membership
+	lost    chan Departure
 	done    chan struct{} // closed when the connection ends
 	err     error         // why, set before done is closed
 	stop    chan struct{} // closed by Close
@@ -72,7 +73,8 @@ func Join(ctx context.Context, addr string, h Hello, opts ...JoinOption) (*Membe
 		}
 		return nil, &RefusedError{Reason: m.Reason}
 	}
-	mb := &Member{addr: addr, conn: c, next: make(chan Membership, 1), done: make(chan struct{}), stop: make(chan struct{})}
+	mb := &Member{addr: addr, conn: c, next: make(chan Membership, 1), lost: make(chan Departure, 16),
+		done: make(chan struct{}), stop: make(chan struct{})}
 	mb.wg.Add(2)
 	go mb.read()
 	go mb.heartbeat()
@@ -125,6 +127,13 @@ func (m *Member) readLoop() error {
 			default:
 			}
 			m.next <- *msg.Membership
+		case kindLost:
+			for _, d := range msg.Left {
+				select {
+				case m.lost <- d:
+				default: // a reader that lags has its group broken already
+				}
+			}
 		case kindStop:
 			if msg.Done {
 				return ErrJobFinished
@@ -164,6 +173,12 @@ func (m *Member) send(msg message) error {
 	}
 	return nil
 }
+
+// Lost delivers the members the server saw go without leaving (a dead
+// process, a silent host), each with the epoch of the membership it left:
+// a member whose group is that membership's may abort it rather than wait
+// for the collective timeout. Departures of older epochs are stale.
+func (m *Member) Lost() <-chan Departure { return m.lost }
 
 // Pending says whether the server waits for the members to report at
 // their next step boundary: a worker waits to join, or a member left.

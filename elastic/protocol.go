@@ -26,6 +26,7 @@ const (
 	kindPending    = "pending"    // server → worker: a change waits for the next boundary
 	kindMembership = "membership" // server → worker: the next membership
 	kindStop       = "stop"       // server → worker: the job stops
+	kindLost       = "lost"       // server → worker: a member of its membership is gone
 )
 
 // message is one frame: a big-endian uint32 length, then JSON.
@@ -67,6 +68,8 @@ type Report struct {
 
 // Departure records a member that left.
 type Departure struct {
+	// Epoch is the membership it left.
+	Epoch uint32 `json:"epoch"`
 	// Name is the member's.
 	Name string `json:"name"`
 	// At is when the server saw it go.

@@ -162,6 +162,13 @@ func TestSilentMembersAreDropped(t *testing.T) {
 	defer silent.Close()
 
 	start := time.Now()
+	select {
+	case d := <-a.Lost():
+		assert.Equal(t, "c", d.Name)
+		assert.Equal(t, uint32(1), d.Epoch, "the membership it left")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the members were not told that the silent member is gone")
+	}
 	require.Eventually(t, a.Pending, 5*time.Second, time.Millisecond, "the silent member was not dropped")
 	mb = <-next(a, 1) // b never reports
 	assert.Equal(t, []string{"a"}, names(mb))

@@ -52,9 +52,13 @@ func (st *state) drop(p *peer, now time.Time, why string) {
 	close(p.out)
 	if i := index(st.running, p); i >= 0 {
 		st.running = append(st.running[:i], st.running[i+1:]...)
-		st.left = append(st.left, Departure{Name: p.hello.Name, At: now, Why: why})
+		d := Departure{Epoch: st.epoch, Name: p.hello.Name, At: now, Why: why}
+		st.left = append(st.left, d)
 		if !p.leaving {
 			st.flaps[p.hello.Name] = append(st.flaps[p.hello.Name], now)
+			for _, q := range st.running { // their group waits for it in vain: they may abort it
+				st.send(q, message{Kind: kindLost, Left: []Departure{d}})
+			}
 		}
 		st.cfg.log.Info("a member left", zap.String("member", p.hello.Name), zap.String("why", why))
 		if !st.finishing {

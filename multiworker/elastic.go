@@ -130,7 +130,9 @@ func trainOn(ctx context.Context, mb elastic.Membership, ln net.Listener, snap *
 		return errors.Join(err, strategy.ErrCannotContinue) // a member failed to come up: form another
 	}
 	s.elastic = &elasticRun{member: m, mb: mb, snap: *snap}
+	stopWatching := s.abortOnLoss(m, mb.Epoch)
 	err = train(ctx, s)
+	stopWatching()
 	*snap = s.elastic.snap
 	cerr := s.Close()
 	if err != nil {
@@ -140,9 +142,36 @@ func trainOn(ctx context.Context, mb elastic.Membership, ln net.Listener, snap *
 	return cerr
 }
 
+// abortOnLoss aborts s's group when the rendezvous sees a member of epoch
+// go (its heartbeats stopped, say), so that a step waiting for it fails
+// now, not at the collective timeout, until stop is called.
+func (s *Strategy) abortOnLoss(m *elastic.Member, epoch uint32) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		for {
+			select {
+			case d := <-m.Lost():
+				if d.Epoch == epoch && s.group != nil {
+					s.log.Warn("the rendezvous saw a member go: aborting the group", zap.Stringer("departure", d))
+					s.group.Abort(fmt.Errorf("the rendezvous saw %s", d))
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
+}
+
 // newMember makes the Strategy of membership mb, its group listening on
-// ln.
+// ln (a membership of one has no group, and closes ln).
 func newMember(ctx context.Context, mb elastic.Membership, ln net.Listener, opts []Option) (*Strategy, error) {
+	if len(mb.Members) == 1 {
+		_ = ln.Close()
+		ln = nil
+	}
 	addrs := make([]string, len(mb.Members))
 	for i, m := range mb.Members {
 		addrs[i] = m.Addr
@@ -154,10 +183,15 @@ func newMember(ctx context.Context, mb elastic.Membership, ln net.Listener, opts
 			opts = append(append([]Option{WithStartupTimeout(elasticStartup)}, opts...), WithResolver(r), func(c *config) {
 				c.listener, c.epoch = ln, mb.Epoch
 			})
-			return New(ctx, opts...)
+			var s *Strategy
+			if s, err = New(ctx, opts...); err == nil {
+				return s, nil
+			}
 		}
 	}
-	_ = ln.Close()
+	if ln != nil {
+		_ = ln.Close()
+	}
 	return nil, fmt.Errorf("multiworker: membership %d: %w", mb.Epoch, err)
 }
 

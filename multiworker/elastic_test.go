@@ -406,3 +406,22 @@ func TestElasticBadInput(t *testing.T) {
 	assert.ErrorContains(t, err, "Resume: the strategy is not elastic (RunElastic makes one)")
 	assert.ErrorContains(t, s.StepDone(ctx), "StepDone: the strategy is not elastic")
 }
+
+// TestElasticStoppedWorkerIsDroppedAtTheHeartbeatTimeout: a worker that
+// stops (SIGSTOP: a wedged process, a host cut off) is dropped by the
+// rendezvous when its heartbeats stop, and the others abort their step
+// then rather than at the collective timeout (20 s here), go on without
+// it, and end with one device's model.
+func TestElasticStoppedWorkerIsDroppedAtTheHeartbeatTimeout(t *testing.T) {
+	const steps = 120
+	want := linearOnOneDevice(t, steps)
+	j := newElasticJob(t, steps, elastic.WithMembers(2, 3), elastic.WithHeartbeatTimeout(2*time.Second))
+	ps := []*elasticProc{j.start("worker:0"), j.start("worker:1"), j.start("worker:2")}
+	require.Eventually(t, func() bool { return j.completed(ps[0]) >= 20 }, 2*time.Minute, time.Millisecond)
+	stopped := time.Now()
+	require.NoError(t, ps[2].cmd.Process.Signal(syscall.SIGSTOP))
+	j.endWith(want, ps[0], ps[1])
+	healed := j.healed(ps[0], stopped)
+	assert.Less(t, healed, 10*time.Second, "the survivors waited for the collective timeout")
+	t.Logf("stopped worker:2; the first step of a new group %v later (heartbeat timeout 2s)", healed)
+}
