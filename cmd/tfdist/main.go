@@ -45,7 +45,7 @@ type command struct {
 }
 
 // commands lists the commands in the order "tfdist help" shows them.
-var commands = []*command{launchCommand, serverCommand, configValidateCommand, certCommand, privacyEpsilonCommand, privacyNoiseCommand, demoCommand, benchCommand, benchAllReduceCommand, soakCommand}
+var commands = []*command{launchCommand, serverCommand, rendezvousCommand, configValidateCommand, certCommand, privacyEpsilonCommand, privacyNoiseCommand, demoCommand, benchCommand, benchAllReduceCommand, soakCommand}
 
 // Exit statuses of tfdist itself (launch passes on its tasks' statuses).
 const (

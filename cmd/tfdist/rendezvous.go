@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os/signal"
+	"syscall"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/tfdist/tfdist/elastic"
+)
+
+var rendezvousCommand = &command{
+	name:    "rendezvous",
+	args:    "[flags]",
+	summary: "run the rendezvous of an elastic job until the job ends",
+	help: `Rendezvous runs the rendezvous of an elastic job: the process its workers
+join (elastic.Join, or elastic.JoinFromEnv with TFDIST_RENDEZVOUS set to
+its address), which admits them between --min-workers and --max-workers,
+sees them die, join and leave, and decides each membership that
+multiworker.RunElastic trains on. 'tfdist launch --elastic' runs one
+itself; run this one where the workers are on several machines, on a
+host they all reach.
+
+It logs every membership and departure to stderr, and exits 0 once the
+job has finished (a worker finished and every worker has gone), 1 when
+the job stopped (fewer than --min-workers for --wait), and 0 on SIGINT or
+SIGTERM, after telling the workers.
+
+Examples
+
+	tfdist rendezvous --listen :7000 --job mnist --min-workers 2 --max-workers 8
+	# on each worker host:
+	TFDIST_RENDEZVOUS=rdzv-host:7000 TFDIST_JOB=mnist TFDIST_WORKER=worker:3 ./trainer
+`,
+	flags: func(fs *flag.FlagSet) func(*env, []string) int {
+		listen := fs.String("listen", ":7000", "serve on `ADDR` (host:port)")
+		job := fs.String("job", "", "the job's `NAME`; a worker of another job is refused (default: the first worker's)")
+		minWorkers := fs.Int("min-workers", 1, "the fewest workers the job trains with")
+		maxWorkers := fs.Int("max-workers", 1, "the most workers the job takes; more wait as standbys")
+		sizes := fs.String("sizes", "", "the worker counts a membership may have, e.g. 1,2,4 (default: any from --min-workers to --max-workers)")
+		wait := fs.Duration("wait", elastic.DefaultWaitTimeout, "how long the job waits below --min-workers before it stops")
+		heartbeat := fs.Duration("heartbeat-timeout", elastic.DefaultHeartbeatTimeout, "how long a silent worker counts as alive")
+		return func(e *env, args []string) int {
+			if code, ok := noArgs(e, "rendezvous", args); !ok {
+				return code
+			}
+			if *minWorkers < 1 || *maxWorkers < *minWorkers {
+				fmt.Fprintf(e.stderr, "tfdist rendezvous: --min-workers %d, --max-workers %d: expected 1 <= min <= max\n", *minWorkers, *maxWorkers)
+				return exitUsage
+			}
+			counts, err := parseSizes(*sizes)
+			if err != nil {
+				fmt.Fprintf(e.stderr, "tfdist rendezvous: --sizes %q: %v\n", *sizes, err)
+				return exitUsage
+			}
+			srv, err := elastic.Listen(*listen, elastic.WithJob(*job), elastic.WithMembers(*minWorkers, *maxWorkers),
+				elastic.WithSizes(counts...), elastic.WithWaitTimeout(*wait), elastic.WithHeartbeatTimeout(*heartbeat),
+				elastic.WithLogger(cliLogger(e, zapcore.InfoLevel, "rendezvous")))
+			if err != nil {
+				fmt.Fprintf(e.stderr, "tfdist rendezvous: %v\n", err)
+				return exitUsage
+			}
+			fmt.Fprintf(e.stderr, "tfdist rendezvous: serving on %s\n", srv.Addr())
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			err = srv.Serve(ctx)
+			switch {
+			case err == nil || errors.Is(err, context.Canceled):
+				return exitOK
+			default:
+				fmt.Fprintf(e.stderr, "tfdist rendezvous: %v\n", err)
+				return exitFail
+			}
+		}
+	},
+}
