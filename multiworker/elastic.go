@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net"
+	"sync"
 	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -71,6 +72,8 @@ func RunElastic(ctx context.Context, m *elastic.Member, host string, train func(
 	var snap snapshot
 	var failed error // of the last membership, if it broke
 	unexplained := 0
+	var closing sync.WaitGroup // the strategies of broken memberships
+	defer closing.Wait()
 	for {
 		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
@@ -89,7 +92,7 @@ func RunElastic(ctx context.Context, m *elastic.Member, host string, train func(
 			return errors.Join(fmt.Errorf("multiworker: %d memberships in a row broke while no worker left: %w", unexplained, failed), m.Close())
 		}
 		failed = nil
-		err = trainOn(ctx, mb, ln, &snap, m, train, opts)
+		err = trainOn(ctx, mb, ln, &snap, m, train, opts, &closing)
 		switch {
 		case err == nil:
 			return m.Leave(true)
@@ -124,7 +127,7 @@ func checkElastic(opts []Option) error {
 // trainOn runs train on the strategy of membership mb, whose group
 // listens on ln, and keeps its last state in snap.
 func trainOn(ctx context.Context, mb elastic.Membership, ln net.Listener, snap *snapshot, m *elastic.Member,
-	train func(ctx context.Context, s *Strategy) error, opts []Option) error {
+	train func(ctx context.Context, s *Strategy) error, opts []Option, closing *sync.WaitGroup) error {
 	s, err := newMember(ctx, mb, ln, opts)
 	if err != nil {
 		return errors.Join(err, strategy.ErrCannotContinue) // a member failed to come up: form another
@@ -134,6 +137,16 @@ func trainOn(ctx context.Context, mb elastic.Membership, ln net.Listener, snap *
 	err = train(ctx, s)
 	stopWatching()
 	*snap = s.elastic.snap
+	if errors.Is(err, strategy.ErrCannotContinue) {
+		// A broken group's close waits for connections to a dead or
+		// stopped peer to drain: the next group need not.
+		closing.Add(1)
+		go func() {
+			defer closing.Done()
+			s.log.Debug("closed the strategy of a broken membership", zap.Error(err), zap.NamedError("close", s.Close()))
+		}()
+		return err
+	}
 	cerr := s.Close()
 	if err != nil {
 		s.log.Debug("closed the strategy of a membership that ended", zap.Error(err), zap.NamedError("close", cerr))
