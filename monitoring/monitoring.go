@@ -40,6 +40,8 @@ type Metrics struct {
 	LastStep           prometheus.Gauge
 	CheckpointSeconds  prometheus.Gauge
 	StragglerScore     *prometheus.GaugeVec
+	Workers            prometheus.Gauge
+	Memberships        prometheus.Counter
 }
 
 // New returns the metrics of task ("worker:1"), registered in a registry
@@ -72,10 +74,12 @@ func New(task string) *Metrics {
 		CheckpointSeconds:  gauge("checkpoint_seconds", "Time of the last checkpoint's save."),
 		StragglerScore: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "tfdist", Name: "straggler_score", ConstLabels: labels,
 			Help: "Each worker's speed relative to the fastest worker's, 1 for the fastest."}, []string{"worker"}),
+		Workers:     gauge("workers", "The workers of this worker's membership (an elastic job's)."),
+		Memberships: counter("memberships_total", "The memberships this worker trained in: one, then one more per change of an elastic job's."),
 	}
 	m.reg.MustRegister(m.Steps, m.Examples, m.AllReducedBytes, m.Restarts, m.CollectiveTimeouts,
 		m.StepSeconds, m.AllReduceSeconds, m.InputWaitSeconds,
-		m.Loss, m.LearningRate, m.LastStep, m.CheckpointSeconds, m.StragglerScore)
+		m.Loss, m.LearningRate, m.LastStep, m.CheckpointSeconds, m.StragglerScore, m.Workers, m.Memberships)
 	return m
 }
 

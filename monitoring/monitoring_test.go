@@ -45,7 +45,7 @@ func TestScrapeFindsEveryMetric(t *testing.T) {
 
 	for _, name := range []string{"steps_total", "examples_total", "allreduced_bytes_total", "restarts_total",
 		"collective_timeouts_total", "step_seconds", "allreduce_seconds", "input_wait_seconds", "loss", "learning_rate",
-		"last_step_timestamp_seconds", "checkpoint_seconds", "straggler_score"} {
+		"last_step_timestamp_seconds", "checkpoint_seconds", "straggler_score", "workers", "memberships_total"} {
 		f, ok := second["tfdist_"+name]
 		if !assert.True(t, ok, "tfdist_%s is served", name) {
 			continue

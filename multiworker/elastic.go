@@ -20,6 +20,7 @@ import (
 	"github.com/tfdist/tfdist/internal/engineops"
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/timeline"
 )
 
 // ErrMembershipChanged is StepDone's error when the job's membership
@@ -66,7 +67,8 @@ type elasticRun struct {
 // (m.LeaveSoon), nil when the job finishes while this worker waits as a
 // standby (train then never finished here), or train's other errors.
 func RunElastic(ctx context.Context, m *elastic.Member, host string, train func(ctx context.Context, s *Strategy) error, opts ...Option) error {
-	if err := checkElastic(opts); err != nil {
+	c, err := checkElastic(opts)
+	if err != nil {
 		return errors.Join(err, m.Close())
 	}
 	var snap snapshot
@@ -79,6 +81,7 @@ func RunElastic(ctx context.Context, m *elastic.Member, host string, train func(
 		if err != nil {
 			return errors.Join(fmt.Errorf("multiworker: listen for the next group: %w", err), m.Close())
 		}
+		formed := c.timeline.Begin(timeline.Membership, "membership")
 		mb, err := m.Next(ctx, elastic.Report{Step: snap.steps, Addr: ln.Addr().String()})
 		if errors.Is(err, elastic.ErrJobFinished) { // while this worker waited as a standby
 			return errors.Join(ln.Close(), m.Close())
@@ -92,6 +95,7 @@ func RunElastic(ctx context.Context, m *elastic.Member, host string, train func(
 			return errors.Join(fmt.Errorf("multiworker: %d memberships in a row broke while no worker left: %w", unexplained, failed), m.Close())
 		}
 		failed = nil
+		observeMembership(c, mb, formed)
 		err = trainOn(ctx, mb, ln, &snap, m, train, opts, &closing)
 		switch {
 		case err == nil:
@@ -107,21 +111,35 @@ func RunElastic(ctx context.Context, m *elastic.Member, host string, train func(
 	}
 }
 
-// checkElastic refuses the options an elastic job cannot honour.
-func checkElastic(opts []Option) error {
+// observeMembership records mb in the metrics and the timeline, if any.
+func observeMembership(c config, mb elastic.Membership, formed func(args any)) {
+	if c.metrics != nil {
+		c.metrics.Workers.Set(float64(len(mb.Members)))
+		c.metrics.Memberships.Inc()
+	}
+	left := make([]string, len(mb.Left))
+	for i, d := range mb.Left {
+		left[i] = d.String()
+	}
+	formed(map[string]any{"epoch": mb.Epoch, "workers": len(mb.Members), "rank": mb.Rank, "step": mb.Step, "joined": mb.Joined, "left": left})
+}
+
+// checkElastic refuses the options an elastic job cannot honour, and
+// returns the others.
+func checkElastic(opts []Option) (config, error) {
 	var c config
 	for _, o := range opts {
 		o(&c)
 	}
 	switch {
 	case c.comm != Auto && c.comm != Engine:
-		return fmt.Errorf("multiworker: RunElastic: WithCommunication(%v): an elastic job runs on tfdist's engine (Auto or Engine)", c.comm)
+		return c, fmt.Errorf("multiworker: RunElastic: WithCommunication(%v): an elastic job runs on tfdist's engine (Auto or Engine)", c.comm)
 	case c.tls != nil || c.requireTLS:
-		return errors.New("multiworker: RunElastic: WithTLS or RequireTLS: an elastic job's groups do not run TLS yet, since a worker's certificate names a fixed task")
+		return c, errors.New("multiworker: RunElastic: WithTLS or RequireTLS: an elastic job's groups do not run TLS yet, since a worker's certificate names a fixed task")
 	case c.resolver != nil:
-		return errors.New("multiworker: RunElastic: WithResolver: an elastic job's membership comes from its rendezvous, not a cluster spec")
+		return c, errors.New("multiworker: RunElastic: WithResolver: an elastic job's membership comes from its rendezvous, not a cluster spec")
 	}
-	return nil
+	return c, nil
 }
 
 // trainOn runs train on the strategy of membership mb, whose group

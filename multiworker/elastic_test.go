@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
@@ -22,9 +24,11 @@ import (
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/elastic"
 	"github.com/tfdist/tfdist/internal/testmodel"
+	"github.com/tfdist/tfdist/monitoring"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/timeline"
 )
 
 // The environment of an elastic worker process (this test binary again).
@@ -424,4 +428,79 @@ func TestElasticStoppedWorkerIsDroppedAtTheHeartbeatTimeout(t *testing.T) {
 	healed := j.healed(ps[0], stopped)
 	assert.Less(t, healed, 10*time.Second, "the survivors waited for the collective timeout")
 	t.Logf("stopped worker:2; the first step of a new group %v later (heartbeat timeout 2s)", healed)
+}
+
+// TestElasticMembershipsAreObserved: each membership of an elastic job is
+// counted in the worker's metrics (tfdist_memberships_total,
+// tfdist_workers) and is a span of its timeline naming its epoch, workers
+// and step, for two workers in one process of which one leaves.
+func TestElasticMembershipsAreObserved(t *testing.T) {
+	srv, err := elastic.Listen("127.0.0.1:0", elastic.WithMembers(1, 2), elastic.WithSettle(time.Hour))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	metrics, rec := monitoring.New("worker:0"), timeline.New(1<<10)
+	errs := make(chan error, 2)
+	for i := range 2 {
+		m, err := elastic.Join(ctx, srv.Addr(), elastic.Hello{Job: "j", Name: "worker:" + strconv.Itoa(i)})
+		require.NoError(t, err)
+		opts := []multiworker.Option{}
+		if i == 0 {
+			opts = append(opts, multiworker.WithMonitoring(metrics), multiworker.WithTimeline(rec))
+		}
+		go func() {
+			errs <- multiworker.RunElastic(ctx, m, "127.0.0.1", func(ctx context.Context, s *multiworker.Strategy) error {
+				l, err := testmodel.NewLinear(s, elasticLR)
+				if err != nil {
+					return err
+				}
+				start, err := s.Resume(ctx)
+				if err != nil {
+					return err
+				}
+				for step := start; step < 40; step++ {
+					per := elasticGlobal / s.NumWorkers()
+					if _, err := l.Run(ctx, int(step)*elasticGlobal+s.WorkerID()*per, per); err != nil {
+						return err
+					}
+					if i == 1 && step == 10 {
+						m.LeaveSoon()
+					}
+					if err := s.StepDone(ctx); err != nil {
+						return err
+					}
+				}
+				return nil
+			}, opts...)
+		}()
+	}
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	require.NoError(t, <-served)
+	assert.Equal(t, 2.0, value(t, metrics.Memberships))
+	assert.Equal(t, 1.0, value(t, metrics.Workers))
+	spans, _ := rec.Spans()
+	var formed []map[string]any
+	for _, s := range spans {
+		if s.Phase == timeline.Membership {
+			formed = append(formed, s.Args.(map[string]any))
+		}
+	}
+	require.Len(t, formed, 2)
+	assert.Equal(t, uint32(1), formed[0]["epoch"])
+	assert.Equal(t, 2, formed[0]["workers"])
+	assert.Equal(t, 1, formed[1]["workers"])
+	assert.Equal(t, int64(11), formed[1]["step"], "the second membership goes on after the leaver's last step")
+}
+
+// value reads a counter's or gauge's value.
+func value(t *testing.T, m prometheus.Metric) float64 {
+	var d dto.Metric
+	require.NoError(t, m.Write(&d))
+	if d.Counter != nil {
+		return d.Counter.GetValue()
+	}
+	return d.Gauge.GetValue()
 }

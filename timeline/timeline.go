@@ -29,6 +29,7 @@ const (
 	Checkpoint Phase = "checkpoint" // saving or restoring
 	Evaluate   Phase = "evaluate"   // an evaluation pass
 	Restart    Phase = "restart"    // rejoining after a failure
+	Membership Phase = "membership" // forming an elastic job's next membership
 )
 
 // Span is one interval of a worker's time.
