@@ -244,6 +244,35 @@ func TestFinishedJobReleasesStandbys(t *testing.T) {
 	require.ErrorIs(t, err, elastic.ErrJobFinished)
 }
 
+// TestFinishedJobReleasesMembersThatReport: a member that reports for a
+// new membership (its last step failed) once another has finished, or
+// before, learns that the job has finished rather than wait forever.
+func TestFinishedJobReleasesMembersThatReport(t *testing.T) {
+	for _, reportFirst := range []bool{true, false} {
+		srv := serve(t, elastic.WithMembers(3, 3))
+		a, b, c := join(t, srv, "a"), join(t, srv, "b"), join(t, srv, "c")
+		na, nb, nc := next(a, 0), next(b, 0), next(c, 0)
+		<-na
+		<-nb
+		<-nc
+		errc := make(chan error, 1)
+		report := func() {
+			_, err := b.Next(context.Background(), elastic.Report{Step: 9, Addr: "127.0.0.1:1"})
+			errc <- err
+		}
+		if reportFirst {
+			go report()
+			require.Eventually(t, a.Pending, 5*time.Second, time.Millisecond)
+		}
+		require.NoError(t, a.Leave(true))
+		if !reportFirst {
+			time.Sleep(50 * time.Millisecond)
+			go report()
+		}
+		require.ErrorIs(t, <-errc, elastic.ErrJobFinished, "reported first: %v", reportFirst)
+	}
+}
+
 func TestBadOptions(t *testing.T) {
 	for _, c := range []struct {
 		opt  elastic.Option

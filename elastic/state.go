@@ -208,6 +208,10 @@ func (st *state) ready(p *peer, r *Report, now time.Time) {
 		return
 	}
 	p.report = r
+	if st.finishing { // no membership forms again
+		st.release(p, now)
+		return
+	}
 	if index(st.running, p) >= 0 {
 		st.startRound(now)
 		return
@@ -409,10 +413,20 @@ func (st *state) form(cands []*peer, now time.Time) {
 func (st *state) finish(now time.Time) {
 	st.finishing = true
 	st.cfg.log.Info("the job is finishing")
-	for _, p := range append(slices.Clone(st.waiting), st.claims...) {
-		st.send(p, message{Kind: kindStop, Done: true, Reason: "the job has finished"})
-		st.drop(p, now, "the job has finished")
+	for _, p := range append(append(slices.Clone(st.waiting), st.claims...), st.running...) {
+		if p.report != nil || index(st.running, p) < 0 {
+			st.release(p, now)
+		}
 	}
+}
+
+// release tells p, which waits for a membership, that the job has
+// finished: the members that waited to re-form after a failure at the
+// very end, the standbys, and those not yet admitted.
+func (st *state) release(p *peer, now time.Time) {
+	st.send(p, message{Kind: kindStop, Done: true, Reason: "the job has finished"})
+	p.leaving = true // not a flap
+	st.drop(p, now, "the job has finished")
 }
 
 // stopAll sends m to every worker and ends their connections.
