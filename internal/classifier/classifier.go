@@ -11,6 +11,7 @@ package classifier
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -122,7 +123,7 @@ type Result struct {
 
 // RegisterFlags defines the classifier's flags on fs, storing into o.
 func RegisterFlags(fs *flag.FlagSet, o *Options) {
-	fs.StringVar(&o.Strategy, "strategy", "default", "distribution strategy: default, mirrored, multiworker or ps")
+	fs.StringVar(&o.Strategy, "strategy", "default", "distribution strategy: default, mirrored, multiworker, ps, or elastic (multiworker in an elastic job: tfdist launch --elastic)")
 	if o.Model == "" {
 		o.Model = "mlp"
 	}
@@ -179,6 +180,8 @@ func (o Options) Check() error {
 		return fmt.Errorf("-export-version %d: expected -export-dir too", o.ExportVersion)
 	case o.StatsEvery < 0:
 		return fmt.Errorf("-stats-every %v: expected a positive duration, or 0 for none", o.StatsEvery)
+	case o.Strategy == "elastic" && (o.CheckpointDir != "" || o.Communication != "tfdist" || o.DP.on()):
+		return errors.New("-strategy elastic keeps its state in memory, on tfdist's engine: drop -checkpoint-dir, -communication tensorflow and DP-SGD's flags")
 	}
 	if err := o.DP.check(o); err != nil {
 		return err
@@ -228,39 +231,49 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	}
 	train, test := data.Split(o.TestSize, o.Seed)
 	var sess session
-	if o.Strategy == "ps" {
+	switch o.Strategy {
+	case "elastic":
+		return res, runElastic(ctx, o, train, test, &res, log)
+	case "ps":
 		sess, err = newPSSession(ctx, o, train, &res)
-	} else {
+	default:
 		sess, err = newInGraphSession(ctx, o, train, &res)
 	}
 	if err != nil {
 		return res, err
 	}
 	defer sess.close()
+	return res, trainAndScore(ctx, o, sess, test, &res, log)
+}
+
+// trainAndScore trains sess's model, scores it on test and fills in res.
+func trainAndScore(ctx context.Context, o Options, sess session, test digits.Data, res *Result, log io.Writer) error {
 	var tb *summary.Writer
 	if o.LogDir != "" && res.Chief {
+		var err error
 		if tb, err = summary.NewWriter(o.LogDir); err != nil {
-			return res, err
+			return err
 		}
 		defer tb.Close()
 	}
-	if err := trainModel(ctx, o, sess, tb, &res, log); err != nil {
-		return res, err
+	if err := trainModel(ctx, o, sess, tb, res, log); err != nil {
+		return err
 	}
+	var err error
 	if res.Accuracy, err = sess.evaluate(ctx, test); err != nil {
-		return res, err
+		return err
 	}
 	if err := tb.Scalars(int64(o.Steps), map[string]float64{"accuracy": res.Accuracy, "examples_per_sec": res.ExamplesPerSec}); err != nil {
-		return res, err
+		return err
 	}
 	if res.ExportDir, err = export(ctx, o, sess); err != nil {
-		return res, err
+		return err
 	}
 	if res.Variables, err = strategy.ReadVariables(ctx, sess.strategy(), sess.model().Variables()); err != nil {
-		return res, fmt.Errorf("reading the trained model: %w", err)
+		return fmt.Errorf("reading the trained model: %w", err)
 	}
 	res.ParamL2, res.ParamsSHA256 = strategy.GlobalNorm(res.Variables), strategy.Fingerprint(res.Variables)
-	return res, nil
+	return nil
 }
 
 // export writes the trained model as a SavedModel, under -export-dir.
@@ -312,8 +325,10 @@ func trainModel(ctx context.Context, o Options, sess session, tb *summary.Writer
 	if err != nil {
 		return err
 	}
-	if start > 0 {
+	if start > 0 && o.CheckpointDir != "" {
 		fmt.Fprintf(log, "resuming after step %d from %s\n", start, o.CheckpointDir)
+	} else if start > 0 {
+		fmt.Fprintf(log, "resuming after step %d\n", start)
 	}
 	start = min(start, o.Steps)
 	var times stepTimes

@@ -6,6 +6,8 @@ import (
 	"io"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
@@ -59,18 +61,28 @@ func newStrategy(ctx context.Context, o Options) (engine, bool, int, error) {
 		if err != nil {
 			return nil, false, 0, err
 		}
-		robust, err := o.gradientOptions()
+		opts, err := o.multiworkerOptions(log)
 		if err != nil {
 			return nil, false, 0, err
 		}
-		s, err := multiworker.New(ctx, append(robust, multiworker.WithLogicalCPUs(o.Devices), multiworker.WithCollectiveTimeout(o.CollectiveTimeout),
-			multiworker.WithCommunication(comm), multiworker.WithLogger(log), multiworker.WithDeterministic(o.Deterministic))...)
+		s, err := multiworker.New(ctx, append(opts, multiworker.WithCommunication(comm))...)
 		if err != nil {
 			return nil, false, 0, err
 		}
 		return s, s.IsChief(), s.NumWorkers(), nil
 	}
-	return nil, false, 0, fmt.Errorf("-strategy %q: expected default, mirrored, multiworker or ps", o.Strategy)
+	return nil, false, 0, fmt.Errorf("-strategy %q: expected default, mirrored, multiworker, ps or elastic", o.Strategy)
+}
+
+// multiworkerOptions are the multiworker strategy's options the flags ask
+// for, but the communication.
+func (o Options) multiworkerOptions(log *zap.Logger) ([]multiworker.Option, error) {
+	robust, err := o.gradientOptions()
+	if err != nil {
+		return nil, err
+	}
+	return append(robust, multiworker.WithLogicalCPUs(o.Devices), multiworker.WithCollectiveTimeout(o.CollectiveTimeout),
+		multiworker.WithLogger(log), multiworker.WithDeterministic(o.Deterministic)), nil
 }
 
 // inGraph is a session of a synchronous strategy (default, mirrored,
@@ -85,6 +97,7 @@ type inGraph struct {
 	data        dataset.Dataset // the training batches, shuffled and repeated
 	backup      *checkpoint.BackupAndRestore
 	input       *dataset.DistIterator
+	afterStep   func(context.Context) error // after each step that ran, if set
 }
 
 // newInGraphSession builds the strategy, the model and its steps, and
@@ -168,6 +181,9 @@ func (g *inGraph) trainer(ctx context.Context, start int, times *stepTimes) (tra
 		if err == nil {
 			times.add(0, time.Since(begin))
 		}
+		if err == nil && g.afterStep != nil {
+			err = g.afterStep(ctx)
+		}
 		return out, err
 	}
 	return trainloop.Synchronous(step, g.s.Reduce), 1, nil
@@ -196,8 +212,13 @@ func (g *inGraph) strategy() strategy.ValueReader { return g.s }
 func (g *inGraph) privacy() *privacy { return g.o.dp }
 
 func (g *inGraph) close() error {
+	g.closeInput()
+	return g.s.Close()
+}
+
+// closeInput stops the input pipeline, if it started.
+func (g *inGraph) closeInput() {
 	if g.input != nil {
 		g.input.Close()
 	}
-	return g.s.Close()
 }

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
 	"syscall"
 
@@ -35,13 +36,17 @@ func MainWithFaults(prog, model string, args []string, stdout, stderr io.Writer,
 		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	stopOn := []os.Signal{syscall.SIGINT, syscall.SIGTERM}
+	if o.Strategy == "elastic" {
+		stopOn = stopOn[:1] // SIGTERM: leave the job at a step boundary (runElastic)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), stopOn...)
 	defer stop()
 	fmt.Fprintf(stderr, "%s: %s model, %s strategy, %d device(s) per process, global batch %d, %d steps, %s lr %g\n",
 		prog, o.Model, o.Strategy, o.Devices, o.GlobalBatch, o.Steps, o.Optimizer, o.LR)
 	res, err := Run(ctx, o, stdout)
-	if errors.Is(err, paramserver.ErrNotChief) {
-		return 0 // a ps or worker task: it served until the chief was done
+	if errors.Is(err, paramserver.ErrNotChief) || errors.Is(err, errNoResult) {
+		return 0 // a ps or worker task that served until the chief was done, or an elastic worker that left
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
