@@ -33,7 +33,10 @@ trimmed_mean(1); 2 workers of 2 logical CPUs under -compression
 topk(0.01); 2 workers of 2 logical CPUs with -hidden 1024, whose
 all-reduce reads its chunks from the other worker's memory, and with
 -hidden 16384, whose first layer's gradient the workers write into each
-other's results). Every -interval it samples each process's OS threads,
+other's results); "-strategies elastic" runs an elastic job (launch
+--elastic, 2 to 3 workers) whose membership changes every second, one
+worker fewer then one more, and judges the workers that lived through
+the run, not the step times. Every -interval it samples each process's OS threads,
 resident memory and open file descriptors (from /proc, so Linux only),
 and the goroutines the program reports. It prints a table per strategy
 and fails when a process exits with an error or breaks a bound:

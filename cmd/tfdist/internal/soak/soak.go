@@ -28,6 +28,11 @@ type Setup struct {
 	Args   []string
 	// MaxSteps, when set, caps the run's steps.
 	MaxSteps int
+	// ScaleEvery, when set, changes an elastic job's membership this
+	// often: one worker fewer, then one more (launch.Launcher.Scale).
+	// Processes then come and go; only those that lived through most of the
+	// run are judged.
+	ScaleEvery time.Duration
 }
 
 // StepsOf returns the steps a run asked for steps takes under s.
@@ -50,9 +55,10 @@ func (s Setup) StepsOf(steps int) int {
 // "topk", 2 workers of 2 logical CPUs sending TopK(0.01) gradients, and
 // "wide", 2 workers of 2 logical CPUs training 1,024 hidden units, whose
 // gradients' all-reduce is large enough for each worker to read its
-// chunks from the other's memory, and "pushed", the same with 16,384
+// chunks from the other's memory, "pushed", the same with 16,384
 // hidden units, whose first layer's gradient (4 MiB) the workers push
-// into each other's results.
+// into each other's results, and "elastic", an elastic job of 2 to 3
+// workers whose membership changes every second.
 func Setups() []Setup {
 	return []Setup{
 		{Name: "default", Args: []string{"-strategy", "default"}},
@@ -71,6 +77,8 @@ func Setups() []Setup {
 			Args: []string{"-strategy", "multiworker", "-devices", "2", "-hidden", "1024"}},
 		{Name: "pushed", Launch: []launch.Option{launch.WithWorkers(2)},
 			Args: []string{"-strategy", "multiworker", "-devices", "2", "-hidden", "16384"}},
+		{Name: "elastic", Launch: []launch.Option{launch.WithElastic(2, 3), launch.WithWorkers(3)},
+			Args: []string{"-strategy", "elastic", "-global-batch", "48"}, ScaleEvery: time.Second},
 	}
 }
 
@@ -148,13 +156,23 @@ func Run(ctx context.Context, setup Setup, o Options) (*Report, error) {
 	go func() { done <- l.Run(ctx) }()
 	tick := time.NewTicker(o.Interval)
 	defer tick.Stop()
+	var scale <-chan time.Time
+	if setup.ScaleEvery > 0 {
+		t := time.NewTicker(setup.ScaleEvery)
+		defer t.Stop()
+		scale = t.C
+	}
+	delta := -1
 	for {
 		select {
 		case <-tick.C:
 			w.sample(time.Since(start))
+		case <-scale:
+			l.Scale(delta)
+			delta = -delta
 		case err := <-done:
 			r := &Report{Setup: setup.Name, Steps: o.Steps, Elapsed: time.Since(start), Err: err,
-				Processes: w.processes(), Result: w.result, Tail: w.tail()}
+				Processes: w.processes(), Result: w.result, Tail: w.tail(), transient: setup.ScaleEvery > 0}
 			r.judge(o.Bounds)
 			return r, nil
 		}
