@@ -56,7 +56,7 @@ func (st *state) drop(p *peer, now time.Time, why string) {
 		st.left = append(st.left, d)
 		if !p.leaving {
 			st.flaps[p.hello.Name] = append(st.flaps[p.hello.Name], now)
-			for _, q := range st.running { // their group waits for it in vain: they may abort it
+			for _, q := range slices.Clone(st.running) { // their group waits for it in vain: they may abort it
 				st.send(q, message{Kind: kindLost, Left: []Departure{d}})
 			}
 		}
@@ -233,7 +233,7 @@ func (st *state) startRound(now time.Time) {
 	if st.roundStart.IsZero() {
 		st.roundStart = now
 	}
-	for _, q := range st.running {
+	for _, q := range slices.Clone(st.running) { // a send may drop q
 		if q.report == nil && !q.leaving {
 			st.send(q, message{Kind: kindPending})
 		}
