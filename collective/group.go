@@ -256,6 +256,25 @@ func (g *Group) peerError(rank int, err error) error {
 	return &PeerError{Peer: g.members[rank], Err: err}
 }
 
+// writeGrace is how long a write to a peer that failed waits for the
+// peer's reader to break the group.
+const writeGrace = 200 * time.Millisecond
+
+// writeFailed is the error of a write to peer that failed with err: the
+// group's, once the connection's reader has broken it with what it saw
+// (the peer's goodbye, or the end of the connection, which follows a dead
+// peer's failed write at once), or, should the reader see nothing within
+// writeGrace, a lost connection. Either way the error says what became of
+// the peer, whichever of the write and the read noticed first.
+func (g *Group) writeFailed(peer int, err error) error {
+	select {
+	case <-g.broken:
+		return g.Err()
+	case <-time.After(writeGrace):
+	}
+	return g.peerError(peer, fmt.Errorf("%w: %w", ErrPeerLost, err))
+}
+
 // Abort breaks the group with err, sent to every peer: their pending and
 // later operations fail at once with a *PeerError that names this member
 // and carries err's text. A member aborts when it cannot take part in the

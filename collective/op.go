@@ -137,7 +137,7 @@ func (o *op) send(peer int, step, chunk, offset int, payload []byte) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return o.timeoutErr(peer, nil)
 	}
-	return o.g.peerError(peer, fmt.Errorf("sending %s %q: %w", o.self.op, o.name, err))
+	return o.g.writeFailed(peer, fmt.Errorf("sending %s %q: %w", o.self.op, o.name, err))
 }
 
 // recv returns the next frame of this call from peer, checked against the

@@ -272,7 +272,7 @@ func (o *op) pushWith(peer, off, k, c, wireOffset, n int, fill func([]byte)) err
 		if gerr := o.g.Err(); gerr != nil {
 			return gerr // the group broke, which closed the connection
 		}
-		return o.g.peerError(peer, fmt.Errorf("%s %q: writing its result: %w", o.self.op, o.name, err))
+		return o.g.writeFailed(peer, fmt.Errorf("%s %q: writing its result: %w", o.self.op, o.name, err))
 	}
 	o.g.pushed.Add(1)
 	o.g.sent.Add(int64(n)) // the chunk's bytes, as if they had gone in the frame
