@@ -134,7 +134,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"launch", "--ps", "1", "--", "true"}, "--chief"},
 		{[]string{"server", "--threads", "-1"}, "threads"},
 		{[]string{"help", "nope"}, "unknown command"},
-		{[]string{"soak", "-strategies", "default,nope"}, `strategy "nope": expected one of [default mirrored multiworker multiworker-tensorflow ps robust topk wide pushed]`},
+		{[]string{"soak", "-strategies", "default,nope"}, `strategy "nope": expected one of [default mirrored multiworker multiworker-tensorflow ps robust topk wide pushed elastic]`},
 		{[]string{"soak", "-max-rss-growth", "-0.5"}, "-max-rss-growth -0.5: expected 0 or more"},
 		{[]string{"soak", "-digits", "/nonexistent/digits"}, "-digits /nonexistent/digits"},
 	}
