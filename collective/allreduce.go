@@ -3,6 +3,7 @@ package collective
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"unsafe"
 )
 
@@ -186,7 +187,7 @@ func (o *op) treeSegments(dst, src []byte) error {
 			return err
 		}
 	}
-	mine := make([]byte, hi-lo) // peers may read it until endReads: never pooled
+	mine := make([]byte, hi-lo) // peers may read it until endReads: never pooled, kept alive
 	combineTree(o.self.red, o.self.dtype, mine, parts)
 	if o.self.red == Mean {
 		scale(o.self.dtype, mine, n)
@@ -203,7 +204,12 @@ func (o *op) treeSegments(dst, src []byte) error {
 			return err
 		}
 	}
-	return o.endReads()
+	err := o.endReads()
+	// Peers read mine by its address, which the garbage collector does not
+	// see: without this, it could free mine once copied, and a peer read
+	// another allocation's bytes (zeros, seen once in a test).
+	runtime.KeepAlive(mine)
+	return err
 }
 
 // sendRange sends data, which lies at byte offset base of the call's

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"runtime"
+	"runtime/debug"
 	"testing"
 	"unsafe"
 
@@ -56,11 +58,13 @@ func TestTreeOrderIsTheSameForEveryNumberOfMembers(t *testing.T) {
 			}
 			gs := newGroups(t, members, opts...)
 			got := make([][]float32, members)
+			stopGC := collectGarbage() // a buffer peers read by its address must stay alive
 			requireAllOK(t, onAll(gs, func(r int, g *Group) error {
 				got[r] = append([]float32(nil), blocks[r]...)
 				data := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(got[r]))), 4*n)
 				return g.AllReduce(context.Background(), "grad", Sum, Float32, data, InTreeOrder())
 			}))
+			stopGC()
 			for r := range got {
 				require.Equal(t, want, got[r], "%d floats over %d members: member %d", n, members, r)
 			}
@@ -73,6 +77,30 @@ func TestTreeOrderIsTheSameForEveryNumberOfMembers(t *testing.T) {
 			}
 		}
 	}
+}
+
+// collectGarbage collects garbage over and over, and allocates and fills
+// memory meanwhile, until stop is called: memory freed too early is reused
+// at once, with other bytes.
+func collectGarbage() (stop func()) {
+	old := debug.SetGCPercent(1)
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+				runtime.GC()
+				junk := make([]byte, 192<<10)
+				for i := range junk {
+					junk[i] = 0xff
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-exited; debug.SetGCPercent(old) }
 }
 
 // Members that disagree on the order fail, naming it; compression and
