@@ -52,6 +52,7 @@ type elasticRun struct {
 	mb     elastic.Membership
 	snap   snapshot
 	reads  []tf.Output // of every Saveable, built at the first StepDone
+	names  []string    // of the Saveables that reads reads, in the same order
 }
 
 // RunElastic trains on every membership of an elastic job in turn. For
@@ -399,8 +400,8 @@ func (s *Strategy) StepDone(ctx context.Context) error {
 // snapshot reads every Saveable into memory.
 func (s *Strategy) snapshot(ctx context.Context) error {
 	el := s.elastic
-	saveables := s.State().Saveables()
 	if el.reads == nil {
+		saveables := s.State().Saveables()
 		err := s.State().Extend("elastic_snapshot", func(sc *op.Scope) error {
 			for _, sv := range saveables {
 				out, err := sv.Slices[0].Read(sc.WithDevice(sv.Slices[0].Device))
@@ -415,11 +416,12 @@ func (s *Strategy) snapshot(ctx context.Context) error {
 			el.reads = nil
 			return fmt.Errorf("multiworker: StepDone: %w", err)
 		}
+		el.names = names(saveables)
 	}
 	values, err := s.State().Run(ctx, nil, el.reads, nil, nil)
 	if err != nil {
 		return fmt.Errorf("multiworker: StepDone: keep the state: %w", err)
 	}
-	el.snap = snapshot{steps: el.snap.steps + 1, names: names(saveables), values: values}
+	el.snap = snapshot{steps: el.snap.steps + 1, names: el.names, values: values}
 	return nil
 }
