@@ -3,6 +3,7 @@ package multiworker
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -39,20 +40,23 @@ const maxUnexplained = 3
 const elasticStartup = 10 * time.Second
 
 // snapshot is a worker's state after Steps steps: every Saveable's value,
-// in the order of State().Saveables().
+// in the order of State().Saveables(), and the program's progress then.
 type snapshot struct {
-	steps  int64
-	names  []string
-	values []*tf.Tensor
+	steps    int64
+	names    []string
+	values   []*tf.Tensor
+	progress []byte
 }
 
 // elasticRun is a Strategy's part in an elastic job.
 type elasticRun struct {
-	member *elastic.Member
-	mb     elastic.Membership
-	snap   snapshot
-	reads  []tf.Output // of every Saveable, built at the first StepDone
-	names  []string    // of the Saveables that reads reads, in the same order
+	member   *elastic.Member
+	mb       elastic.Membership
+	snap     snapshot
+	reads    []tf.Output // of every Saveable, built at the first StepDone
+	names    []string    // of the Saveables that reads reads, in the same order (non-nil once built)
+	progress []byte      // what SetProgress set, for the next StepDone
+	resumed  bool        // Resume has run on this membership
 }
 
 // RunElastic trains on every membership of an elastic job in turn. For
@@ -237,24 +241,59 @@ func (s *Strategy) Resume(ctx context.Context) (int64, error) {
 	if el == nil {
 		return 0, errors.New("multiworker: Resume: the strategy is not elastic (RunElastic makes one)")
 	}
+	if el.resumed {
+		return 0, errors.New("multiworker: Resume: called twice on one membership: call it once, before the first step")
+	}
+	el.resumed = true
 	saveables := s.State().Saveables()
 	if err := s.sameModel(ctx, saveables); err != nil {
 		return 0, err
 	}
 	if el.mb.Step <= 0 {
-		el.snap = snapshot{}
+		el.snap, el.progress = snapshot{}, nil
 		return 0, nil
 	}
 	values, err := s.receiveState(ctx, saveables)
 	if err != nil {
 		return 0, err
 	}
+	progress, err := s.receiveProgress(ctx)
+	if err != nil {
+		return 0, err
+	}
 	if err := s.writeState(ctx, saveables, values); err != nil {
 		return 0, err
 	}
-	el.snap = snapshot{steps: el.mb.Step, names: names(saveables), values: values}
+	el.snap = snapshot{steps: el.mb.Step, names: names(saveables), values: values, progress: progress}
+	el.progress = progress
 	return el.mb.Step, nil
 }
+
+// SetProgress records p as the program's progress, beyond its variables:
+// its place in its data, its running totals, whatever it needs to go on
+// from a step as if it had never stopped. The next StepDone keeps p with
+// the state of its step, and after a change of members Resume gives every
+// worker the holder's, which Progress returns. Call it after a step and
+// before its StepDone; until called again, every StepDone keeps p.
+func (s *Strategy) SetProgress(p []byte) {
+	if s.elastic != nil {
+		s.elastic.progress = bytes.Clone(p)
+	}
+}
+
+// Progress returns the progress kept with the state Resume gave: what the
+// holder of that state had set with SetProgress, or nil (a new job, or a
+// program that never set one).
+func (s *Strategy) Progress() []byte {
+	if s.elastic == nil {
+		return nil
+	}
+	return bytes.Clone(s.elastic.snap.progress)
+}
+
+// Elastic reports whether s is a membership's strategy of an elastic job
+// (RunElastic made it): one whose programs call Resume and StepDone.
+func (s *Strategy) Elastic() bool { return s.elastic != nil }
 
 // ErrModelMismatch is Resume's error on a worker whose model differs
 // from the one of the member holding the job's state.
@@ -342,8 +381,40 @@ func (s *Strategy) receiveState(ctx context.Context, saveables []strategy.Saveab
 	return values, nil
 }
 
+// receiveProgress broadcasts the holder's progress to every member: its
+// length, then its bytes (padded to whole int64s, the engine's unit).
+func (s *Strategy) receiveProgress(ctx context.Context) ([]byte, error) {
+	el := s.elastic
+	if s.group == nil {
+		return el.snap.progress, nil
+	}
+	holder := el.mb.Rank == el.mb.Holder
+	size := make([]byte, 8)
+	if holder {
+		binary.LittleEndian.PutUint64(size, uint64(len(el.snap.progress)))
+	}
+	if err := s.group.Broadcast(ctx, "tfdist_elastic_progress_size", el.mb.Holder, collective.Int64, size); err != nil {
+		return nil, fmt.Errorf("multiworker: Resume: take the progress from worker %d: %w", el.mb.Holder, errors.Join(err, strategy.ErrCannotContinue))
+	}
+	n := binary.LittleEndian.Uint64(size)
+	if n == 0 {
+		return nil, nil
+	}
+	data := make([]byte, (n+7)/8*8)
+	if holder {
+		copy(data, el.snap.progress)
+	}
+	if err := s.group.Broadcast(ctx, "tfdist_elastic_progress", el.mb.Holder, collective.Int64, data); err != nil {
+		return nil, fmt.Errorf("multiworker: Resume: take the progress from worker %d: %w", el.mb.Holder, errors.Join(err, strategy.ErrCannotContinue))
+	}
+	return data[:n], nil
+}
+
 // writeState assigns values to the variables.
 func (s *Strategy) writeState(ctx context.Context, saveables []strategy.Saveable, values []*tf.Tensor) error {
+	if len(saveables) == 0 {
+		return nil
+	}
 	feeds := map[tf.Output]*tf.Tensor{}
 	var targets []*tf.Operation
 	err := s.State().Extend("elastic_resume", func(sc *op.Scope) error {
@@ -375,10 +446,12 @@ func (s *Strategy) writeState(ctx context.Context, saveables []strategy.Saveable
 	return nil
 }
 
-// StepDone marks the end of a step of an elastic job: it keeps the state
-// in memory (the state a re-formed group takes if this worker holds the
-// newest), then agrees with the other members whether the membership
-// changes here, and returns ErrMembershipChanged if it does.
+// StepDone marks the end of a step of an elastic job, or of any point the
+// program can go on from (train's Fit also marks each epoch's end): it
+// keeps the state in memory with the progress SetProgress set (the state
+// a re-formed group takes if this worker holds the newest), then agrees
+// with the other members whether the membership changes here, and returns
+// ErrMembershipChanged if it does. Resume counts the StepDone calls.
 func (s *Strategy) StepDone(ctx context.Context) error {
 	el := s.elastic
 	if el == nil {
@@ -400,7 +473,7 @@ func (s *Strategy) StepDone(ctx context.Context) error {
 // snapshot reads every Saveable into memory.
 func (s *Strategy) snapshot(ctx context.Context) error {
 	el := s.elastic
-	if el.reads == nil {
+	if el.names == nil {
 		saveables := s.State().Saveables()
 		err := s.State().Extend("elastic_snapshot", func(sc *op.Scope) error {
 			for _, sv := range saveables {
@@ -418,10 +491,13 @@ func (s *Strategy) snapshot(ctx context.Context) error {
 		}
 		el.names = names(saveables)
 	}
-	values, err := s.State().Run(ctx, nil, el.reads, nil, nil)
-	if err != nil {
-		return fmt.Errorf("multiworker: StepDone: keep the state: %w", err)
+	var values []*tf.Tensor
+	if len(el.reads) > 0 { // a program may step without variables
+		var err error
+		if values, err = s.State().Run(ctx, nil, el.reads, nil, nil); err != nil {
+			return fmt.Errorf("multiworker: StepDone: keep the state: %w", err)
+		}
 	}
-	el.snap = snapshot{steps: el.snap.steps + 1, names: el.names, values: values}
+	el.snap = snapshot{steps: el.snap.steps + 1, names: el.names, values: values, progress: el.progress}
 	return nil
 }

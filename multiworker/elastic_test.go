@@ -104,6 +104,10 @@ func runElasticWorker() (int, bool) {
 		if err != nil {
 			return err
 		}
+		// The progress kept with the state is the one set at its step.
+		if p := string(s.Progress()); start > 0 && p != strconv.FormatInt(start, 10) {
+			return fmt.Errorf("resumed at step %d with the progress of step %q", start, p)
+		}
 		n, rank := s.NumWorkers(), s.WorkerID()
 		printLine(elasticLine{Event: "membership", Step: start, Workers: n})
 		for step := start; step < steps; step++ {
@@ -113,6 +117,7 @@ func runElasticWorker() (int, bool) {
 			}
 			printLine(elasticLine{Event: "step", Step: step + 1, Workers: n})
 			time.Sleep(20 * time.Millisecond) // a longer step, for the kills to land inside the run
+			s.SetProgress([]byte(strconv.FormatInt(step+1, 10)))
 			if err := s.StepDone(ctx); err != nil {
 				return err
 			}
