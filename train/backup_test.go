@@ -43,9 +43,7 @@ const (
 // kills is the number of kills of TestBackupAndRestoreSurvivesKills.
 var kills = flag.Int("backup-kills", 3, "kills of the BackupAndRestore process test (the issue's check is 10)")
 
-// backupEpochs and the data of the process tests: 300 examples in global
-// batches of 32, reshuffled each epoch, a partial batch at each epoch's
-// end: 10 steps an epoch.
+// backupEpochs are the epochs of the process tests (see processData).
 const backupEpochs = 4
 
 // workerMain is a worker of the process tests: Fit with BackupAndRestore
@@ -59,26 +57,11 @@ func workerMain() error {
 		return err
 	}
 	defer s.Close()
-	var m *nn.Model
-	err = s.Scope(func(sc strategy.Scope) (err error) {
-		in := nn.Input(64)
-		h := nn.Dense{Units: 32, Activation: nn.ReLU}.Call(in)
-		m, err = nn.NewModel(sc, "mlp", []*nn.Tensor{in}, []*nn.Tensor{nn.Dense{Units: 10}.Call(h)}, nn.WithSeed(5))
-		return err
-	})
+	tr, err := compileMLP(s)
 	if err != nil {
 		return err
 	}
-	tr, err := train.Compile(s, m, train.SparseCategoricalCrossentropy{FromLogits: true},
-		optimizer.NewKerasMomentum(optimizer.Constant(0.05), 0.9, false), train.WithMetrics(train.SparseCategoricalAccuracy{}))
-	if err != nil {
-		return err
-	}
-	d, err := digits.Load()
-	if err != nil {
-		return err
-	}
-	ds, err := dataset.FromSlices(map[string]any{"x": d.X[:300], "y": d.Y[:300]})
+	ds, err := processData()
 	if err != nil {
 		return err
 	}
@@ -86,7 +69,7 @@ func workerMain() error {
 	if at, err := strconv.Atoi(os.Getenv(killEnv)); err == nil {
 		cbs = append(cbs, killer{at: int64(at)})
 	}
-	h, err := tr.Fit(ctx, dataset.Batched(dataset.Shuffle(ds, 300, 11), 32, false), train.Epochs(backupEpochs), train.WithCallbacks(cbs...))
+	h, err := tr.Fit(ctx, ds, train.Epochs(backupEpochs), train.WithCallbacks(cbs...))
 	if err != nil || !s.IsChief() {
 		return err
 	}
@@ -102,6 +85,38 @@ func workerMain() error {
 		return err
 	}
 	return os.WriteFile(os.Getenv(outEnv), out, 0o644)
+}
+
+// compileMLP compiles an MLP of the digits in s's scope, as the process
+// tests train it.
+func compileMLP(s train.Strategy) (*train.Trainer, error) {
+	var m *nn.Model
+	err := s.Scope(func(sc strategy.Scope) (err error) {
+		in := nn.Input(64)
+		h := nn.Dense{Units: 32, Activation: nn.ReLU}.Call(in)
+		m, err = nn.NewModel(sc, "mlp", []*nn.Tensor{in}, []*nn.Tensor{nn.Dense{Units: 10}.Call(h)}, nn.WithSeed(5))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return train.Compile(s, m, train.SparseCategoricalCrossentropy{FromLogits: true},
+		optimizer.NewKerasMomentum(optimizer.Constant(0.05), 0.9, false), train.WithMetrics(train.SparseCategoricalAccuracy{}))
+}
+
+// processData is the training data of the process tests: 300 digits in
+// global batches of 32, reshuffled each epoch, a partial batch at each
+// epoch's end: 10 steps an epoch.
+func processData() (dataset.Dataset, error) {
+	d, err := digits.Load()
+	if err != nil {
+		return nil, err
+	}
+	ds, err := dataset.FromSlices(map[string]any{"x": d.X[:300], "y": d.Y[:300]})
+	if err != nil {
+		return nil, err
+	}
+	return dataset.Batched(dataset.Shuffle(ds, 300, 11), 32, false), nil
 }
 
 // killer kills its process with SIGKILL after step at.

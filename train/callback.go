@@ -69,6 +69,7 @@ type Run struct {
 	resumeEpoch, resumeStep int
 	resumeTotals            []float64 // the resumed epoch's totals so far
 	stragglers              *straggler.Detector
+	elastic                 *elasticFit // in an elastic job
 }
 
 // Trainer returns the model being trained.

@@ -139,6 +139,9 @@ func (t *Trainer) fit(ctx context.Context, ds dataset.Dataset, opts []FitOption)
 		r.ValidationFreq = c.valFreq
 	}
 	h := &History{Values: map[string][]float64{}}
+	if err := t.resumeElastic(ctx, r, h); err != nil {
+		return h, err
+	}
 	if err := t.epochs(ctx, r, f, st, c, h); err != nil {
 		r.cbs.close()
 		return h, err
@@ -152,12 +155,21 @@ func (t *Trainer) epochs(ctx context.Context, r *Run, f feed, st any, c fitConfi
 		return err
 	}
 	var logs Logs
+	if r.elastic != nil {
+		logs = r.elastic.logs // of the epoch before the one resumed at
+	}
 	for epoch := max(c.initialEpoch, r.resumeEpoch); epoch < c.epochs && !r.stop; epoch++ {
 		var err error
 		if logs, err = t.epoch(ctx, r, f, st, epoch, c); err != nil {
 			return fmt.Errorf("epoch %d: %w", epoch, err)
 		}
 		h.add(epoch, logs)
+		if r.elastic != nil {
+			r.elastic.logs = logs
+			if err := r.keepProgress(ctx, epoch+1, 0, nil); err != nil {
+				return fmt.Errorf("end of epoch %d: %w", epoch, err)
+			}
+		}
 	}
 	return r.cbs.trainEnd(ctx, r, logs)
 }
@@ -203,7 +215,10 @@ func (t *Trainer) epoch(ctx context.Context, r *Run, f feed, st any, epoch int, 
 			if err := t.stepEnded(ctx, r, logs); err != nil {
 				return err
 			}
-			return r.cbs.batchEnd(ctx, r, k-1, acc.logs(""))
+			if err := r.cbs.batchEnd(ctx, r, k-1, acc.logs("")); err != nil {
+				return err
+			}
+			return r.keepProgress(ctx, epoch, k, acc.values())
 		})
 		step, trained = step+ran, trained+ran
 		if err != nil {

@@ -1,0 +1,191 @@
+package train_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/distribute"
+	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/onedevice"
+	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/train"
+)
+
+// The environment of a worker of an elastic job: elasticOutEnv set makes
+// the test binary one, which writes its result to that file;
+// elasticShardsEnv is its WithDeterministic's shards (0: off).
+const (
+	elasticOutEnv    = "TRAIN_TEST_ELASTIC_OUT"
+	elasticShardsEnv = "TRAIN_TEST_ELASTIC_SHARDS"
+)
+
+// elasticWorkerMain is a worker of an elastic job, as a user writes one:
+// distribute.Run calls Fit on every membership, and the worker prints
+// each step it completes. A worker that finishes writes its model and
+// History; one that left or was not needed writes nothing.
+func elasticWorkerMain() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	shards, _ := strconv.Atoi(os.Getenv(elasticShardsEnv))
+	cfg := distribute.Config{Strategy: "elastic", Devices: 1, Deterministic: shards, CollectiveTimeout: 20 * time.Second}
+	var res *jobResult
+	err := distribute.Run(ctx, cfg, func(ctx context.Context, s distribute.Strategy) error {
+		r, err := fitMLP(ctx, s, stepPrinter{})
+		if err == nil {
+			res = &r
+		}
+		return err
+	})
+	if err != nil || res == nil {
+		return err
+	}
+	out, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(os.Getenv(elasticOutEnv), out, 0o644)
+}
+
+// fitMLP trains the process tests' MLP on their data under s.
+func fitMLP(ctx context.Context, s train.Strategy, cbs ...train.Callback) (jobResult, error) {
+	tr, err := compileMLP(s)
+	if err != nil {
+		return jobResult{}, err
+	}
+	ds, err := processData()
+	if err != nil {
+		return jobResult{}, err
+	}
+	h, err := tr.Fit(ctx, ds, train.Epochs(backupEpochs), train.WithCallbacks(cbs...))
+	if err != nil {
+		return jobResult{}, err
+	}
+	ss, ok := s.(strategy.Strategy)
+	if !ok {
+		return jobResult{}, fmt.Errorf("strategy %T is not synchronous", s)
+	}
+	vals, err := strategy.ReadVariables(ctx, ss, floatVars(ss))
+	return jobResult{Vals: vals, History: h}, err
+}
+
+// stepPrinter prints "step N" after every step, N the steps Fit has
+// trained, and slows the steps so that a kill lands inside the run.
+type stepPrinter struct{ train.BaseCallback }
+
+func (stepPrinter) OnBatchEnd(_ context.Context, r *train.Run, _ int, _ train.Logs) error {
+	fmt.Println("step", r.Steps())
+	time.Sleep(20 * time.Millisecond)
+	return nil
+}
+
+// elasticWorker is a worker process of an elastic job.
+type elasticWorker struct {
+	name, out string
+	cmd       *exec.Cmd
+	steps     atomic.Int64 // the most it printed
+	exited    chan struct{}
+	err       error
+}
+
+// startElasticWorker starts a worker named name of the job whose
+// rendezvous is at addr, writing its result into dir.
+func startElasticWorker(t *testing.T, addr, dir, name string, shards int) *elasticWorker {
+	w := &elasticWorker{name: name, out: filepath.Join(dir, fmt.Sprintf("%s-%d.json", strings.ReplaceAll(name, ":", "-"), time.Now().UnixNano())), exited: make(chan struct{})}
+	w.cmd = exec.Command(os.Args[0], "-test.run", "^$")
+	w.cmd.Env = append(os.Environ(), elasticOutEnv+"="+w.out, elasticShardsEnv+"="+strconv.Itoa(shards),
+		elastic.EnvRendezvous+"="+addr, elastic.EnvJob+"=fit-test", elastic.EnvName+"="+name)
+	w.cmd.Stderr = os.Stderr
+	stdout, err := w.cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, w.cmd.Start())
+	t.Cleanup(func() { _ = w.cmd.Process.Kill(); <-w.exited })
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if n, ok := strings.CutPrefix(sc.Text(), "step "); ok {
+				if k, err := strconv.ParseInt(n, 10, 64); err == nil && k > w.steps.Load() {
+					w.steps.Store(k)
+				}
+			}
+		}
+		w.err = w.cmd.Wait()
+		close(w.exited)
+	}()
+	return w
+}
+
+// result waits for w to exit successfully and reads what it wrote.
+func (w *elasticWorker) result(t *testing.T) jobResult {
+	t.Helper()
+	select {
+	case <-w.exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("%s did not exit", w.name)
+	}
+	require.NoError(t, w.err, w.name)
+	b, err := os.ReadFile(w.out)
+	require.NoError(t, err, w.name)
+	var r jobResult
+	require.NoError(t, json.Unmarshal(b, &r), w.name)
+	return r
+}
+
+// Fit on an elastic job whose worker is SIGKILLed at a random step, and
+// replaced, goes on in the survivor's process from the last step: every
+// finisher ends with the model and the History (every epoch's loss and
+// accuracy) of one device's Fit over the same batches, to 1e-5, and bit
+// for bit with WithDeterministic.
+func TestElasticFitSurvivesAKill(t *testing.T) {
+	for _, shards := range []int{0, 4} {
+		t.Run(fmt.Sprintf("deterministic=%d", shards), func(t *testing.T) {
+			s, err := onedevice.New(onedevice.WithDeterministic(shards))
+			require.NoError(t, err)
+			want, err := fitMLP(context.Background(), s)
+			require.NoError(t, err)
+			require.NoError(t, s.Close())
+
+			srv, err := elastic.Listen("127.0.0.1:0", elastic.WithJob("fit-test"), elastic.WithMembers(1, 2))
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			served := make(chan struct{})
+			go func() { _ = srv.Serve(ctx); close(served) }()
+			defer func() { cancel(); <-served }()
+
+			dir := t.TempDir()
+			ws := []*elasticWorker{startElasticWorker(t, srv.Addr(), dir, "worker:0", shards), startElasticWorker(t, srv.Addr(), dir, "worker:1", shards)}
+			victim, at := rand.IntN(2), int64(5+rand.IntN(backupEpochs*10-15))
+			require.Eventually(t, func() bool { return ws[victim].steps.Load() >= at }, 2*time.Minute, time.Millisecond)
+			require.NoError(t, ws[victim].cmd.Process.Kill())
+			finishers := []*elasticWorker{ws[1-victim], startElasticWorker(t, srv.Addr(), dir, ws[victim].name, shards)}
+			t.Logf("killed %s after step %d", ws[victim].name, ws[victim].steps.Load())
+			for _, w := range finishers {
+				got := w.result(t)
+				t.Logf("%s: steps %d", w.name, w.steps.Load())
+				diff, name, i := strategy.MaxDiff(want.Vals, got.Vals)
+				if shards > 0 {
+					assert.Zero(t, diff, "%s, %s killed at step %d: %s[%d]", w.name, ws[victim].name, at, name, i)
+				} else {
+					assert.Less(t, diff, 1e-5, "%s, %s killed at step %d: %s[%d]", w.name, ws[victim].name, at, name, i)
+				}
+				assert.Equal(t, want.History.Epochs, got.History.Epochs, w.name)
+				for _, key := range []string{"loss", "accuracy"} {
+					assert.InDeltaSlice(t, want.History.Values[key], got.History.Values[key], 1e-5, "%s: %s", w.name, key)
+				}
+			}
+		})
+	}
+}
