@@ -16,6 +16,7 @@ package distribute
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"time"
@@ -51,10 +52,18 @@ type Config struct {
 	Deterministic int
 	// Logger receives the strategy's logs; nil discards them.
 	Logger *zap.Logger
+	// Host, under elastic, is the address the other workers reach this
+	// one at; empty takes $TFDIST_HOST, else 127.0.0.1.
+	Host string
+	// Leave, under elastic, makes this worker leave the job gracefully at
+	// the next step boundary once it is closed (close it on SIGTERM); the
+	// others go on without it.
+	Leave <-chan struct{}
 }
 
-// Names lists the strategies Open makes; New makes all but "ps".
-var Names = []string{"default", "mirrored", "multiworker", "ps"}
+// Names lists the strategies Run makes; Open makes all but "elastic",
+// New all but "elastic" and "ps".
+var Names = []string{"default", "mirrored", "multiworker", "ps", "elastic"}
 
 // RegisterFlags registers -strategy, -devices and -collective-timeout on
 // fs, with c's values as their defaults ("default" when c.Strategy is
@@ -63,7 +72,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	if c.Strategy == "" {
 		c.Strategy = "default"
 	}
-	fs.StringVar(&c.Strategy, "strategy", c.Strategy, "distribution strategy: default, mirrored, multiworker or ps (TF_CONFIG names the cluster)")
+	fs.StringVar(&c.Strategy, "strategy", c.Strategy, "distribution strategy: default, mirrored, multiworker, ps (TF_CONFIG names the cluster) or elastic (tfdist launch --elastic)")
 	fs.IntVar(&c.Devices, "devices", c.Devices, "logical CPU devices per process under mirrored and multiworker (0: every GPU, else one CPU)")
 	fs.DurationVar(&c.CollectiveTimeout, "collective-timeout", c.CollectiveTimeout, "bound on each collective under multiworker (0: the default)")
 	fs.IntVar(&c.Deterministic, "deterministic", c.Deterministic,
@@ -105,6 +114,9 @@ type Strategy interface {
 // an error wrapping paramserver.ErrNotChief, on which the program should
 // exit successfully.
 func Open(ctx context.Context, c Config) (Strategy, error) {
+	if c.Strategy == "elastic" {
+		return nil, errors.New("distribute: strategy elastic makes a strategy for each membership of the job: train with Run")
+	}
 	if c.Strategy != "ps" {
 		return New(ctx, c)
 	}
@@ -147,18 +159,25 @@ func New(ctx context.Context, c Config) (strategy.Strategy, error) {
 		}
 		return made(mirrored.New(opts...))
 	case "multiworker":
-		opts := []multiworker.Option{multiworker.WithLogger(log), multiworker.WithDeterministic(c.Deterministic)}
-		if c.Devices > 0 {
-			opts = append(opts, multiworker.WithLogicalCPUs(c.Devices))
-		}
-		if c.CollectiveTimeout > 0 {
-			opts = append(opts, multiworker.WithCollectiveTimeout(c.CollectiveTimeout))
-		}
-		return made(multiworker.New(ctx, opts...))
+		return made(multiworker.New(ctx, multiworkerOptions(c)...))
+	case "elastic":
+		return nil, errors.New("distribute: strategy elastic makes a strategy for each membership of the job: train with Run")
 	case "ps":
 		return nil, fmt.Errorf("distribute: strategy ps: its coordinator schedules the steps instead of running them; make it with Open and train with package train, or use paramserver directly")
 	}
 	return nil, fmt.Errorf("distribute: strategy %q, expected one of %v", c.Strategy, Names)
+}
+
+// multiworkerOptions are the options of c's multiworker strategies.
+func multiworkerOptions(c Config) []multiworker.Option {
+	opts := []multiworker.Option{multiworker.WithLogger(logger(c)), multiworker.WithDeterministic(c.Deterministic)}
+	if c.Devices > 0 {
+		opts = append(opts, multiworker.WithLogicalCPUs(c.Devices))
+	}
+	if c.CollectiveTimeout > 0 {
+		opts = append(opts, multiworker.WithCollectiveTimeout(c.CollectiveTimeout))
+	}
+	return opts
 }
 
 // made returns s as a strategy.Strategy, nil (not a nil *S) on an error.

@@ -2,6 +2,7 @@ package distribute_test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"io"
 	"testing"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/distribute"
+	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/paramserver"
 )
 
@@ -44,8 +47,9 @@ func TestBadConfig(t *testing.T) {
 		cfg  distribute.Config
 		want string
 	}{
-		{distribute.Config{Strategy: "tpu"}, `strategy "tpu", expected one of [default mirrored multiworker ps]`},
+		{distribute.Config{Strategy: "tpu"}, `strategy "tpu", expected one of [default mirrored multiworker ps elastic]`},
 		{distribute.Config{Strategy: "ps"}, "make it with Open and train with package train"},
+		{distribute.Config{Strategy: "elastic"}, "strategy elastic makes a strategy for each membership of the job: train with Run"},
 		{distribute.Config{Strategy: "mirrored", Devices: -1}, "Devices -1, expected 0 or more"},
 		{distribute.Config{Strategy: "default", Devices: 2}, "Devices 2 asks for more (use mirrored)"},
 	} {
@@ -80,4 +84,64 @@ func TestOpenMakesTheParameterServerChief(t *testing.T) {
 
 	_, err = distribute.Open(ctx, distribute.Config{Strategy: "ps", Devices: 2})
 	assert.ErrorContains(t, err, "Devices 2 asks for more")
+}
+
+// Run calls train once with the strategy the config names, and returns
+// its error.
+func TestRunCallsTrainOnce(t *testing.T) {
+	calls := 0
+	boom := errors.New("boom")
+	err := distribute.Run(context.Background(), distribute.Config{Strategy: "mirrored", Devices: 2}, func(_ context.Context, s distribute.Strategy) error {
+		calls++
+		assert.Equal(t, 2, distribute.NumReplicas(s))
+		return boom
+	})
+	assert.ErrorIs(t, err, boom)
+	assert.Equal(t, 1, calls)
+	err = distribute.Run(context.Background(), distribute.Config{Strategy: "tpu"}, func(context.Context, distribute.Strategy) error {
+		t.Error("train called on a bad config")
+		return nil
+	})
+	assert.ErrorContains(t, err, `strategy "tpu"`)
+}
+
+// Under "elastic" Run joins the rendezvous the environment names and
+// calls train with each membership's elastic strategy; a worker whose
+// Leave is closed leaves at the next step boundary, and Run returns nil.
+func TestRunElastic(t *testing.T) {
+	t.Setenv(elastic.EnvRendezvous, "")
+	err := distribute.Run(context.Background(), distribute.Config{Strategy: "elastic"}, nil)
+	assert.ErrorContains(t, err, elastic.EnvRendezvous+" is not set")
+
+	srv, err := elastic.Listen("127.0.0.1:0", elastic.WithJob("run-test"), elastic.WithSettle(0))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	served := make(chan struct{})
+	go func() { _ = srv.Serve(ctx); close(served) }()
+	defer func() { cancel(); <-served }()
+	t.Setenv(elastic.EnvRendezvous, srv.Addr())
+	t.Setenv(elastic.EnvJob, "run-test")
+	t.Setenv(elastic.EnvName, "worker:0")
+	leave := make(chan struct{})
+	steps := 0
+	err = distribute.Run(ctx, distribute.Config{Strategy: "elastic", Leave: leave}, func(ctx context.Context, s distribute.Strategy) error {
+		mw, ok := s.(*multiworker.Strategy)
+		require.True(t, ok, "%T", s)
+		require.True(t, mw.Elastic())
+		if _, err := mw.Resume(ctx); err != nil {
+			return err
+		}
+		for ; ; steps++ {
+			if steps == 3 {
+				close(leave)
+				time.Sleep(100 * time.Millisecond) // for the leave to reach the member
+			}
+			if err := mw.StepDone(ctx); err != nil {
+				return err
+			}
+		}
+	})
+	require.NoError(t, err)
+	assert.Equal(t, 3, steps, "left at the step boundary after Leave closed")
 }

@@ -11,6 +11,9 @@ const (
 	EnvRendezvous = "TFDIST_RENDEZVOUS" // the rendezvous's host:port
 	EnvJob        = "TFDIST_JOB"        // the job's name
 	EnvName       = "TFDIST_WORKER"     // the worker's name, e.g. "worker:3"
+	// EnvHost is the address other workers reach this one at, where
+	// 127.0.0.1 will not do (a pod's IP); read by distribute.Run.
+	EnvHost = "TFDIST_HOST"
 )
 
 // JoinFromEnv joins the rendezvous that EnvRendezvous names, as the
