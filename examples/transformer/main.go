@@ -9,6 +9,7 @@
 //	transformer -strategy default -steps 200 -json
 //	tfdist launch --workers 2 -- transformer -strategy multiworker
 //	tfdist launch --chief --workers 2 --ps 1 -- transformer -strategy ps
+//	tfdist launch --elastic --min-workers 1 --max-workers 4 -- transformer -strategy elastic
 //
 // The text: the .go files under $(go env GOROOT)/src (-corpus names
 // another directory), sorted by path; every tenth file is held out, the
@@ -67,7 +68,6 @@ import (
 	"syscall"
 
 	"github.com/tfdist/tfdist/distribute"
-	"github.com/tfdist/tfdist/paramserver"
 )
 
 // options are the command's flags.
@@ -181,7 +181,7 @@ func (b *byteSize) Set(s string) error {
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT)
 	code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -206,7 +206,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // run makes the strategy the flags name and trains under it. On a ps or
 // worker task of a parameter-server cluster the strategy serves the chief
-// until the job ends, and run returns nil.
+// until the job ends, and run returns nil. Under elastic, SIGTERM makes
+// the worker leave the job at the next step boundary; otherwise it stops
+// training.
 func run(ctx context.Context, o options, stdout io.Writer) error {
 	if o.corpus == "" {
 		dir, err := goSource()
@@ -215,17 +217,32 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 		}
 		o.corpus = dir
 	}
-	s, err := distribute.Open(ctx, o.dist)
-	if errors.Is(err, paramserver.ErrNotChief) {
-		return nil
-	}
-	if err != nil {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	leave := make(chan struct{})
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	defer signal.Stop(term)
+	go func() {
+		select {
+		case <-term:
+			if o.dist.Strategy == "elastic" {
+				close(leave)
+			} else {
+				cancel()
+			}
+		case <-ctx.Done():
+		}
+	}()
+	o.dist.Leave = leave
+	var rep report
+	err := distribute.Run(ctx, o.dist, func(ctx context.Context, s distribute.Strategy) error {
+		r, err := fit(ctx, s, o, stdout)
+		if err == nil {
+			rep = r
+		}
 		return err
-	}
-	rep, err := fit(ctx, s, o, stdout)
-	if cerr := s.Close(); err == nil && cerr != nil {
-		return fmt.Errorf("close the strategy: %w", cerr)
-	}
+	})
 	if err != nil || !o.json || !rep.chief {
 		return err
 	}

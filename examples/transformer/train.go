@@ -202,12 +202,13 @@ func trainOn(ctx context.Context, tr *train.Trainer, ds dataset.Dataset, o optio
 // time.
 func progress(out io.Writer, o options, rep *report) train.Callback {
 	var start, first time.Time
+	var firstStep int64 // the step counted at first: 1, or more where an elastic job went on
 	return &train.LambdaCallback{
 		Label:      "progress",
-		TrainBegin: func(context.Context, *train.Run) error { start = time.Now(); return nil },
+		TrainBegin: func(context.Context, *train.Run) error { start, first = time.Now(), time.Time{}; return nil },
 		BatchEnd: func(_ context.Context, r *train.Run, _ int, _ train.Logs) error {
-			if r.Steps() == 1 {
-				first = time.Now()
+			if first.IsZero() {
+				first, firstStep = time.Now(), r.Steps()
 			}
 			return nil
 		},
@@ -215,8 +216,8 @@ func progress(out io.Writer, o options, rep *report) train.Callback {
 			step, loss := int(r.Steps()), logs["loss"]
 			rep.TrainSeconds = time.Since(start).Seconds()
 			rate := ""
-			if step > 1 {
-				rep.TokensPerSec = float64((step-1)*o.globalBatch*o.seqLen) / time.Since(first).Seconds()
+			if int64(step) > firstStep && !first.IsZero() {
+				rep.TokensPerSec = float64((int64(step)-firstStep)*int64(o.globalBatch*o.seqLen)) / time.Since(first).Seconds()
 				rate = fmt.Sprintf("  %.0f characters/s", rep.TokensPerSec)
 			}
 			fmt.Fprintf(out, "step %4d/%d  loss %.4f nats (%.4f bits) per character%s\n", step, o.steps, loss, bits(loss), rate)
