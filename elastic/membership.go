@@ -28,6 +28,10 @@ type Membership struct {
 	Joined []string `json:"joined,omitempty"`
 	// Left lists the members of the previous epoch that are gone.
 	Left []Departure `json:"left,omitempty"`
+	// Until, under a replay (WithReplay), is the step count this
+	// membership ends at: its members stop after that step, as if the
+	// membership changed there; 0 when it ends only on a change.
+	Until int64 `json:"until,omitempty"`
 }
 
 // StopError is why a job stopped: too few members remained for longer

@@ -2,6 +2,7 @@ package elastic
 
 import (
 	"crypto/tls"
+	"io"
 	"slices"
 	"time"
 
@@ -39,6 +40,9 @@ type serverConfig struct {
 	flapWindow       time.Duration
 	tls              *tls.Config
 	log              *zap.Logger
+	logTo            io.Writer  // the membership log
+	replay           []LogEntry // the memberships to replay
+	until            []int64    // the step each of replay's ends after
 }
 
 // WithJob names the job; a worker whose Hello names another is refused.

@@ -10,7 +10,7 @@ import (
 
 // ProtocolVersion is the version of the rendezvous protocol. A worker that
 // speaks another is refused.
-const ProtocolVersion = 1
+const ProtocolVersion = 2
 
 // maxMessage bounds a message's encoded size.
 const maxMessage = 1 << 20

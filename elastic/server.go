@@ -45,6 +45,12 @@ func Listen(addr string, opts ...Option) (*Server, error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if cfg.replay != nil {
+		var err error
+		if cfg.replay, cfg.until, err = schedule(cfg.replay); err != nil {
+			return nil, err
+		}
+	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/internal/syncbuf"
 )
 
 // serve runs a rendezvous for the test.
@@ -99,7 +102,7 @@ func TestRefusesForeignWorkers(t *testing.T) {
 		require.True(t, errors.As(err, &refused), "%+v: %v", c.hello, err)
 		assert.Contains(t, refused.Reason, c.want)
 	}
-	assert.Contains(t, rawHello(t, srv.Addr(), 0), "it speaks rendezvous protocol 0; this job speaks 1")
+	assert.Contains(t, rawHello(t, srv.Addr(), 0), fmt.Sprintf("it speaks rendezvous protocol 0; this job speaks %d", elastic.ProtocolVersion))
 	assert.False(t, a.Pending(), "a refused worker disturbed the members")
 }
 
@@ -285,9 +288,72 @@ func TestBadOptions(t *testing.T) {
 		{elastic.WithWaitTimeout(-1), "WithWaitTimeout(-1ns)"},
 		{elastic.WithFlapLimit(-1, time.Minute), "WithFlapLimit(-1, 1m0s)"},
 		{elastic.WithSizes(1, 2), "WithSizes([1 2]): expected ascending sizes between the minimum 1 and the maximum 1"},
+		{elastic.WithReplay([]elastic.LogEntry{}), "WithReplay: no membership to replay"},
+		{elastic.WithReplay([]elastic.LogEntry{{Step: 3, Members: []string{"a"}}}), "the first entry starts at step 3, expected 0"},
+		{elastic.WithReplay([]elastic.LogEntry{{Members: []string{"a"}}, {Epoch: 2, Step: 9, Members: []string{"a"}}, {Epoch: 3, Step: 4, Members: []string{"a"}}}),
+			"entry 2 (epoch 3) starts at step 4, before the step 9 of the entry before it"},
+		{elastic.WithReplay([]elastic.LogEntry{{Epoch: 1}}), "entry 0 (epoch 1) has no members"},
 	} {
 		_, err := elastic.Listen("127.0.0.1:0", c.opt)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), c.want)
 	}
+}
+
+// TestReplay: under WithReplay the rendezvous forms the logged
+// memberships, in their order, each ending at the next one's step
+// (Until), a worker outside one waiting as a standby; entries that
+// trained no step are skipped, and its own log is the schedule.
+func TestReplay(t *testing.T) {
+	var log syncbuf.Buffer
+	srv := serve(t, elastic.WithReplay([]elastic.LogEntry{
+		{Epoch: 1, Step: 0, Members: []string{"a", "b"}},
+		{Epoch: 2, Step: 5, Members: []string{"a"}}, // broke before a step
+		{Epoch: 3, Step: 5, Members: []string{"b"}},
+		{Epoch: 4, Step: 8, Members: []string{"b", "a"}},
+	}), elastic.WithLog(&log))
+	a, b := join(t, srv, "a"), join(t, srv, "b")
+	na, nb := next(a, 0), next(b, 0)
+	for _, ch := range []chan elastic.Membership{na, nb} {
+		mb := <-ch
+		assert.Equal(t, []string{"a", "b"}, names(mb))
+		assert.Equal(t, int64(5), mb.Until)
+	}
+	na, nb = next(a, 5), next(b, 5)
+	mb := <-nb
+	assert.Equal(t, []string{"b"}, names(mb))
+	assert.Equal(t, int64(8), mb.Until)
+	nb = next(b, 8)
+	for _, ch := range []chan elastic.Membership{na, nb} {
+		mb := <-ch
+		assert.Equal(t, []string{"b", "a"}, names(mb))
+		assert.Equal(t, int64(8), mb.Step)
+		assert.Zero(t, mb.Until, "the last membership trains to the end")
+	}
+	formed, err := elastic.ReadLog(strings.NewReader(log.String()))
+	require.NoError(t, err)
+	var got []string
+	for _, e := range formed {
+		got = append(got, fmt.Sprint(e.Epoch, e.Step, e.Members))
+	}
+	assert.Equal(t, []string{"1 0 [a b]", "2 5 [b]", "3 8 [b a]"}, got)
+}
+
+// A replay whose next membership names a worker that never comes stops
+// at the wait timeout, naming it.
+func TestReplayStopsWithoutItsWorkers(t *testing.T) {
+	srv := serve(t, elastic.WithReplay([]elastic.LogEntry{{Members: []string{"a", "c"}}}), elastic.WithWaitTimeout(300*time.Millisecond))
+	a := join(t, srv, "a")
+	_, err := a.Next(context.Background(), elastic.Report{Step: 0, Addr: "127.0.0.1:1"})
+	var stop *elastic.StopError
+	require.ErrorAs(t, err, &stop)
+	assert.Contains(t, err.Error(), "the replay stopped: its membership 1 of 1 needs [a c], and [c] did not report within 300ms")
+}
+
+// ReadLog reads what WithLog writes, and names the line it cannot read.
+func TestReadLogErrors(t *testing.T) {
+	_, err := elastic.ReadLog(strings.NewReader(""))
+	assert.ErrorContains(t, err, "membership log: no membership")
+	_, err = elastic.ReadLog(strings.NewReader(`{"epoch": 1, "members": ["a"]}` + "\nnot json\n"))
+	assert.ErrorContains(t, err, "membership log line 2")
 }

@@ -25,6 +25,7 @@ type state struct {
 	left        []Departure
 	flaps       map[string][]time.Time
 	finishing   bool
+	replayed    int // under WithReplay, the memberships of the schedule formed
 }
 
 func newState(cfg serverConfig, now time.Time) *state {
@@ -288,12 +289,12 @@ func (st *state) advance(now time.Time) (bool, error) {
 		return false, nil // training, nothing to change
 	}
 	cands := st.candidates()
-	if len(cands) >= st.cfg.min && (st.epoch > 0 || len(cands) == st.cfg.max || now.Sub(st.lastArrival) >= st.cfg.settle) {
+	if st.formsNow(cands, now) {
 		st.form(cands, now)
 		return false, nil
 	}
 	st.roundStart = time.Time{} // over: the reports wait for joiners
-	if len(cands) >= st.cfg.min {
+	if st.cfg.replay == nil && len(cands) >= st.cfg.min {
 		return false, nil // the first group settles
 	}
 	if st.belowSince.IsZero() {
@@ -302,7 +303,7 @@ func (st *state) advance(now time.Time) (bool, error) {
 	if now.Sub(st.belowSince) < st.cfg.waitTimeout {
 		return false, nil
 	}
-	err := &StopError{Min: st.cfg.min, Have: len(cands), Wait: st.cfg.waitTimeout, Left: st.left}
+	err := &StopError{Min: st.cfg.min, Have: len(cands), Wait: st.cfg.waitTimeout, Left: st.left, reason: st.replayStop()}
 	st.cfg.log.Error("the job stops", zap.Error(err))
 	st.stopAll(message{Kind: kindStop, Reason: err.Error(), Left: st.left})
 	return true, err
@@ -331,10 +332,22 @@ func (st *state) roundOver(now time.Time) bool {
 	return true
 }
 
+// formsNow says whether cands form the next membership now.
+func (st *state) formsNow(cands []*peer, now time.Time) bool {
+	if st.cfg.replay != nil {
+		return cands != nil
+	}
+	return len(cands) >= st.cfg.min && (st.epoch > 0 || len(cands) == st.cfg.max || now.Sub(st.lastArrival) >= st.cfg.settle)
+}
+
 // candidates are the next membership: the members that reported, in rank
 // order, then the ready joiners in the order of their names ("worker:2"
-// before "worker:10"), up to the maximum.
+// before "worker:10"), up to the maximum; under a replay, the next
+// membership of its schedule once all its workers are ready.
 func (st *state) candidates() []*peer {
+	if st.cfg.replay != nil {
+		return st.replayCandidates()
+	}
 	joiners := slices.Clone(st.waiting)
 	slices.SortStableFunc(joiners, func(a, b *peer) int {
 		return cmp.Or(cmp.Compare(len(a.hello.Name), len(b.hello.Name)), cmp.Compare(a.hello.Name, b.hello.Name))
@@ -365,6 +378,9 @@ func (st *state) size(n int) int {
 // grows says whether the members and the ready joiners make a larger
 // membership than the current one.
 func (st *state) grows() bool {
+	if st.cfg.replay != nil {
+		return false // a replay's memberships change at its steps only
+	}
 	n := len(st.running)
 	for _, p := range st.waiting {
 		if p.report != nil {
@@ -388,6 +404,8 @@ func (st *state) form(cands []*peer, now time.Time) {
 			st.waiting = append(st.waiting[:j], st.waiting[j+1:]...)
 		}
 	}
+	st.replayStep(&m)
+	st.record(m, now)
 	for i, p := range cands {
 		mi := m
 		mi.Rank = i
