@@ -460,6 +460,9 @@ func (s *Strategy) StepDone(ctx context.Context) error {
 	if err := s.snapshot(ctx); err != nil {
 		return err
 	}
+	if el.mb.Until > 0 && el.snap.steps >= el.mb.Until { // a replay's membership ends here
+		return ErrMembershipChanged
+	}
 	change, err := el.member.Agree(ctx, s.group, "tfdist_elastic_agree")
 	if err != nil {
 		return fmt.Errorf("multiworker: StepDone: agree on the membership: %w", errors.Join(err, strategy.ErrCannotContinue))

@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/monitoring"
 	"github.com/tfdist/tfdist/multiworker"
@@ -264,13 +267,76 @@ func linearOnOneDevice(t *testing.T, steps int, opts ...onedevice.Option) []floa
 // with the last step either completed, the replacement joins at a step
 // boundary with their state, and every worker ends with the model of one
 // device trained on every global batch once.
+//
+// Replayed from the membership log the job wrote — the same memberships,
+// in the same order, over the same steps, with no kill — the job ends
+// with the same bits.
 func TestElasticKillAndReplace(t *testing.T) {
 	const steps = 120
 	want := linearOnOneDevice(t, steps)
-	j := newElasticJob(t, steps, elastic.WithMembers(2, 3))
-	for _, w := range killAndReplace(t, j, 3) {
+	var log syncbuf.Buffer
+	j := newElasticJob(t, steps, elastic.WithMembers(2, 3), elastic.WithLog(&log))
+	got := killAndReplace(t, j, 3)
+	for _, w := range got {
 		assert.InDeltaSlice(t, want, w, 1e-5, "the model differs from one device's")
 	}
+	entries, err := elastic.ReadLog(strings.NewReader(log.String()))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(entries), 3, "the first membership, the survivors', and the replacement's: %+v", entries)
+	for _, e := range entries {
+		t.Logf("membership %d from step %d: %v", e.Epoch, e.Step, e.Members)
+	}
+	replayed := replay(t, entries, steps)
+	require.NotEmpty(t, replayed)
+	for _, w := range replayed {
+		assert.Equal(t, got[0], w, "the replay's model differs from the run's")
+	}
+}
+
+// replay runs the job of entries again without failures, each worker it
+// names from the start, checks that the replay forms the logged
+// memberships at the logged steps, and returns the weights of the
+// workers of the last membership; the others, standbys at the end, leave.
+func replay(t *testing.T, entries []elastic.LogEntry, steps int) [][]float32 {
+	var log syncbuf.Buffer
+	j := newElasticJob(t, steps, elastic.WithReplay(entries), elastic.WithLog(&log))
+	var names []string
+	for _, e := range entries {
+		for _, n := range e.Members {
+			if !slices.Contains(names, n) {
+				names = append(names, n)
+			}
+		}
+	}
+	procs := map[string]*elasticProc{}
+	for _, n := range names {
+		procs[n] = j.start(n)
+	}
+	last := entries[len(entries)-1].Members
+	var weights [][]float32
+	for _, n := range names {
+		l := j.last(procs[n])
+		require.NoError(t, procs[n].err, n)
+		if !slices.Contains(last, n) {
+			assert.Equal(t, "left", l.Event, "%s, a standby at the end: %+v", n, l)
+			continue
+		}
+		require.Equal(t, "done", l.Event, "%s: %+v", n, l)
+		weights = append(weights, l.Weights)
+	}
+	formed, err := elastic.ReadLog(strings.NewReader(log.String()))
+	require.NoError(t, err)
+	var want, got []string
+	for i, e := range entries {
+		if i+1 == len(entries) || entries[i+1].Step > e.Step { // one that trained a step
+			want = append(want, fmt.Sprint(e.Step, e.Members))
+		}
+	}
+	for _, e := range formed {
+		got = append(got, fmt.Sprint(e.Step, e.Members))
+	}
+	assert.Equal(t, want, got, "the replay's memberships")
+	return weights
 }
 
 // TestElasticDeterministicKillAndReplace: with WithDeterministic, a job
