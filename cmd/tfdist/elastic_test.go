@@ -2,6 +2,7 @@ package main
 
 import (
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/elastic"
 )
 
 var (
@@ -26,11 +29,9 @@ var (
 // that every worker that finishes ends with the model the example trains
 // alone, bit for bit, though the job trained with 4, 2 and 1 workers.
 func TestElasticExampleLosesNoBit(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "elastic")
-	out, err := exec.Command("go", "build", "-o", bin, "../../examples/elastic").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := buildElasticExample(t)
 	args := []string{"-steps", "1500", "-deterministic", "4"}
-	out, err = exec.Command(bin, args...).Output()
+	out, err := exec.Command(bin, args...).Output()
 	require.NoError(t, err)
 	want := modelLine.FindStringSubmatch(string(out))
 	require.NotNil(t, want, "%s", out)
@@ -53,4 +54,89 @@ func TestElasticExampleLosesNoBit(t *testing.T) {
 	}
 	assert.Contains(t, stderr.String(), "failed; replacing it")
 	t.Logf("memberships: %q", regexp.MustCompile(`\d+ workers from step \d+`).FindAllString(stdout.String(), -1))
+}
+
+// buildElasticExample builds examples/elastic and returns its path.
+func buildElasticExample(t *testing.T) string {
+	bin := filepath.Join(t.TempDir(), "elastic")
+	out, err := exec.Command("go", "build", "-o", bin, "../../examples/elastic").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
+}
+
+// TestElasticReplayEndsWithTheRunsModel runs examples/elastic, plainly
+// (no -deterministic), under launch --elastic --membership-log, kills a
+// random worker, and replays the log with launch --replay: the replay,
+// with no kill, forms the same memberships at the same steps and ends
+// with the run's model, bit for bit.
+func TestElasticReplayEndsWithTheRunsModel(t *testing.T) {
+	bin := buildElasticExample(t)
+	log := filepath.Join(t.TempDir(), "memberships.log")
+	args := []string{"--", bin, "-steps", "3000"}
+	cmd, stdout, stderr := tfdist(t, nil, append([]string{"launch", "--elastic", "--min-workers", "1", "--max-workers", "3",
+		"--timeout", "5m", "--membership-log", log}, args...)...)
+	require.NoError(t, cmd.Start())
+	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "3 workers from step 0") }, time.Minute, 10*time.Millisecond)
+	time.Sleep(time.Duration(200+rand.IntN(500)) * time.Millisecond)
+	started := startedLine.FindAllStringSubmatch(stderr.String(), -1)
+	pid, _ := strconv.Atoi(started[rand.IntN(len(started))][2])
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	require.Equal(t, 0, exitCode(t, cmd, 5*time.Minute), "%s\n%s", stdout, stderr)
+	run := modelLine.FindAllStringSubmatch(stdout.String(), -1)
+	require.NotEmpty(t, run, "%s", stdout)
+	f, err := os.Open(log)
+	require.NoError(t, err)
+	entries, err := elastic.ReadLog(f)
+	require.NoError(t, f.Close())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(entries), 2, "the kill changed the membership: %+v", entries)
+
+	cmd, stdout, stderr = tfdist(t, nil, append([]string{"launch", "--elastic", "--replay", log, "--timeout", "5m"}, args...)...)
+	require.NoError(t, cmd.Start())
+	require.Equal(t, 0, exitCode(t, cmd, 5*time.Minute), "%s\n%s", stdout, stderr)
+	replayed := modelLine.FindAllStringSubmatch(stdout.String(), -1)
+	require.NotEmpty(t, replayed, "%s", stdout)
+	for _, m := range replayed {
+		assert.Equal(t, run[0][1], m[1], "the replay's model differs from the run's:\n%s", stdout)
+	}
+	assert.NotContains(t, stderr.String(), "replacing it", "the replay had no failure")
+	t.Logf("memberships: %q", regexp.MustCompile(`\d+ workers from step \d+`).FindAllString(stdout.String(), -1))
+}
+
+// A replay launch cannot run says why, naming the file or the worker, and
+// a membership log is never written over.
+func TestReplayAndLogErrors(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, lines ...string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o644))
+		return p
+	}
+	good := write("good.log", `{"epoch": 1, "step": 0, "members": ["worker:0"]}`)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"launch", "--replay", good, "--", "true"}, "a membership log and a replay are an elastic job's (--elastic)"},
+		{[]string{"launch", "--elastic", "--replay", filepath.Join(dir, "none.log"), "--", "true"}, "none.log: no such file or directory"},
+		{[]string{"launch", "--elastic", "--replay", write("chief.log", `{"epoch": 1, "members": ["chief:0"]}`), "--", "true"},
+			`replay: membership 1 names "chief:0", expected worker:N as launch names its workers`},
+		{[]string{"launch", "--elastic", "--replay", write("gap.log", `{"epoch": 1, "members": ["worker:0", "worker:2"]}`), "--", "true"},
+			"the log names 2 workers but not worker:1"},
+		{[]string{"launch", "--elastic", "--replay", write("bad.log", `{"epoch": 1, "members": ["worker:0"]}`, "{"), "--", "true"}, "membership log line 2"},
+	} {
+		code, _, stderr := runHere(nil, "", c.args...)
+		assert.Equal(t, exitUsage, code, "%q", c.args)
+		assert.Contains(t, stderr, c.want, "%q", c.args)
+	}
+	code, _, stderr := runHere(nil, "", "launch", "--elastic", "--membership-log", good, "--", "true")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "--membership-log: open "+good+": file exists (a membership log goes to a new file; the one there is kept)")
+	code, _, stderr = runHere(nil, "", "launch", "--membership-log", filepath.Join(dir, "new.log"), "--", "true")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "a membership log is an elastic job's (--elastic)")
+	assert.NoFileExists(t, filepath.Join(dir, "new.log"))
+	b, err := os.ReadFile(good)
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `"worker:0"`, "the file is kept")
 }

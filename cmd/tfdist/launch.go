@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -15,7 +16,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/cmd/tfdist/internal/launch"
+	"github.com/tfdist/tfdist/elastic"
 )
 
 var launchCommand = &command{
@@ -100,7 +103,11 @@ When the run ends
 	--max-workers, and SIGUSR2 sends the newest one SIGTERM, so that it
 	leaves at its next step boundary, down to --min-workers. The run ends
 	once every worker has exited; if the job falls below --min-workers for
-	5 minutes, its rendezvous stops it.
+	5 minutes, its rendezvous stops it. --membership-log FILE records which
+	workers trained which steps; --replay FILE runs that schedule again
+	without its failures (every worker it names from the start, each
+	membership over its logged steps), which ends with the model of the
+	run that wrote it.
 
 Exit status: 0 on success; a failed task's own status; 124 after --timeout;
 130 or 143 after SIGINT or SIGTERM; 1 if launch could not start the tasks;
@@ -125,6 +132,10 @@ Examples
 	# An elastic job of 2 to 4 workers (kill one, or kill -USR1 launch):
 	tfdist launch --elastic --min-workers 2 --max-workers 4 -- go run ./examples/elastic
 
+	# The same job, logged, then replayed without its failures:
+	tfdist launch --elastic --max-workers 4 --membership-log run.log -- ./elastic
+	tfdist launch --elastic --replay run.log -- ./elastic
+
 	# See what each task is given:
 	tfdist launch --chief --workers 2 -- tfdist config validate
 `,
@@ -142,10 +153,8 @@ Examples
 		timeline := fs.String("timeline", "", "gather every task's step timeline into `FILE`, a Chrome trace that Perfetto and chrome://tracing open")
 		metrics := fs.Bool("metrics", false, "serve each task's Prometheus metrics on a port of its own, printed at start")
 		quiet := fs.Bool("quiet", false, "print only launch's warnings and errors, not each task's start and exit")
-		elastic := fs.Bool("elastic", false, "run an elastic job of workers (multiworker.RunElastic): a rendezvous, a failed worker replaced alone, SIGUSR1 adds a worker and SIGUSR2 removes one")
-		minWorkers := fs.Int("min-workers", 1, "with --elastic: the fewest workers the job trains with")
-		maxWorkers := fs.Int("max-workers", 0, "with --elastic: the most workers the job takes (default --workers)")
-		sizes := fs.String("sizes", "", "with --elastic: the worker counts a membership may have, e.g. 1,2,4 for a program with -deterministic 4 (default: any from --min-workers to --max-workers)")
+		var ef elasticFlags
+		ef.register(fs)
 		return func(e *env, args []string) int {
 			if len(args) == 0 {
 				fmt.Fprint(e.stderr, "tfdist launch: no program to run: name it after --, e.g.\n\ttfdist launch --workers 2 -- go run ./examples/classifier\nRun 'tfdist launch -h' for help.\n")
@@ -155,17 +164,10 @@ Examples
 			if *quiet {
 				level = zapcore.WarnLevel
 			}
-			opts := []launch.Option{}
-			if *elastic {
-				counts, err := parseSizes(*sizes)
-				if err != nil {
-					fmt.Fprintf(e.stderr, "tfdist launch: --sizes %q: %v\n", *sizes, err)
-					return exitUsage
-				}
-				opts = append(opts, launch.WithElastic(*minWorkers, cmp.Or(*maxWorkers, *workers)), launch.WithElasticSizes(counts...))
-				if !flagSet(fs, "workers") {
-					*workers = cmp.Or(*maxWorkers, *workers)
-				}
+			opts, logFile, err := ef.options(workers, flagSet(fs, "workers"))
+			if err != nil {
+				fmt.Fprintf(e.stderr, "tfdist launch: %v\n", err)
+				return exitUsage
 			}
 			l, err := launch.New(args, append(opts,
 				launch.WithWorkers(*workers), launch.WithChief(*chief), launch.WithPS(*ps),
@@ -174,12 +176,19 @@ Examples
 				launch.WithTimeline(*timeline), launch.WithMetrics(*metrics),
 				launch.WithOutput(e.stdout, e.stderr), launch.WithLogger(cliLogger(e, level, "launch")))...)
 			if err != nil {
+				if logFile != nil { // launch never wrote it
+					_ = logFile.Close()
+					_ = os.Remove(logFile.Name())
+				}
 				fmt.Fprintf(e.stderr, "tfdist launch: %v\nRun 'tfdist launch -h' for help.\n", err)
 				return exitUsage
 			}
+			if logFile != nil {
+				defer closeLog(e, logFile)
+			}
 			sigs := make(chan os.Signal, 2)
 			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-			if *elastic {
+			if ef.on {
 				signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
 			}
 			defer signal.Stop(sigs)
@@ -241,4 +250,73 @@ func cliLogger(e *env, level zapcore.Level, name string) *zap.Logger {
 		EncodeName:     func(n string, enc zapcore.PrimitiveArrayEncoder) { enc.AppendString("[tfdist " + n + "]") },
 	})
 	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(e.stderr), level)).Named(name)
+}
+
+// elasticFlags are launch's flags of an elastic job.
+type elasticFlags struct {
+	on                     bool
+	minWorkers, maxWorkers int
+	sizes, log, replay     string
+}
+
+func (f *elasticFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&f.on, "elastic", false, "run an elastic job of workers (multiworker.RunElastic): a rendezvous, a failed worker replaced alone, SIGUSR1 adds a worker and SIGUSR2 removes one")
+	fs.IntVar(&f.minWorkers, "min-workers", 1, "with --elastic: the fewest workers the job trains with")
+	fs.IntVar(&f.maxWorkers, "max-workers", 0, "with --elastic: the most workers the job takes (default --workers)")
+	fs.StringVar(&f.sizes, "sizes", "", "with --elastic: the worker counts a membership may have, e.g. 1,2,4 for a program with -deterministic 4 (default: any from --min-workers to --max-workers)")
+	fs.StringVar(&f.log, "membership-log", "", "with --elastic: write the job's membership log, which workers trained which steps, to `FILE` (a new file)")
+	fs.StringVar(&f.replay, "replay", "", "with --elastic: replay the membership log `FILE` without its failures: every worker it names from the start, each membership at its logged steps")
+}
+
+// options are the launch options the flags ask for, with the membership
+// log's file, if any, which the caller closes. workers is --workers, which
+// an elastic job's bounds and a replay's workers set when not given.
+func (f *elasticFlags) options(workers *int, workersSet bool) ([]launch.Option, *os.File, error) {
+	var opts []launch.Option
+	if f.on {
+		counts, err := parseSizes(f.sizes)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--sizes %q: %w", f.sizes, err)
+		}
+		opts = append(opts, launch.WithElastic(f.minWorkers, cmp.Or(f.maxWorkers, *workers)), launch.WithElasticSizes(counts...))
+		if !workersSet {
+			*workers = cmp.Or(f.maxWorkers, *workers)
+		}
+	}
+	if f.replay != "" {
+		entries, err := readMembershipLog(f.replay)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--replay %s: %w", f.replay, err)
+		}
+		opts = append(opts, launch.WithReplay(entries))
+		if f.on {
+			*workers = logWorkers(entries)
+			opts = append(opts, launch.WithElastic(1, *workers))
+		}
+	}
+	if f.log == "" {
+		return opts, nil, nil
+	}
+	if !f.on {
+		return nil, nil, errors.New("--membership-log: a membership log is an elastic job's (--elastic)")
+	}
+	file, err := createMembershipLog(f.log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--membership-log: %w", err)
+	}
+	return append(opts, launch.WithMembershipLog(file)), file, nil
+}
+
+// logWorkers is the number of workers worker:0 to worker:N-1 that the
+// entries of a membership log name at most.
+func logWorkers(entries []elastic.LogEntry) int {
+	n := 0
+	for _, e := range entries {
+		for _, name := range e.Members {
+			if t, err := cluster.ParseTask(name); err == nil {
+				n = max(n, t.Index+1)
+			}
+		}
+	}
+	return n
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"os/signal"
 	"syscall"
 
@@ -25,6 +26,12 @@ multiworker.RunElastic trains on. 'tfdist launch --elastic' runs one
 itself; run this one where the workers are on several machines, on a
 host they all reach.
 
+With --membership-log it writes which workers trained which steps, a
+JSON line per membership; with --replay it forms the memberships of such
+a log again, each of the workers it names at its logged steps, so that
+the job, run without failures, ends with the model of the run that wrote
+it.
+
 It logs every membership and departure to stderr, and exits 0 once the
 job has finished (a worker finished and every worker has gone), 1 when
 the job stopped (fewer than --min-workers for --wait), and 0 on SIGINT or
@@ -44,6 +51,8 @@ Examples
 		sizes := fs.String("sizes", "", "the worker counts a membership may have, e.g. 1,2,4 (default: any from --min-workers to --max-workers)")
 		wait := fs.Duration("wait", elastic.DefaultWaitTimeout, "how long the job waits below --min-workers before it stops")
 		heartbeat := fs.Duration("heartbeat-timeout", elastic.DefaultHeartbeatTimeout, "how long a silent worker counts as alive")
+		membershipLog := fs.String("membership-log", "", "write the job's membership log, which workers trained which steps, to `FILE` (a new file)")
+		replay := fs.String("replay", "", "replay the membership log `FILE` without its failures: each membership of the workers it names, at its logged steps (--min-workers, --max-workers and --sizes do not apply)")
 		return func(e *env, args []string) int {
 			if code, ok := noArgs(e, "rendezvous", args); !ok {
 				return code
@@ -57,10 +66,31 @@ Examples
 				fmt.Fprintf(e.stderr, "tfdist rendezvous: --sizes %q: %v\n", *sizes, err)
 				return exitUsage
 			}
-			srv, err := elastic.Listen(*listen, elastic.WithJob(*job), elastic.WithMembers(*minWorkers, *maxWorkers),
+			opts := []elastic.Option{elastic.WithJob(*job), elastic.WithMembers(*minWorkers, *maxWorkers),
 				elastic.WithSizes(counts...), elastic.WithWaitTimeout(*wait), elastic.WithHeartbeatTimeout(*heartbeat),
-				elastic.WithLogger(cliLogger(e, zapcore.InfoLevel, "rendezvous")))
+				elastic.WithLogger(cliLogger(e, zapcore.InfoLevel, "rendezvous"))}
+			if *replay != "" {
+				entries, err := readMembershipLog(*replay)
+				if err != nil {
+					fmt.Fprintf(e.stderr, "tfdist rendezvous: --replay %s: %v\n", *replay, err)
+					return exitUsage
+				}
+				opts = append(opts, elastic.WithReplay(entries))
+			}
+			var logFile *os.File
+			if *membershipLog != "" {
+				if logFile, err = createMembershipLog(*membershipLog); err != nil {
+					fmt.Fprintf(e.stderr, "tfdist rendezvous: --membership-log: %v\n", err)
+					return exitUsage
+				}
+				defer closeLog(e, logFile)
+				opts = append(opts, elastic.WithLog(logFile))
+			}
+			srv, err := elastic.Listen(*listen, opts...)
 			if err != nil {
+				if logFile != nil { // never written
+					_ = os.Remove(logFile.Name())
+				}
 				fmt.Fprintf(e.stderr, "tfdist rendezvous: %v\n", err)
 				return exitUsage
 			}

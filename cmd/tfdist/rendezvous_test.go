@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"path/filepath"
 	"regexp"
 	"testing"
 	"time"
@@ -56,4 +57,13 @@ func TestRendezvousBadFlags(t *testing.T) {
 	code, _, stderr = runHere(nil, "", "rendezvous", "--max-workers", "4", "--sizes", "1,x")
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, stderr, `--sizes "1,x": "x" is not a worker count`)
+	dir := t.TempDir()
+	code, _, stderr = runHere(nil, "", "rendezvous", "--replay", filepath.Join(dir, "none.log"))
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "--replay "+filepath.Join(dir, "none.log")+": open")
+	log := filepath.Join(dir, "new.log")
+	code, _, stderr = runHere(nil, "", "rendezvous", "--listen", "nohost:x", "--membership-log", log)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "listen on nohost:x")
+	assert.NoFileExists(t, log, "a log never written is not left behind")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"syscall"
 	"time"
@@ -31,6 +32,39 @@ func WithElasticSizes(sizes ...int) Option {
 	return func(l *Launcher) { l.sizes = slices.Clone(sizes) }
 }
 
+// WithMembershipLog has an elastic job's rendezvous write its membership
+// log (elastic.WithLog) to w.
+func WithMembershipLog(w io.Writer) Option { return func(l *Launcher) { l.membershipLog = w } }
+
+// WithReplay makes an elastic job replay a membership log without its
+// failures (elastic.WithReplay): it starts every worker the log names,
+// worker:0 to worker:N-1, at once, whatever WithWorkers and WithElastic
+// say, and does not scale.
+func WithReplay(entries []elastic.LogEntry) Option {
+	return func(l *Launcher) { l.replay = slices.Clone(entries) }
+}
+
+// replayWorkers is the number of workers a replay names, which must be
+// worker:0 to worker:N-1.
+func replayWorkers(entries []elastic.LogEntry) (int, error) {
+	seen := map[int]bool{}
+	for _, e := range entries {
+		for _, name := range e.Members {
+			t, err := cluster.ParseTask(name)
+			if err != nil || t.Type != cluster.Worker {
+				return 0, fmt.Errorf("replay: membership %d names %q, expected worker:N as launch names its workers", e.Epoch, name)
+			}
+			seen[t.Index] = true
+		}
+	}
+	for i := range len(seen) {
+		if !seen[i] {
+			return 0, fmt.Errorf("replay: the log names %d workers but not worker:%d: expected worker:0 to worker:%d, as launch names them", len(seen), i, len(seen)-1)
+		}
+	}
+	return len(seen), nil
+}
+
 // Scale asks an elastic job for delta more workers (or fewer, negative):
 // one more starts, up to the maximum; one fewer is the newest worker,
 // sent SIGTERM to leave at its next step boundary, down to the minimum.
@@ -44,6 +78,8 @@ func (l *Launcher) Scale(delta int) {
 // checkElastic refuses the options an elastic job cannot take.
 func (l *Launcher) checkElastic() error {
 	switch {
+	case !l.elastic && (l.replay != nil || l.membershipLog != nil):
+		return errors.New("a membership log and a replay are an elastic job's (--elastic)")
 	case !l.elastic:
 		return nil
 	case l.minWorkers < 1 || l.maxWorkers < l.minWorkers:
@@ -59,6 +95,11 @@ func (l *Launcher) checkElastic() error {
 	case l.tls || l.timeline != "" || l.metrics || l.basePort > 0:
 		return errors.New("elastic: --tls, --timeline, --metrics and --base-port do not apply to an elastic job yet")
 	}
+	if l.replay != nil {
+		if _, err := replayWorkers(l.replay); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -73,8 +114,11 @@ func (l *Launcher) elasticEnv(t cluster.Task) []string {
 // attemptElastic runs the elastic job: the rendezvous, and its workers.
 func (l *Launcher) attemptElastic(ctx context.Context) error {
 	l.job = "launch-" + uuid.NewString()[:8]
-	srv, err := elastic.Listen("127.0.0.1:0", elastic.WithJob(l.job), elastic.WithMembers(l.minWorkers, l.maxWorkers),
-		elastic.WithSizes(l.sizes...), elastic.WithLogger(l.log.Named("rendezvous")))
+	opts, err := l.rendezvousOptions()
+	if err != nil {
+		return err
+	}
+	srv, err := elastic.Listen("127.0.0.1:0", opts...)
 	if err != nil {
 		return err
 	}
@@ -101,6 +145,25 @@ func (l *Launcher) attemptElastic(ctx context.Context) error {
 		return err
 	}
 	return r.lastFailure
+}
+
+// rendezvousOptions are the options of the job's rendezvous. A replay
+// starts every worker it names.
+func (l *Launcher) rendezvousOptions() ([]elastic.Option, error) {
+	opts := []elastic.Option{elastic.WithJob(l.job), elastic.WithMembers(l.minWorkers, l.maxWorkers),
+		elastic.WithSizes(l.sizes...), elastic.WithLogger(l.log.Named("rendezvous"))}
+	if l.replay != nil {
+		n, err := replayWorkers(l.replay)
+		if err != nil {
+			return nil, err
+		}
+		l.workers, l.minWorkers, l.maxWorkers = n, n, n
+		opts = append(opts, elastic.WithReplay(l.replay))
+	}
+	if l.membershipLog != nil {
+		opts = append(opts, elastic.WithLog(l.membershipLog))
+	}
+	return opts, nil
 }
 
 // add starts worker i of an elastic job.
@@ -169,6 +232,8 @@ func (r *clusterRun) scale(delta int) {
 	}
 	switch {
 	case r.stopping || r.finished:
+	case r.l.replay != nil:
+		r.l.log.Warn("not scaling the elastic job: it replays a membership log", zap.Int("delta", delta))
 	case delta > 0 && live < r.l.maxWorkers:
 		if err := r.add(len(r.procs)); err != nil {
 			r.l.log.Error("could not add a worker", zap.Error(err))

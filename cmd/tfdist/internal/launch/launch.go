@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/elastic"
 	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/mtls"
@@ -97,6 +98,8 @@ type Launcher struct {
 	elastic                bool
 	minWorkers, maxWorkers int
 	sizes                  []int
+	membershipLog          io.Writer          // where the rendezvous logs memberships
+	replay                 []elastic.LogEntry // the memberships to replay
 	job, rendezvous        string
 	scales                 chan int
 
