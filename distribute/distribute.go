@@ -61,9 +61,9 @@ type Config struct {
 	Leave <-chan struct{}
 }
 
-// Names lists the strategies Run makes; Open makes all but "elastic",
-// New all but "elastic" and "ps".
-var Names = []string{"default", "mirrored", "multiworker", "ps", "elastic"}
+// Names lists the strategies Open makes; New makes all but "ps", and Run
+// every one and "elastic".
+var Names = []string{"default", "mirrored", "multiworker", "ps"}
 
 // RegisterFlags registers -strategy, -devices and -collective-timeout on
 // fs, with c's values as their defaults ("default" when c.Strategy is
@@ -165,7 +165,7 @@ func New(ctx context.Context, c Config) (strategy.Strategy, error) {
 	case "ps":
 		return nil, fmt.Errorf("distribute: strategy ps: its coordinator schedules the steps instead of running them; make it with Open and train with package train, or use paramserver directly")
 	}
-	return nil, fmt.Errorf("distribute: strategy %q, expected one of %v", c.Strategy, Names)
+	return nil, fmt.Errorf("distribute: strategy %q, expected one of %v (or elastic, which Run makes)", c.Strategy, Names)
 }
 
 // multiworkerOptions are the options of c's multiworker strategies.

@@ -47,7 +47,7 @@ func TestBadConfig(t *testing.T) {
 		cfg  distribute.Config
 		want string
 	}{
-		{distribute.Config{Strategy: "tpu"}, `strategy "tpu", expected one of [default mirrored multiworker ps elastic]`},
+		{distribute.Config{Strategy: "tpu"}, `strategy "tpu", expected one of [default mirrored multiworker ps] (or elastic, which Run makes)`},
 		{distribute.Config{Strategy: "ps"}, "make it with Open and train with package train"},
 		{distribute.Config{Strategy: "elastic"}, "strategy elastic makes a strategy for each membership of the job: train with Run"},
 		{distribute.Config{Strategy: "mirrored", Devices: -1}, "Devices -1, expected 0 or more"},
