@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/distribute"
+	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/mirrored"
 	"github.com/tfdist/tfdist/multiworker"
@@ -81,8 +82,14 @@ func TestParameterServers(t *testing.T) {
 	s := testcluster.ParameterServers(t, ctx, 2, 1)
 	defer s.Close()
 	o := options{dist: distribute.Config{Strategy: "ps"}, epochs: 10, stepsPerEpoch: 100, globalBatch: 64, filters: 8, lr: 0.05, seed: 1}
-	res, err := fit(ctx, s, o, io.Discard)
+	var progress syncbuf.Buffer
+	res, err := fit(ctx, s, o, &progress)
 	require.NoError(t, err)
+	defer func() {
+		if t.Failed() {
+			t.Logf("the epochs:\n%s", progress.String())
+		}
+	}()
 	applied, err := s.AppliedSteps(ctx)
 	require.NoError(t, err)
 	assert.EqualValues(t, o.epochs*o.stepsPerEpoch, applied)
