@@ -6,19 +6,28 @@
 //	tfdist launch --elastic --min-workers 2 --max-workers 4 -- go run ./examples/elastic
 //
 // then kill a worker, or send the launcher SIGUSR1 (one worker more) or
-// SIGUSR2 (one fewer). Alone, without the launcher, it runs a rendezvous of
-// its own and trains as the only worker. It uses the public API only: copy
-// it into a module of your own.
+// SIGUSR2 (one fewer). Each step trains the next -global-batch examples
+// of a stream of the epochs' orders, divided among the workers, whoever
+// they are; with -per-worker-batch B it follows the linear scaling rule
+// instead: B examples a worker, at a learning rate in proportion. Where
+// the job is in the stream is kept with its state (SetProgress), so that
+// a new membership goes on from there. Alone, without the launcher, it
+// runs a rendezvous of its own and trains as the only worker. It uses the
+// public API only: copy it into a module of your own.
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -35,10 +44,19 @@ import (
 type options struct {
 	steps       int64
 	globalBatch int
+	perWorker   int // the linear scaling rule's batch per worker, 0 without
 	host        string
 	seed        uint64
 	shards      int // WithDeterministic's virtual shards, 0 without
 }
+
+// baseRate is the learning rate of a global batch of baseBatch examples;
+// under the linear scaling rule a step's rate is in proportion to its
+// global batch.
+const (
+	baseRate  = 0.05
+	baseBatch = 48
+)
 
 // result is what a finished job reports.
 type result struct {
@@ -57,6 +75,8 @@ var inputs = strategy.InputSpec{
 type job struct {
 	o           options
 	train, test digits.Data
+	perms       []int // of epoch permEpoch
+	permEpoch   int64
 }
 
 // run trains on s, a membership's strategy, from the step Resume gives,
@@ -72,8 +92,12 @@ func (j *job) run(ctx context.Context, s *multiworker.Strategy) (result, error) 
 	}); err != nil {
 		return res, err
 	}
-	opt := optimizer.NewMomentum(optimizer.Constant(0.05), 0.9, false)
-	step, err := s.Build(inputs, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+	rate := baseRate * float32(j.o.globalBatch) / baseBatch
+	if j.o.perWorker > 0 { // the linear scaling rule: the rate follows the global batch
+		rate = baseRate * float32(j.o.perWorker*s.NumWorkers()) / baseBatch
+	}
+	opt := optimizer.NewMomentum(optimizer.Constant(rate), 0.9, false)
+	trainStep, err := s.Build(inputs, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
 		logits, err := model.Apply(rc, in["x"], true)
 		if err != nil {
 			return nil, err
@@ -84,28 +108,41 @@ func (j *job) run(ctx context.Context, s *multiworker.Strategy) (result, error) 
 	if err != nil {
 		return res, err
 	}
-	start, err := s.Resume(ctx) // the state of the newest completed step
+	step, err := s.Resume(ctx) // the state of the newest completed step
 	if err != nil {
 		return res, err
 	}
-	if s.IsChief() {
-		fmt.Printf("%d workers from step %d\n", s.NumWorkers(), start)
+	var pos int64 // the examples of the stream trained on (see share)
+	if p := s.Progress(); p != nil {
+		if pos, err = strconv.ParseInt(string(p), 10, 64); err != nil {
+			return res, fmt.Errorf("the job's progress %q is not this program's", p)
+		}
 	}
-	for i := start; i < j.o.steps; i++ {
-		out, err := s.RunReplicas(ctx, step, j.share(s, i), j.o.globalBatch/s.NumWorkers())
+	if s.IsChief() {
+		fmt.Printf("%d workers from step %d\n", s.NumWorkers(), step)
+	}
+	for total := j.o.steps * int64(j.o.globalBatch); pos < total; step++ {
+		global := j.o.globalBatch
+		if j.o.perWorker > 0 {
+			global = j.o.perWorker * s.NumWorkers()
+		}
+		global = int(min(int64(global), total-pos))
+		out, err := s.RunReplicas(ctx, trainStep, j.share(s, pos, global), global)
 		if err != nil {
 			return res, err
 		}
-		if (i+1)%100 == 0 {
+		if (step+1)%100 == 0 {
 			loss, err := s.Reduce(ctx, strategy.Sum, out["loss"])
 			if err != nil {
 				return res, err
 			}
 			if s.IsChief() {
-				fmt.Printf("step %d: loss %.4f\n", i+1, strategy.TensorValue(loss).(float32))
+				fmt.Printf("step %d: loss %.4f\n", step+1, strategy.TensorValue(loss).(float32))
 			}
 		}
-		if err := s.StepDone(ctx); err != nil { // a change of members stops here
+		pos += int64(global)
+		s.SetProgress(strconv.AppendInt(nil, pos, 10)) // kept with the step's state
+		if err := s.StepDone(ctx); err != nil {        // a change of members stops here
 			return res, err
 		}
 	}
@@ -117,29 +154,56 @@ func (j *job) run(ctx context.Context, s *multiworker.Strategy) (result, error) 
 	return res, err
 }
 
-// share is this worker's part of global batch i, split among its local
-// replicas: the batches of an epoch are a permutation of the training
-// examples that every worker computes alike, so that whatever the members,
-// each example is trained on once an epoch.
-func (j *job) share(s *multiworker.Strategy, i int64) []map[string]*tf.Tensor {
-	perEpoch := int64(j.train.Len() / j.o.globalBatch)
-	perm := rand.New(rand.NewPCG(j.o.seed, uint64(i/perEpoch))).Perm(j.train.Len())
-	per := j.o.globalBatch / s.NumWorkers()
-	lo := int(i%perEpoch)*j.o.globalBatch + s.WorkerID()*per
-	reps := s.NumLocalReplicas()
+// share is this worker's part of the global batch of size examples at
+// position pos of the stream, split among its local replicas. The stream
+// is every epoch's permutation of the training examples, one after the
+// other, which every worker computes alike; a step takes the next global
+// batch of it, in contiguous parts (sizes differing by at most one) for
+// the workers in rank order, so that whatever the members, each example
+// of each epoch is trained on once.
+func (j *job) share(s *multiworker.Strategy, pos int64, size int) []map[string]*tf.Tensor {
+	n := int64(j.train.Len())
+	w, workers := s.WorkerID(), s.NumWorkers()
+	lo, hi := pos+int64(w*size/workers), pos+int64((w+1)*size/workers)
+	reps := int64(s.NumLocalReplicas())
 	feeds := make([]map[string]*tf.Tensor, reps)
-	for r := range feeds {
-		var x [][]float32
+	for r := range reps {
+		var x []float32
 		var y []int32
-		for _, k := range perm[lo+r*per/reps : lo+(r+1)*per/reps] {
-			x = append(x, j.train.X[k])
+		for q := lo + r*(hi-lo)/reps; q < lo+(r+1)*(hi-lo)/reps; q++ {
+			k := j.perm(q / n)[q%n]
+			x = append(x, j.train.X[k]...)
 			y = append(y, j.train.Y[k])
 		}
-		xt, _ := tf.NewTensor(x)
-		yt, _ := tf.NewTensor(y)
+		xt, _ := tf.ReadTensor(tf.Float, []int64{int64(len(y)), digits.Features}, bytes.NewReader(float32Bytes(x)))
+		yt, _ := tf.ReadTensor(tf.Int32, []int64{int64(len(y))}, bytes.NewReader(int32Bytes(y)))
 		feeds[r] = map[string]*tf.Tensor{"x": xt, "y": yt}
 	}
 	return feeds
+}
+
+// perm is epoch's order of the training examples.
+func (j *job) perm(epoch int64) []int {
+	if j.permEpoch != epoch || j.perms == nil {
+		j.perms, j.permEpoch = rand.New(rand.NewPCG(j.o.seed, uint64(epoch))).Perm(j.train.Len()), epoch
+	}
+	return j.perms
+}
+
+func float32Bytes(v []float32) []byte {
+	b := make([]byte, 0, 4*len(v))
+	for _, f := range v {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(f))
+	}
+	return b
+}
+
+func int32Bytes(v []int32) []byte {
+	b := make([]byte, 0, 4*len(v))
+	for _, i := range v {
+		b = binary.LittleEndian.AppendUint32(b, uint32(i))
+	}
+	return b
 }
 
 // heldOut scores the held-out digits on every worker alike.
@@ -184,11 +248,20 @@ func join(ctx context.Context) (*elastic.Member, error) {
 func main() {
 	var o options
 	flag.Int64Var(&o.steps, "steps", 600, "global steps to train")
-	flag.IntVar(&o.globalBatch, "global-batch", 48, "examples per step across the workers: every worker count the job may have must divide it")
+	flag.IntVar(&o.globalBatch, "global-batch", baseBatch, "examples per step across the workers")
+	flag.IntVar(&o.perWorker, "per-worker-batch", 0, "the linear scaling rule: each step takes `B` examples per worker, at a learning rate in proportion, over the examples of -steps × -global-batch (0: a fixed global batch)")
 	flag.StringVar(&o.host, "host", "127.0.0.1", "the address other workers reach this one at")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the model and of each epoch's order")
 	flag.IntVar(&o.shards, "deterministic", 0, "train topology-invariant with `V` virtual shards: the same bits whatever the workers (1, 2, 4, ... dividing V: tfdist launch --sizes)")
 	flag.Parse()
+	if o.steps < 1 || o.globalBatch < 1 {
+		fmt.Fprintf(os.Stderr, "elastic: -steps %d, -global-batch %d: expected at least 1 each\n", o.steps, o.globalBatch)
+		os.Exit(2)
+	}
+	if o.perWorker < 0 || o.perWorker > 0 && o.shards > 0 {
+		fmt.Fprintf(os.Stderr, "elastic: -per-worker-batch %d: expected 0, or more without -deterministic (the linear scaling rule trains another model on another number of workers)\n", o.perWorker)
+		os.Exit(2)
+	}
 	if err := train(o); err != nil {
 		fmt.Fprintln(os.Stderr, "elastic:", err)
 		os.Exit(1)
@@ -220,9 +293,6 @@ func train(o options) error {
 	}
 	var res result
 	err = multiworker.RunElastic(ctx, m, o.host, func(ctx context.Context, s *multiworker.Strategy) error {
-		if o.globalBatch%s.NumWorkers() != 0 {
-			return fmt.Errorf("-global-batch %d does not divide among %d workers", o.globalBatch, s.NumWorkers())
-		}
 		res, err = j.run(ctx, s)
 		return err
 	}, opts...)
