@@ -69,10 +69,22 @@ func buildElasticExample(t *testing.T) string {
 // random worker, and replays the log with launch --replay: the replay,
 // with no kill, forms the same memberships at the same steps and ends
 // with the run's model, bit for bit.
+//
+// Under the linear scaling rule (-per-worker-batch), where the global
+// batch and the learning rate change with the workers, the same holds.
 func TestElasticReplayEndsWithTheRunsModel(t *testing.T) {
 	bin := buildElasticExample(t)
+	for _, flags := range [][]string{nil, {"-per-worker-batch", "16"}} {
+		t.Run(strings.Join(flags, " "), func(t *testing.T) {
+			replayRun(t, append([]string{"--", bin, "-steps", "3000"}, flags...))
+		})
+	}
+}
+
+// replayRun runs the job of args, kills a worker, replays the run's log,
+// and checks the replay's model.
+func replayRun(t *testing.T, args []string) {
 	log := filepath.Join(t.TempDir(), "memberships.log")
-	args := []string{"--", bin, "-steps", "3000"}
 	cmd, stdout, stderr := tfdist(t, nil, append([]string{"launch", "--elastic", "--min-workers", "1", "--max-workers", "3",
 		"--timeout", "5m", "--membership-log", log}, args...)...)
 	require.NoError(t, cmd.Start())
