@@ -15,6 +15,7 @@ import (
 
 // Member is a worker's side of the rendezvous.
 type Member struct {
+	name    string
 	addr    string
 	conn    net.Conn
 	wmu     sync.Mutex
@@ -73,7 +74,7 @@ func Join(ctx context.Context, addr string, h Hello, opts ...JoinOption) (*Membe
 		}
 		return nil, &RefusedError{Reason: m.Reason}
 	}
-	mb := &Member{addr: addr, conn: c, next: make(chan Membership, 1), lost: make(chan Departure, 16),
+	mb := &Member{name: h.Name, addr: addr, conn: c, next: make(chan Membership, 1), lost: make(chan Departure, 16),
 		done: make(chan struct{}), stop: make(chan struct{})}
 	mb.wg.Add(2)
 	go mb.read()
@@ -179,6 +180,9 @@ func (m *Member) send(msg message) error {
 // a member whose group is that membership's may abort it rather than wait
 // for the collective timeout. Departures of older epochs are stale.
 func (m *Member) Lost() <-chan Departure { return m.lost }
+
+// Name returns the worker's name, as its Hello gave it.
+func (m *Member) Name() string { return m.name }
 
 // Pending says whether the server waits for the members to report at
 // their next step boundary: a worker waits to join, or a member left.
