@@ -71,11 +71,34 @@ type elasticRun struct {
 // tells the rendezvous the job is done), nil after a graceful leave
 // (m.LeaveSoon), nil when the job finishes while this worker waits as a
 // standby (train then never finished here), or train's other errors.
+//
+// The timeline and the metrics last the whole run: those of WithTimeline
+// and WithMonitoring, or, as New sets them up from the environment
+// (tfdist launch --timeline and --metrics), a trace written when
+// RunElastic returns and metrics served until then.
 func RunElastic(ctx context.Context, m *elastic.Member, host string, train func(ctx context.Context, s *Strategy) error, opts ...Option) error {
 	c, err := checkElastic(opts)
 	if err != nil {
 		return errors.Join(err, m.Close())
 	}
+	obs, err := newObserver(c, m.Name())
+	if err != nil {
+		return errors.Join(err, m.Close())
+	}
+	if obs.rec != nil {
+		c.timeline = obs.rec
+		opts = append(opts, WithTimeline(obs.rec))
+	}
+	if obs.m != nil {
+		c.metrics = obs.m
+		opts = append(opts, WithMonitoring(obs.m))
+	}
+	err = runElastic(ctx, c, m, host, train, opts)
+	return errors.Join(err, obs.close())
+}
+
+// runElastic is RunElastic's loop over the memberships.
+func runElastic(ctx context.Context, c config, m *elastic.Member, host string, train func(ctx context.Context, s *Strategy) error, opts []Option) error {
 	var snap snapshot
 	var failed error // of the last membership, if it broke
 	unexplained := 0
