@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -151,4 +152,54 @@ func TestReplayAndLogErrors(t *testing.T) {
 	b, err := os.ReadFile(good)
 	require.NoError(t, err)
 	assert.Contains(t, string(b), `"worker:0"`, "the file is kept")
+}
+
+// Under launch --elastic --timeline --metrics, each worker serves its
+// metrics at an address launch prints, kept by its replacement, and the
+// merged trace holds every process's trace, the replacement's too, with a
+// membership span for each membership a worker trained in.
+func TestElasticTimelineAndMetrics(t *testing.T) {
+	bin := buildElasticExample(t)
+	trace := filepath.Join(t.TempDir(), "trace.json")
+	cmd, stdout, stderr := tfdist(t, nil, "launch", "--elastic", "--workers", "2", "--timeline", trace, "--metrics", "--timeout", "5m", "--", bin, "-steps", "12000")
+	require.NoError(t, cmd.Start())
+	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "2 workers from step 0") }, time.Minute, 10*time.Millisecond)
+	time.Sleep(time.Duration(200+rand.IntN(300)) * time.Millisecond)
+	started := startedLine.FindAllStringSubmatch(stderr.String(), -1)
+	pid, _ := strconv.Atoi(started[1][2])
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	require.Eventually(t, func() bool { return strings.Count(stdout.String(), "2 workers from step") == 2 }, time.Minute, 10*time.Millisecond,
+		"the replacement joins: %s", stdout)
+	require.Equal(t, 0, exitCode(t, cmd, 5*time.Minute), "%s\n%s", stdout, stderr)
+	for _, w := range []string{"worker:0", "worker:1"} {
+		assert.Regexp(t, `metrics\s+\{"task": "`+w+`", "url": "http://127.0.0.1:\d+/metrics"\}`, stderr.String())
+	}
+	assert.Equal(t, 2, strings.Count(stderr.String(), `"url": "http://`), "a replacement keeps its predecessor's address")
+
+	b, err := os.ReadFile(trace)
+	require.NoError(t, err)
+	var tr struct {
+		TraceEvents []struct {
+			Name string         `json:"name"`
+			Cat  string         `json:"cat"`
+			PID  int            `json:"pid"`
+			Args map[string]any `json:"args"`
+		} `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(b, &tr))
+	memberships, names := map[int]int{}, map[int]string{}
+	for _, e := range tr.TraceEvents {
+		switch {
+		case e.Name == "process_name":
+			names[e.PID], _ = e.Args["name"].(string)
+		case e.Cat == "membership":
+			memberships[e.PID]++
+		}
+	}
+	assert.Len(t, names, 2, "the survivor's trace and the replacement's (the killed worker wrote none): %v", names)
+	most := 0
+	for _, n := range memberships {
+		most = max(most, n)
+	}
+	assert.GreaterOrEqual(t, most, 2, "the survivor trained in two memberships at least: %v", memberships)
 }

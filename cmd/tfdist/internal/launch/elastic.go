@@ -92,8 +92,8 @@ func (l *Launcher) checkElastic() error {
 		return errors.New("elastic: an elastic job has workers only (no --chief, --ps or --evaluator)")
 	case l.maxRestarts > 0:
 		return errors.New("elastic: --max-restarts restarts a whole cluster; an elastic job replaces a failed worker alone (--task-restarts)")
-	case l.tls || l.timeline != "" || l.metrics || l.basePort > 0:
-		return errors.New("elastic: --tls, --timeline, --metrics and --base-port do not apply to an elastic job yet")
+	case l.tls || l.basePort > 0:
+		return errors.New("elastic: --tls and --base-port do not apply to an elastic job yet")
 	}
 	if l.replay != nil {
 		if _, err := replayWorkers(l.replay); err != nil {

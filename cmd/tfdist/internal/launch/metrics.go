@@ -1,12 +1,14 @@
 package launch
 
 import (
+	"fmt"
 	"net"
 	"strconv"
 
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/monitoring"
 )
 
@@ -35,6 +37,29 @@ func (l *Launcher) assignMetrics(tasks []cluster.Task, ports []int) {
 		l.metricsAddrs[t] = addr
 		l.log.Info("metrics", zap.Stringer("task", t), zap.String("url", "http://"+addr+"/metrics"))
 	}
+}
+
+// assignElasticMetrics gives a worker of an elastic job, at its first
+// start, a free loopback port for its metrics, which the processes that
+// replace it keep.
+func (l *Launcher) assignElasticMetrics(t cluster.Task) error {
+	if !l.elastic || !l.metrics {
+		return nil
+	}
+	if _, ok := l.metricsAddrs[t]; ok {
+		return nil
+	}
+	ports, err := freeport.Loopback(1)
+	if err != nil {
+		return fmt.Errorf("a port for the metrics of %s: %w", t, err)
+	}
+	if l.metricsAddrs == nil {
+		l.metricsAddrs = map[cluster.Task]string{}
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+	l.metricsAddrs[t] = addr
+	l.log.Info("metrics", zap.Stringer("task", t), zap.String("url", "http://"+addr+"/metrics"))
+	return nil
 }
 
 // metricsEnv returns the environment that gives t its metrics address, if

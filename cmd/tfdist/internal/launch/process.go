@@ -72,7 +72,10 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 		EnvRestart+"="+strconv.Itoa(start),
 	)
 	env = append(env, l.tlsEnv(t)...)
-	env = append(env, l.timelineEnv(t)...)
+	env = append(env, l.timelineEnv(t, start)...)
+	if err := l.assignElasticMetrics(t); err != nil {
+		return nil, err
+	}
 	env = append(env, l.metricsEnv(t)...)
 	for _, d := range [][2]string{{EnvMallocArenaMax, DefaultMallocArenaMax}, {EnvLogLevel, DefaultLogLevel}} {
 		if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, d[0]+"=") }) {

@@ -40,17 +40,22 @@ func (l *Launcher) prepareTimeline() error {
 	return nil
 }
 
-// timelineFile is where task t writes its trace.
-func (l *Launcher) timelineFile(t cluster.Task) string {
+// timelineFile is where task t writes its trace: in an elastic job, each
+// of its processes (the start-th) a file of its own.
+func (l *Launcher) timelineFile(t cluster.Task, start int) string {
+	if l.elastic {
+		return filepath.Join(l.timelineDir, fmt.Sprintf("%s-%d-%d.json", t.Type, t.Index, start))
+	}
 	return filepath.Join(l.timelineDir, fmt.Sprintf("%s-%d.json", t.Type, t.Index))
 }
 
-// timelineEnv returns the environment that names t's trace file, if any.
-func (l *Launcher) timelineEnv(t cluster.Task) []string {
+// timelineEnv returns the environment that names the trace file of task
+// t's start-th process, if any.
+func (l *Launcher) timelineEnv(t cluster.Task, start int) []string {
 	if l.timelineDir == "" {
 		return nil
 	}
-	return []string{timeline.Env + "=" + l.timelineFile(t)}
+	return []string{timeline.Env + "=" + l.timelineFile(t, start)}
 }
 
 // gatherTimeline merges the traces the tasks wrote into the timeline file
@@ -113,8 +118,11 @@ func (l *Launcher) readTraces() ([]io.Reader, []cluster.Task) {
 		traces      []io.Reader
 		tasks, none []cluster.Task
 	)
+	if l.elastic {
+		return l.readElasticTraces()
+	}
 	for _, t := range l.Tasks() {
-		b, err := os.ReadFile(l.timelineFile(t))
+		b, err := os.ReadFile(l.timelineFile(t, 0))
 		if errors.Is(err, fs.ErrNotExist) {
 			none = append(none, t)
 			continue
@@ -132,6 +140,39 @@ func (l *Launcher) readTraces() ([]io.Reader, []cluster.Task) {
 	if len(none) > 0 {
 		l.log.Warn("tasks wrote no trace for the timeline (a program writes one through the multi-worker strategy)",
 			zap.Stringers("tasks", none))
+	}
+	return traces, tasks
+}
+
+// readElasticTraces returns the traces the processes of an elastic job
+// wrote, in the order of their files' names, and their tasks: a worker
+// replaced, or added, wrote one of its own; one killed wrote none.
+func (l *Launcher) readElasticTraces() ([]io.Reader, []cluster.Task) {
+	names, err := filepath.Glob(filepath.Join(l.timelineDir, "worker-*.json"))
+	if err != nil {
+		l.log.Warn("the workers' traces cannot be listed", zap.Error(err))
+	}
+	var (
+		traces []io.Reader
+		tasks  []cluster.Task
+	)
+	for _, name := range names {
+		var t cluster.Task
+		var start int
+		if _, err := fmt.Sscanf(filepath.Base(name), "worker-%d-%d.json", &t.Index, &start); err != nil {
+			continue
+		}
+		t.Type = cluster.Worker
+		b, err := os.ReadFile(name)
+		if err == nil {
+			err = timeline.Merge(io.Discard, bytes.NewReader(b))
+		}
+		if err != nil {
+			l.log.Warn("worker's trace left out of the timeline", zap.Stringer("task", t), zap.Int("start", start), zap.Error(err))
+			continue
+		}
+		traces = append(traces, bytes.NewReader(b))
+		tasks = append(tasks, t)
 	}
 	return traces, tasks
 }
