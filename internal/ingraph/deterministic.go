@@ -45,8 +45,8 @@ func ShardsPerReplica(v, n int) (int, error) {
 // virtualize makes cfg's replicas its virtual shards: each device
 // repeated VirtualShards / NumReplicasInSync times, the replicas in sync
 // and the first replica's id counted in shards, the session without
-// Grappler's arithmetic optimizer (which would regroup a tree of
-// additions into an AddN), and TensorFlow's op determinism on.
+// Grappler (whose arithmetic optimizer would regroup a tree of additions
+// into an AddN), and TensorFlow's op determinism on.
 func (cfg *Config) virtualize() error {
 	k, err := ShardsPerReplica(cfg.VirtualShards, cfg.NumReplicasInSync)
 	if err != nil {
@@ -54,7 +54,7 @@ func (cfg *Config) virtualize() error {
 	}
 	cfg.Devices = VirtualDevices(cfg.Devices, k)
 	cfg.NumReplicasInSync, cfg.FirstReplicaID = cfg.VirtualShards, cfg.FirstReplicaID*k
-	if cfg.Session, err = tfrt.Configure(cfg.Session, tfrt.WithoutArithmeticRewrites()); err != nil {
+	if cfg.Session, err = tfrt.Configure(cfg.Session, tfrt.WithoutGraphRewrites()); err != nil {
 		return fmt.Errorf("strategy: Config.Session: %w", err)
 	}
 	if err := tfrt.EnableOpDeterminism(); err != nil {

@@ -171,10 +171,13 @@ func envThreads(name string, def int) (int, error) {
 	return n, nil
 }
 
-// WithoutArithmeticRewrites turns off Grappler's arithmetic optimizer,
-// which may regroup a tree of additions into one AddN and so change a
-// sum's bits.
-func WithoutArithmeticRewrites() ConfigOption {
+// WithoutGraphRewrites turns off Grappler, TensorFlow's graph optimizer,
+// for the session: its arithmetic optimizer may regroup a tree of
+// additions into one AddN and so change a sum's bits, and its other passes
+// may decide otherwise on the graphs of different topologies. It also
+// takes most of the time of a new graph's first run, which an elastic job
+// pays at every change of members.
+func WithoutGraphRewrites() ConfigOption {
 	return func(c *pb.ConfigProto) {
 		if c.GraphOptions == nil {
 			c.GraphOptions = &pb.GraphOptions{}
@@ -182,6 +185,6 @@ func WithoutArithmeticRewrites() ConfigOption {
 		if c.GraphOptions.RewriteOptions == nil {
 			c.GraphOptions.RewriteOptions = &pb.RewriterConfig{}
 		}
-		c.GraphOptions.RewriteOptions.ArithmeticOptimization = pb.RewriterConfig_OFF
+		c.GraphOptions.RewriteOptions.DisableMetaOptimizer = true
 	}
 }
