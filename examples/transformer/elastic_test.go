@@ -22,6 +22,7 @@ import (
 
 	"github.com/tfdist/tfdist/distribute"
 	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/internal/syncbuf"
 )
 
 // argsEnv, set, makes the test binary the command, run with its
@@ -111,9 +112,8 @@ var (
 	chaosWorkers = flag.Int("chaos-workers", 2, "workers of the elastic kill test (4 where the cores allow)")
 )
 
-// job is an elastic job of the command's worker processes: its
-// rendezvous, which admits memberships of 1, 2 or 4 workers (the sizes
-// that divide -deterministic 4; a third waits as a standby).
+// job is an elastic job of the command's worker processes and its
+// rendezvous.
 type job struct {
 	t       *testing.T
 	addr    string
@@ -121,9 +121,16 @@ type job struct {
 	workers []*worker
 }
 
-func newJob(t *testing.T, args []string, max int) *job {
-	srv, err := elastic.Listen("127.0.0.1:0", elastic.WithJob("transformer-test"), elastic.WithMembers(1, max),
-		elastic.WithSizes(slices.DeleteFunc([]int{1, 2, 4}, func(n int) bool { return n > max })...))
+// upTo are the rendezvous options of a job of at most max workers, whose
+// memberships have 1, 2 or 4 (the sizes that divide -deterministic 4; a
+// third waits as a standby).
+func upTo(max int) []elastic.Option {
+	return []elastic.Option{elastic.WithMembers(1, max),
+		elastic.WithSizes(slices.DeleteFunc([]int{1, 2, 4}, func(n int) bool { return n > max })...)}
+}
+
+func newJob(t *testing.T, args []string, opts ...elastic.Option) *job {
+	srv, err := elastic.Listen("127.0.0.1:0", append([]elastic.Option{elastic.WithJob("transformer-test")}, opts...)...)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
@@ -145,10 +152,10 @@ func (j *job) reachStep(n int) {
 	}, 3*time.Minute, time.Millisecond, "step %d", n)
 }
 
-// end waits for every worker to exit successfully and checks that the
-// one report, the chief's, has want's model and losses.
-func (j *job) end(want report, what string) {
-	reports := 0
+// end waits for every worker to exit successfully and returns the one
+// report, the chief's.
+func (j *job) end(what string) report {
+	var reports []report
 	for _, w := range j.workers {
 		select {
 		case <-w.exited:
@@ -162,14 +169,19 @@ func (j *job) end(want report, what string) {
 		if w.report == "" {
 			continue // not the chief, a leaver or a standby
 		}
-		reports++
 		var got report
 		require.NoError(j.t, json.Unmarshal([]byte(w.report), &got))
-		assert.Equal(j.t, want.ParamsSHA256, got.ParamsSHA256, "%s: %s", w.name, what)
-		assert.Equal(j.t, want.TrainLosses, got.TrainLosses, "every epoch's loss: %s", what)
-		assert.Equal(j.t, want.HeldOutLoss, got.HeldOutLoss, what)
+		reports = append(reports, got)
 	}
-	assert.Equal(j.t, 1, reports, "the chief reports: %s", what)
+	require.Len(j.t, reports, 1, "the chief reports: %s", what)
+	return reports[0]
+}
+
+// sameModel checks that got has want's model and losses, bit for bit.
+func sameModel(t *testing.T, want, got report, what string) {
+	assert.Equal(t, want.ParamsSHA256, got.ParamsSHA256, what)
+	assert.Equal(t, want.TrainLosses, got.TrainLosses, "every epoch's loss: %s", what)
+	assert.Equal(t, want.HeldOutLoss, got.HeldOutLoss, what)
 }
 
 // A Transformer trained as an elastic job that loses a worker at a random
@@ -184,7 +196,7 @@ func TestElasticJobLosesNoBit(t *testing.T) {
 	want := fitOn(t, o, o.dist)
 	var heals []time.Duration
 	for run := range *chaosRuns {
-		j := newJob(t, args, *chaosWorkers)
+		j := newJob(t, args, upTo(*chaosWorkers)...)
 		for i := range *chaosWorkers {
 			j.start("worker:" + strconv.Itoa(i))
 		}
@@ -194,7 +206,8 @@ func TestElasticJobLosesNoBit(t *testing.T) {
 		require.NoError(t, victim.cmd.Process.Kill())
 		victim.killed = true
 		j.start(victim.name)
-		j.end(want, fmt.Sprintf("run %d: %s killed after step %d", run, victim.name, at))
+		what := fmt.Sprintf("run %d: %s killed after step %d", run, victim.name, at)
+		sameModel(t, want, j.end(what), what)
 		heals = append(heals, j.firstEpochAfter(killed, step))
 	}
 	slices.Sort(heals)
@@ -224,7 +237,7 @@ func TestElasticJobScalesUpAndLeaves(t *testing.T) {
 	o, args := elasticRun(t)
 	want := fitOn(t, o, o.dist)
 	for run := range *chaosRuns {
-		j := newJob(t, args, 4)
+		j := newJob(t, args, upTo(4)...)
 		j.start("worker:0")
 		j.start("worker:1")
 		j.reachStep(6 + 2*rand.IntN(5))
@@ -233,6 +246,34 @@ func TestElasticJobScalesUpAndLeaves(t *testing.T) {
 		j.reachStep(26 + 2*rand.IntN(5))
 		leaver := j.workers[rand.IntN(2)] // a joiner may not have set up its SIGTERM handler yet
 		require.NoError(t, leaver.cmd.Process.Signal(syscall.SIGTERM))
-		j.end(want, fmt.Sprintf("run %d: %s left", run, leaver.name))
+		what := fmt.Sprintf("run %d: %s left", run, leaver.name)
+		sameModel(t, want, j.end(what), what)
 	}
+}
+
+// Without -deterministic, a job that loses a worker at a random step and
+// takes a replacement writes its membership log; replayed without the
+// kill, Fit ends with the run's model, bit for bit.
+func TestElasticReplayOfFit(t *testing.T) {
+	_, args := elasticRun(t)
+	args = slices.Clone(args)
+	args[slices.Index(args, "-deterministic")+1] = "0"
+	var log syncbuf.Buffer
+	j := newJob(t, args, elastic.WithMembers(1, 2), elastic.WithLog(&log))
+	j.start("worker:0")
+	j.start("worker:1")
+	victim, at := j.workers[rand.IntN(2)], 6+2*rand.IntN(15)
+	j.reachStep(at)
+	require.NoError(t, victim.cmd.Process.Kill())
+	victim.killed = true
+	j.start(victim.name)
+	run := j.end(fmt.Sprintf("%s killed after step %d", victim.name, at))
+	entries, err := elastic.ReadLog(strings.NewReader(log.String()))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(entries), 2, "the kill changed the membership: %+v", entries)
+
+	r := newJob(t, args, elastic.WithReplay(entries))
+	r.start("worker:0")
+	r.start("worker:1")
+	sameModel(t, run, r.end("the replay"), fmt.Sprintf("the replay of %+v", entries))
 }
