@@ -188,6 +188,9 @@ func (o *op) announced(peer int, later []int, n int) (int, error) {
 	case h.offset == noArena:
 		return -1, nil
 	case h.offset > uint64(max(0, o.g.conns[peer].push.peerArenaLen()-n)):
+		if gerr := o.g.Err(); gerr != nil {
+			return 0, gerr // the group broke, which closed the connection: its arena reads as empty
+		}
 		return 0, o.protocolErr(peer, "a result of %d bytes at %d, outside its arena", n, h.offset)
 	}
 	return int(h.offset), nil
