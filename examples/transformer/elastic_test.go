@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +25,7 @@ import (
 	"github.com/tfdist/tfdist/distribute"
 	"github.com/tfdist/tfdist/elastic"
 	"github.com/tfdist/tfdist/internal/syncbuf"
+	"github.com/tfdist/tfdist/timeline"
 )
 
 // argsEnv, set, makes the test binary the command, run with its
@@ -52,15 +55,16 @@ func elasticRun(t *testing.T) (options, []string) {
 
 // worker is a worker process of an elastic job.
 type worker struct {
-	name   string
-	cmd    *exec.Cmd
-	killed bool
-	mu     sync.Mutex
-	step   int // the last "step N/M" line's N
-	epochs []epochLine
-	report string
-	exited chan struct{}
-	err    error
+	name    string
+	started time.Time
+	cmd     *exec.Cmd
+	killed  bool
+	mu      sync.Mutex
+	step    int // the last "step N/M" line's N
+	epochs  []epochLine
+	report  string
+	exited  chan struct{}
+	err     error
 }
 
 // epochLine is when a worker printed an epoch's "step N/M" line.
@@ -69,10 +73,10 @@ type epochLine struct {
 	at   time.Time
 }
 
-func startWorker(t *testing.T, addr, name string, args []string) *worker {
-	w := &worker{name: name, exited: make(chan struct{})}
+func startWorker(t *testing.T, addr, name string, args []string, env ...string) *worker {
+	w := &worker{name: name, exited: make(chan struct{}), started: time.Now()}
 	w.cmd = exec.Command(os.Args[0], "-test.run", "^$")
-	w.cmd.Env = append(os.Environ(), argsEnv+"="+strings.Join(args, " "),
+	w.cmd.Env = append(append(os.Environ(), env...), argsEnv+"="+strings.Join(args, " "),
 		elastic.EnvRendezvous+"="+addr, elastic.EnvJob+"=transformer-test", elastic.EnvName+"="+name)
 	w.cmd.Stderr = os.Stderr
 	out, err := w.cmd.StdoutPipe()
@@ -139,8 +143,8 @@ func newJob(t *testing.T, args []string, opts ...elastic.Option) *job {
 	return &job{t: t, addr: srv.Addr(), args: args}
 }
 
-func (j *job) start(name string) *worker {
-	w := startWorker(j.t, j.addr, name, j.args)
+func (j *job) start(name string, env ...string) *worker {
+	w := startWorker(j.t, j.addr, name, j.args, env...)
 	j.workers = append(j.workers, w)
 	return w
 }
@@ -276,4 +280,52 @@ func TestElasticReplayOfFit(t *testing.T) {
 	r.start("worker:0")
 	r.start("worker:1")
 	sameModel(t, run, r.end("the replay"), fmt.Sprintf("the replay of %+v", entries))
+}
+
+// A worker that joins a running Transformer job (1 worker, then 2) takes
+// its state and steps, and the job ends with one device's bits. It logs
+// how long after its start the joiner completed its first step, from the
+// trace it writes (TFDIST_TIMELINE): process start, TensorFlow's load,
+// joining, the model's graph, Resume and the skipped batches included.
+func TestElasticJoinerSteps(t *testing.T) {
+	o, args := elasticRun(t)
+	o.steps = 200
+	args = slices.Clone(args)
+	args[slices.Index(args, "-steps")+1] = strconv.Itoa(o.steps)
+	want := fitOn(t, o, o.dist)
+	var joins []time.Duration
+	for run := range *chaosRuns {
+		j := newJob(t, args, upTo(2)...)
+		j.start("worker:0")
+		j.reachStep(10)
+		trace := filepath.Join(t.TempDir(), "joiner.json")
+		joiner := j.start("worker:1", timeline.Env+"="+trace)
+		what := fmt.Sprintf("run %d: a joiner after step 10", run)
+		sameModel(t, want, j.end(what), what)
+		joins = append(joins, firstStep(t, trace).Sub(joiner.started).Round(time.Millisecond))
+	}
+	slices.Sort(joins)
+	t.Logf("a joiner's start → its first step: median %v, worst %v over %d runs", joins[len(joins)/2], joins[len(joins)-1], len(joins))
+}
+
+// firstStep is when the first step on the trace at path ended.
+func firstStep(t *testing.T, path string) time.Time {
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var tr struct {
+		TraceEvents []struct {
+			Cat string  `json:"cat"`
+			TS  float64 `json:"ts"`  // µs since the Unix epoch
+			Dur float64 `json:"dur"` // µs
+		} `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(b, &tr))
+	first := math.Inf(1)
+	for _, e := range tr.TraceEvents {
+		if e.Cat == string(timeline.Step) {
+			first = min(first, e.TS+e.Dur)
+		}
+	}
+	require.False(t, math.IsInf(first, 1), "the joiner's trace has no step")
+	return time.UnixMicro(int64(first))
 }
