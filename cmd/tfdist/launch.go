@@ -16,9 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/cmd/tfdist/internal/launch"
-	"github.com/tfdist/tfdist/elastic"
 )
 
 var launchCommand = &command{
@@ -270,7 +268,8 @@ func (f *elasticFlags) register(fs *flag.FlagSet) {
 
 // options are the launch options the flags ask for, with the membership
 // log's file, if any, which the caller closes. workers is --workers, which
-// an elastic job's bounds and a replay's workers set when not given.
+// an elastic job's bounds set when not given (a replay's log sets it in
+// the launcher).
 func (f *elasticFlags) options(workers *int, workersSet bool) ([]launch.Option, *os.File, error) {
 	var opts []launch.Option
 	if f.on {
@@ -288,11 +287,7 @@ func (f *elasticFlags) options(workers *int, workersSet bool) ([]launch.Option, 
 		if err != nil {
 			return nil, nil, fmt.Errorf("--replay %s: %w", f.replay, err)
 		}
-		opts = append(opts, launch.WithReplay(entries))
-		if f.on {
-			*workers = logWorkers(entries)
-			opts = append(opts, launch.WithElastic(1, *workers))
-		}
+		opts = append(opts, launch.WithReplay(entries)) // which sets the worker counts
 	}
 	if f.log == "" {
 		return opts, nil, nil
@@ -305,18 +300,4 @@ func (f *elasticFlags) options(workers *int, workersSet bool) ([]launch.Option, 
 		return nil, nil, fmt.Errorf("--membership-log: %w", err)
 	}
 	return append(opts, launch.WithMembershipLog(file)), file, nil
-}
-
-// logWorkers is the number of workers worker:0 to worker:N-1 that the
-// entries of a membership log name at most.
-func logWorkers(entries []elastic.LogEntry) int {
-	n := 0
-	for _, e := range entries {
-		for _, name := range e.Members {
-			if t, err := cluster.ParseTask(name); err == nil {
-				n = max(n, t.Index+1)
-			}
-		}
-	}
-	return n
 }

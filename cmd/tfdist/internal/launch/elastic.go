@@ -38,8 +38,8 @@ func WithMembershipLog(w io.Writer) Option { return func(l *Launcher) { l.member
 
 // WithReplay makes an elastic job replay a membership log without its
 // failures (elastic.WithReplay): it starts every worker the log names,
-// worker:0 to worker:N-1, at once, whatever WithWorkers and WithElastic
-// say, and does not scale.
+// worker:0 to worker:N-1, at once, whatever WithWorkers and WithElastic's
+// bounds say, and does not scale.
 func WithReplay(entries []elastic.LogEntry) Option {
 	return func(l *Launcher) { l.replay = slices.Clone(entries) }
 }
@@ -75,13 +75,24 @@ func (l *Launcher) Scale(delta int) {
 	}
 }
 
-// checkElastic refuses the options an elastic job cannot take.
+// checkElastic refuses the options an elastic job cannot take. A replay
+// runs every worker its log names, whatever the worker counts say: it
+// sets them.
 func (l *Launcher) checkElastic() error {
 	switch {
 	case !l.elastic && (l.replay != nil || l.membershipLog != nil):
 		return errors.New("a membership log and a replay are an elastic job's (--elastic)")
 	case !l.elastic:
 		return nil
+	}
+	if l.replay != nil {
+		n, err := replayWorkers(l.replay)
+		if err != nil {
+			return err
+		}
+		l.workers, l.minWorkers, l.maxWorkers = n, n, n
+	}
+	switch {
 	case l.minWorkers < 1 || l.maxWorkers < l.minWorkers:
 		return fmt.Errorf("elastic: min workers %d, max workers %d: expected 1 <= min <= max", l.minWorkers, l.maxWorkers)
 	case slices.ContainsFunc(l.sizes, func(n int) bool { return n < l.minWorkers || n > l.maxWorkers }) || !slices.IsSorted(l.sizes):
@@ -94,11 +105,6 @@ func (l *Launcher) checkElastic() error {
 		return errors.New("elastic: --max-restarts restarts a whole cluster; an elastic job replaces a failed worker alone (--task-restarts)")
 	case l.tls || l.basePort > 0:
 		return errors.New("elastic: --tls and --base-port do not apply to an elastic job yet")
-	}
-	if l.replay != nil {
-		if _, err := replayWorkers(l.replay); err != nil {
-			return err
-		}
 	}
 	return nil
 }
@@ -114,11 +120,7 @@ func (l *Launcher) elasticEnv(t cluster.Task) []string {
 // attemptElastic runs the elastic job: the rendezvous, and its workers.
 func (l *Launcher) attemptElastic(ctx context.Context) error {
 	l.job = "launch-" + uuid.NewString()[:8]
-	opts, err := l.rendezvousOptions()
-	if err != nil {
-		return err
-	}
-	srv, err := elastic.Listen("127.0.0.1:0", opts...)
+	srv, err := elastic.Listen("127.0.0.1:0", l.rendezvousOptions()...)
 	if err != nil {
 		return err
 	}
@@ -147,23 +149,17 @@ func (l *Launcher) attemptElastic(ctx context.Context) error {
 	return r.lastFailure
 }
 
-// rendezvousOptions are the options of the job's rendezvous. A replay
-// starts every worker it names.
-func (l *Launcher) rendezvousOptions() ([]elastic.Option, error) {
+// rendezvousOptions are the options of the job's rendezvous.
+func (l *Launcher) rendezvousOptions() []elastic.Option {
 	opts := []elastic.Option{elastic.WithJob(l.job), elastic.WithMembers(l.minWorkers, l.maxWorkers),
 		elastic.WithSizes(l.sizes...), elastic.WithLogger(l.log.Named("rendezvous"))}
 	if l.replay != nil {
-		n, err := replayWorkers(l.replay)
-		if err != nil {
-			return nil, err
-		}
-		l.workers, l.minWorkers, l.maxWorkers = n, n, n
 		opts = append(opts, elastic.WithReplay(l.replay))
 	}
 	if l.membershipLog != nil {
 		opts = append(opts, elastic.WithLog(l.membershipLog))
 	}
-	return opts, nil
+	return opts
 }
 
 // add starts worker i of an elastic job.

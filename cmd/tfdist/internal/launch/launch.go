@@ -243,8 +243,11 @@ func New(command []string, opts ...Option) (*Launcher, error) {
 		return nil, fmt.Errorf("timeout: %v, expected >= 0 (0 means none)", l.timeout)
 	case l.grace <= 0:
 		return nil, fmt.Errorf("grace period: %v, expected > 0", l.grace)
-	case l.checkElastic() != nil:
-		return nil, l.checkElastic()
+	}
+	if err := l.checkElastic(); err != nil {
+		return nil, err
+	}
+	switch {
 	case l.basePort < 0 || l.basePort > 0 && l.basePort+l.numPorts()-1 > 65535:
 		return nil, fmt.Errorf("base port: %d, expected 1..%d for %d tasks (%d ports)",
 			l.basePort, 65536-l.numPorts(), len(l.Tasks()), l.numPorts())
