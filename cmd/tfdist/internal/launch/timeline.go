@@ -114,21 +114,18 @@ func (l *Launcher) printBreakdown(trace []byte) error {
 // multi-worker strategy writes one) and leaves out, logged, a trace that
 // cannot be read, such as one cut short by SIGKILL.
 func (l *Launcher) readTraces() ([]io.Reader, []cluster.Task) {
+	if l.elastic {
+		return l.readElasticTraces()
+	}
 	var (
 		traces      []io.Reader
 		tasks, none []cluster.Task
 	)
-	if l.elastic {
-		return l.readElasticTraces()
-	}
 	for _, t := range l.Tasks() {
-		b, err := os.ReadFile(l.timelineFile(t, 0))
+		b, err := readTrace(l.timelineFile(t, 0))
 		if errors.Is(err, fs.ErrNotExist) {
 			none = append(none, t)
 			continue
-		}
-		if err == nil {
-			err = timeline.Merge(io.Discard, bytes.NewReader(b))
 		}
 		if err != nil {
 			l.log.Warn("task's trace left out of the timeline", zap.Stringer("task", t), zap.Error(err))
@@ -163,10 +160,7 @@ func (l *Launcher) readElasticTraces() ([]io.Reader, []cluster.Task) {
 			continue
 		}
 		t.Type = cluster.Worker
-		b, err := os.ReadFile(name)
-		if err == nil {
-			err = timeline.Merge(io.Discard, bytes.NewReader(b))
-		}
+		b, err := readTrace(name)
 		if err != nil {
 			l.log.Warn("worker's trace left out of the timeline", zap.Stringer("task", t), zap.Int("start", start), zap.Error(err))
 			continue
@@ -175,4 +169,14 @@ func (l *Launcher) readElasticTraces() ([]io.Reader, []cluster.Task) {
 		tasks = append(tasks, t)
 	}
 	return traces, tasks
+}
+
+// readTrace reads the trace file at path and checks that it is one, such
+// as a trace cut short by SIGKILL is not.
+func readTrace(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		err = timeline.Merge(io.Discard, bytes.NewReader(b))
+	}
+	return b, err
 }
