@@ -114,10 +114,7 @@ type Strategy interface {
 // an error wrapping paramserver.ErrNotChief, on which the program should
 // exit successfully.
 func Open(ctx context.Context, c Config) (Strategy, error) {
-	if c.Strategy == "elastic" {
-		return nil, errors.New("distribute: strategy elastic makes a strategy for each membership of the job: train with Run")
-	}
-	if c.Strategy != "ps" {
+	if c.Strategy != "ps" { // New refuses elastic
 		return New(ctx, c)
 	}
 	if c.Devices > 1 {
@@ -142,8 +139,8 @@ func logger(c Config) *zap.Logger {
 
 // New makes the synchronous strategy c names.
 func New(ctx context.Context, c Config) (strategy.Strategy, error) {
-	if c.Devices < 0 {
-		return nil, fmt.Errorf("distribute: Devices %d, expected 0 or more", c.Devices)
+	if err := c.checkDevices(); err != nil {
+		return nil, err
 	}
 	log := logger(c)
 	switch c.Strategy {
@@ -166,6 +163,14 @@ func New(ctx context.Context, c Config) (strategy.Strategy, error) {
 		return nil, fmt.Errorf("distribute: strategy ps: its coordinator schedules the steps instead of running them; make it with Open and train with package train, or use paramserver directly")
 	}
 	return nil, fmt.Errorf("distribute: strategy %q, expected one of %v (or elastic, which Run makes)", c.Strategy, Names)
+}
+
+// checkDevices refuses a negative device count.
+func (c Config) checkDevices() error {
+	if c.Devices < 0 {
+		return fmt.Errorf("distribute: Devices %d, expected 0 or more", c.Devices)
+	}
+	return nil
 }
 
 // multiworkerOptions are the options of c's multiworker strategies.

@@ -49,8 +49,8 @@ func Run(ctx context.Context, c Config, train func(ctx context.Context, s Strate
 // runElastic joins the job's rendezvous and calls train on each
 // membership's strategy.
 func runElastic(ctx context.Context, c Config, train func(ctx context.Context, s Strategy) error) error {
-	if c.Devices < 0 {
-		return fmt.Errorf("distribute: Devices %d, expected 0 or more", c.Devices)
+	if err := c.checkDevices(); err != nil {
+		return err
 	}
 	m, err := elastic.JoinFromEnv(ctx, 0)
 	if errors.Is(err, elastic.ErrJobFinished) {
