@@ -136,12 +136,7 @@ func (st *state) replayStop() string {
 	if st.replayed >= len(st.cfg.replay) {
 		return fmt.Sprintf("elastic: the replay stopped: a member of its last membership left (%v), and a replay has no membership after it", st.left)
 	}
-	var missing []string
-	for _, name := range st.cfg.replay[st.replayed].Members {
-		if p := st.named(name); p == nil || p.report == nil {
-			missing = append(missing, name)
-		}
-	}
+	_, missing := st.replayNext()
 	return fmt.Sprintf("elastic: the replay stopped: its membership %d of %d needs %v, and %v did not report within %v",
 		st.replayed+1, len(st.cfg.replay), st.cfg.replay[st.replayed].Members, missing, st.cfg.waitTimeout)
 }
@@ -152,13 +147,21 @@ func (st *state) replayCandidates() []*peer {
 	if st.replayed >= len(st.cfg.replay) {
 		return nil
 	}
-	var c []*peer
-	for _, name := range st.cfg.replay[st.replayed].Members {
-		p := st.named(name)
-		if p == nil || p.report == nil {
-			return nil
-		}
-		c = append(c, p)
+	if ready, missing := st.replayNext(); len(missing) == 0 {
+		return ready
 	}
-	return c
+	return nil
+}
+
+// replayNext splits the workers of the replay's next membership into
+// those that have reported, in its order, and the names of the others.
+func (st *state) replayNext() (ready []*peer, missing []string) {
+	for _, name := range st.cfg.replay[st.replayed].Members {
+		if p := st.named(name); p != nil && p.report != nil {
+			ready = append(ready, p)
+		} else {
+			missing = append(missing, name)
+		}
+	}
+	return ready, missing
 }
