@@ -17,13 +17,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"os"
 	"os/signal"
@@ -168,15 +165,15 @@ func (j *job) share(s *multiworker.Strategy, pos int64, size int) []map[string]*
 	reps := int64(s.NumLocalReplicas())
 	feeds := make([]map[string]*tf.Tensor, reps)
 	for r := range reps {
-		var x []float32
-		var y []int32
+		x, y := []float32{}, []int32{} // a share may be empty: shaped [0, 64] and [0]
 		for q := lo + r*(hi-lo)/reps; q < lo+(r+1)*(hi-lo)/reps; q++ {
 			k := j.perm(q / n)[q%n]
 			x = append(x, j.train.X[k]...)
 			y = append(y, j.train.Y[k])
 		}
-		xt, _ := tf.ReadTensor(tf.Float, []int64{int64(len(y)), digits.Features}, bytes.NewReader(float32Bytes(x)))
-		yt, _ := tf.ReadTensor(tf.Int32, []int64{int64(len(y))}, bytes.NewReader(int32Bytes(y)))
+		xt, _ := tf.NewTensor(x)
+		_ = xt.Reshape([]int64{int64(len(y)), digits.Features})
+		yt, _ := tf.NewTensor(y)
 		feeds[r] = map[string]*tf.Tensor{"x": xt, "y": yt}
 	}
 	return feeds
@@ -188,22 +185,6 @@ func (j *job) perm(epoch int64) []int {
 		j.perms, j.permEpoch = rand.New(rand.NewPCG(j.o.seed, uint64(epoch))).Perm(j.train.Len()), epoch
 	}
 	return j.perms
-}
-
-func float32Bytes(v []float32) []byte {
-	b := make([]byte, 0, 4*len(v))
-	for _, f := range v {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(f))
-	}
-	return b
-}
-
-func int32Bytes(v []int32) []byte {
-	b := make([]byte, 0, 4*len(v))
-	for _, i := range v {
-		b = binary.LittleEndian.AppendUint32(b, uint32(i))
-	}
-	return b
 }
 
 // heldOut scores the held-out digits on every worker alike.
