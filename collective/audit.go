@@ -3,7 +3,6 @@ package collective
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -111,13 +110,9 @@ func (g *Group) secure(ctx context.Context, nc net.Conn, newConn func(net.Conn) 
 // checkOwnIdentity checks that the certificate cfg presents names this
 // member.
 func checkOwnIdentity(cfg *tls.Config, members []Member, rank int) error {
-	leaf, err := ownCertificate(cfg)
+	id, err := mtls.ConfigIdentity(cfg)
 	if err != nil {
-		return fmt.Errorf("collective: WithTLS: %w", err)
-	}
-	id, err := mtls.IdentityOf(leaf)
-	if err != nil {
-		return fmt.Errorf("collective: this member's %w", err)
+		return fmt.Errorf("collective: WithTLS: this member's certificate: %w", err)
 	}
 	name := id.Task.String()
 	if name == members[rank].Name {
@@ -129,32 +124,6 @@ func checkOwnIdentity(cfg *tls.Config, members []Member, rank int) error {
 		}
 	}
 	return fmt.Errorf("collective: this member's certificate names %s, which is not a member of the group", id)
-}
-
-// ownCertificate returns the leaf of the certificate cfg presents.
-func ownCertificate(cfg *tls.Config) (*x509.Certificate, error) {
-	var cert *tls.Certificate
-	switch {
-	case cfg.GetClientCertificate != nil:
-		c, err := cfg.GetClientCertificate(&tls.CertificateRequestInfo{Version: tls.VersionTLS13})
-		if err != nil {
-			return nil, fmt.Errorf("this member's certificate: %w", err)
-		}
-		cert = c
-	case len(cfg.Certificates) > 0:
-		cert = &cfg.Certificates[0]
-	}
-	if cert == nil || len(cert.Certificate) == 0 {
-		return nil, errors.New("the configuration presents no certificate, and peers require one")
-	}
-	if cert.Leaf != nil {
-		return cert.Leaf, nil
-	}
-	leaf, err := x509.ParseCertificate(cert.Certificate[0])
-	if err != nil {
-		return nil, fmt.Errorf("this member's certificate: %w", err)
-	}
-	return leaf, nil
 }
 
 // checkClaim checks that the certificate a dialler presented names the

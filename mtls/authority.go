@@ -67,6 +67,12 @@ func (a *Authority) CertPEM() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: a.cert.Raw})
 }
 
+// Validity returns when the CA's certificate, and so every certificate it
+// issues, becomes valid and stops being valid.
+func (a *Authority) Validity() (notBefore, notAfter time.Time) {
+	return a.cert.NotBefore, a.cert.NotAfter
+}
+
 // KeyPEM returns the CA's private key, PEM-encoded (PKCS #8).
 func (a *Authority) KeyPEM() ([]byte, error) { return keyPEM(a.key) }
 
@@ -78,8 +84,8 @@ func (a *Authority) Issue(id Identity, notBefore, notAfter time.Time) (certPEM, 
 		return nil, nil, fmt.Errorf("mtls: %w", err)
 	}
 	task := id.Task
-	if !task.Type.Valid() || task.Index < 0 {
-		return nil, nil, fmt.Errorf("mtls: task %q: expected a chief, worker, ps or evaluator task", task)
+	if (!task.Type.Valid() || task.Index < 0) && task != RendezvousTask {
+		return nil, nil, fmt.Errorf("mtls: task %q: expected a chief, worker, ps or evaluator task, or %s", task, RendezvousTask)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -150,7 +156,8 @@ func WriteTasks(dir, job string, tasks []cluster.Task, lifetime time.Duration) (
 	for i, t := range tasks {
 		ids[i] = Identity{Job: job, Task: t}
 	}
-	files, err := a.Write(dir, ids, a.cert.NotBefore, a.cert.NotAfter)
+	nb, na := a.Validity()
+	files, err := a.Write(dir, ids, nb, na)
 	if err != nil {
 		return nil, err
 	}

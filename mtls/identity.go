@@ -1,7 +1,9 @@
 package mtls
 
 import (
+	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net/url"
 	"regexp"
@@ -56,11 +58,47 @@ func ParseIdentity(u *url.URL) (Identity, error) {
 	if len(parts) != 2 {
 		return bad("path has no task type and index")
 	}
-	task, err := cluster.ParseTask(parts[0] + ":" + parts[1])
+	name := parts[0] + ":" + parts[1]
+	if name == RendezvousTask.String() {
+		return Identity{Job: u.Host, Task: RendezvousTask}, nil
+	}
+	task, err := cluster.ParseTask(name)
 	if err != nil {
 		return bad(err.Error())
 	}
 	return Identity{Job: u.Host, Task: task}, nil
+}
+
+// RendezvousTask is the identity an elastic job's rendezvous (package
+// elastic) presents: not a task of the cluster, but named as one, so that
+// a worker can tell it from a peer.
+var RendezvousTask = cluster.Task{Type: "rendezvous", Index: 0}
+
+// ConfigIdentity returns the identity of the certificate cfg presents
+// (its Certificates or GetClientCertificate).
+func ConfigIdentity(cfg *tls.Config) (Identity, error) {
+	var cert *tls.Certificate
+	switch {
+	case cfg.GetClientCertificate != nil:
+		c, err := cfg.GetClientCertificate(&tls.CertificateRequestInfo{Version: tls.VersionTLS13})
+		if err != nil {
+			return Identity{}, fmt.Errorf("the configuration's certificate: %w", err)
+		}
+		cert = c
+	case len(cfg.Certificates) > 0:
+		cert = &cfg.Certificates[0]
+	}
+	if cert == nil || len(cert.Certificate) == 0 {
+		return Identity{}, errors.New("the configuration presents no certificate, and peers require one")
+	}
+	leaf := cert.Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return Identity{}, fmt.Errorf("the configuration's certificate: %w", err)
+		}
+	}
+	return IdentityOf(leaf)
 }
 
 // IdentityOf returns the task identity a certificate names: its one URI
