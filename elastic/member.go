@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // Member is a worker's side of the rendezvous.
@@ -37,7 +38,10 @@ type joinConfig struct {
 	tls *tls.Config
 }
 
-// WithClientTLS joins a rendezvous that serves TLS, with cfg.
+// WithClientTLS joins a rendezvous that serves TLS, with cfg: a task's
+// configuration of package mtls (mtls.LoadConfig), whose certificate names
+// the worker as its Hello does. Unless cfg sets a ServerName, the
+// rendezvous's certificate must name mtls.RendezvousTask.
 func WithClientTLS(cfg *tls.Config) JoinOption { return func(c *joinConfig) { c.tls = cfg } }
 
 // Join connects to the rendezvous at addr and introduces the worker. It
@@ -55,7 +59,11 @@ func Join(ctx context.Context, addr string, h Hello, opts ...JoinOption) (*Membe
 		return nil, fmt.Errorf("elastic: join the rendezvous at %s: %w", addr, err)
 	}
 	if cfg.tls != nil {
-		c = tls.Client(c, cfg.tls)
+		tc := cfg.tls.Clone()
+		if tc.ServerName == "" {
+			tc.ServerName = mtls.RendezvousTask.String()
+		}
+		c = tls.Client(c, tc)
 	}
 	stopWatch := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
 	m, err := introduce(c, h)

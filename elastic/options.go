@@ -85,7 +85,11 @@ func WithFlapLimit(limit int, window time.Duration) Option {
 	return func(c *serverConfig) { c.flapLimit, c.flapWindow = limit, window }
 }
 
-// WithTLS serves over TLS with cfg; workers then need Join's WithClientTLS.
+// WithTLS serves over TLS with cfg, whose certificate must name
+// mtls.RendezvousTask (see package mtls); workers then need Join's
+// WithClientTLS. With mutual TLS, as mtls.LoadConfig configures it, a
+// worker is admitted only if its certificate names the worker its Hello
+// names.
 func WithTLS(cfg *tls.Config) Option { return func(c *serverConfig) { c.tls = cfg } }
 
 // WithLogger logs membership changes to l.

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/logging"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // helloTimeout bounds a new connection's hello; writeTimeout a message's
@@ -55,6 +56,9 @@ func Listen(addr string, opts ...Option) (*Server, error) {
 		return nil, err
 	}
 	cfg.log = logging.OrNop(cfg.log)
+	if err := cfg.checkTLS(); err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("elastic: listen on %s: %w", addr, err)
@@ -63,6 +67,22 @@ func Listen(addr string, opts ...Option) (*Server, error) {
 		ln = tls.NewListener(ln, cfg.tls)
 	}
 	return &Server{cfg: cfg, ln: ln, events: make(chan event, 64), done: make(chan struct{})}, nil
+}
+
+// checkTLS checks that the certificate WithTLS presents names
+// mtls.RendezvousTask, as workers expect.
+func (c serverConfig) checkTLS() error {
+	if c.tls == nil {
+		return nil
+	}
+	id, err := mtls.ConfigIdentity(c.tls)
+	switch {
+	case err != nil:
+		return fmt.Errorf("elastic: WithTLS: %w", err)
+	case id.Task != mtls.RendezvousTask:
+		return fmt.Errorf("elastic: WithTLS: the certificate names %s; a rendezvous's must name %s, which workers check", id, mtls.RendezvousTask)
+	}
+	return nil
 }
 
 func (c serverConfig) validate() error {
@@ -158,6 +178,12 @@ func (s *Server) serveConn(c net.Conn) {
 		close(p.out)
 		return
 	}
+	if err := certifies(c, *m.Hello); err != nil {
+		s.cfg.log.Warn("refused a worker", zap.String("worker", m.Hello.Name), zap.Stringer("from", c.RemoteAddr()), zap.Error(err))
+		p.out <- message{Kind: kindRefused, Reason: err.Error()}
+		close(p.out)
+		return
+	}
 	_ = c.SetReadDeadline(time.Time{})
 	p.hello = *m.Hello
 	for ok := s.post(event{p: p, msg: m}); ok; {
@@ -169,6 +195,25 @@ func (s *Server) serveConn(c net.Conn) {
 		ok = s.post(event{p: p, msg: m})
 	}
 	_ = c.Close()
+}
+
+// certifies checks that the certificate a worker presented on a TLS
+// connection names the worker its hello names (see package mtls). A
+// connection without TLS, or whose server configuration asked for no
+// client certificate, has nothing to check.
+func certifies(c net.Conn, h Hello) error {
+	tc, ok := c.(*tls.Conn)
+	if !ok || len(tc.ConnectionState().PeerCertificates) == 0 {
+		return nil
+	}
+	id, err := mtls.IdentityOf(tc.ConnectionState().PeerCertificates[0])
+	if err != nil {
+		return err
+	}
+	if id.Task.String() != h.Name {
+		return fmt.Errorf("its certificate names %s, but its hello names %q: a worker of a job that runs TLS is named as its certificate names it", id, h.Name)
+	}
+	return nil
 }
 
 // write sends p's messages until out is closed (or, once Serve has
