@@ -3,6 +3,7 @@ package multiworker
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -20,6 +21,8 @@ import (
 	"github.com/tfdist/tfdist/elastic"
 	"github.com/tfdist/tfdist/internal/engineops"
 	"github.com/tfdist/tfdist/internal/tensorutil"
+	"github.com/tfdist/tfdist/logging"
+	"github.com/tfdist/tfdist/mtls"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/timeline"
 )
@@ -72,6 +75,11 @@ type elasticRun struct {
 // (m.LeaveSoon), nil when the job finishes while this worker waits as a
 // standby (train then never finished here), or train's other errors.
 //
+// The groups run mutual TLS as New's do (WithTLS, RequireTLS, or the
+// files the environment names); each worker's certificate must then name
+// it as it joined the job (m.Name(), e.g. worker:3), since its peers
+// check that it does.
+//
 // The timeline and the metrics last the whole run: those of WithTimeline
 // and WithMonitoring, or, as New sets them up from the environment
 // (tfdist launch --timeline and --metrics), a trace written when
@@ -84,6 +92,12 @@ func RunElastic(ctx context.Context, m *elastic.Member, host string, train func(
 	obs, err := newObserver(c, m.Name())
 	if err != nil {
 		return errors.Join(err, m.Close())
+	}
+	if c.tls, err = c.elasticTLS(m.Name()); err != nil {
+		return errors.Join(err, obs.close(), m.Close())
+	}
+	if c.tls != nil {
+		opts = append(opts, WithTLS(c.tls)) // read once, for every membership
 	}
 	if obs.rec != nil {
 		c.timeline = obs.rec
@@ -162,12 +176,29 @@ func checkElastic(opts []Option) (config, error) {
 	switch {
 	case c.comm != Auto && c.comm != Engine:
 		return c, fmt.Errorf("multiworker: RunElastic: WithCommunication(%v): an elastic job runs on tfdist's engine (Auto or Engine)", c.comm)
-	case c.tls != nil || c.requireTLS:
-		return c, errors.New("multiworker: RunElastic: WithTLS or RequireTLS: an elastic job's groups do not run TLS yet, since a worker's certificate names a fixed task")
 	case c.resolver != nil:
 		return c, errors.New("multiworker: RunElastic: WithResolver: an elastic job's membership comes from its rendezvous, not a cluster spec")
 	}
 	return c, nil
+}
+
+// elasticTLS returns the TLS configuration of the job's groups (nil for
+// plaintext), after checking that this worker's certificate names it as
+// it joined the job, name: its peers accept it only then.
+func (c config) elasticTLS(name string) (*tls.Config, error) {
+	cfg, err := c.tlsConfig(logging.OrNop(c.log))
+	if cfg == nil || err != nil {
+		return nil, err
+	}
+	id, err := mtls.ConfigIdentity(cfg)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("multiworker: RunElastic: this worker's certificate: %w", err)
+	case id.Task.String() != name:
+		return nil, fmt.Errorf("multiworker: RunElastic: this worker joined the job as %q but its certificate names %s: name it as its certificate does (%s=%s)",
+			name, id, elastic.EnvName, id.Task)
+	}
+	return cfg, nil
 }
 
 // trainOn runs train on the strategy of membership mb, whose group
@@ -232,15 +263,16 @@ func newMember(ctx context.Context, mb elastic.Membership, ln net.Listener, opts
 		ln = nil
 	}
 	addrs := make([]string, len(mb.Members))
+	names := make([]string, len(mb.Members))
 	for i, m := range mb.Members {
-		addrs[i] = m.Addr
+		addrs[i], names[i] = m.Addr, m.Name
 	}
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: addrs})
 	if err == nil {
 		var r cluster.Resolver
 		if r, err = cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: mb.Rank}); err == nil {
 			opts = append(append([]Option{WithStartupTimeout(elasticStartup)}, opts...), WithResolver(r), func(c *config) {
-				c.listener, c.epoch = ln, mb.Epoch
+				c.listener, c.epoch, c.names = ln, mb.Epoch, names
 			})
 			var s *Strategy
 			if s, err = New(ctx, opts...); err == nil {

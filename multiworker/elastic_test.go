@@ -3,6 +3,7 @@ package multiworker_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -28,6 +29,7 @@ import (
 	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/monitoring"
+	"github.com/tfdist/tfdist/mtls"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/strategy"
@@ -462,7 +464,7 @@ func TestElasticBadInput(t *testing.T) {
 		want string
 	}{
 		{multiworker.WithCommunication(multiworker.Ring), "RunElastic: WithCommunication(ring): an elastic job runs on tfdist's engine"},
-		{multiworker.RequireTLS(), "RunElastic: WithTLS or RequireTLS"},
+		{multiworker.RequireTLS(), "TLS is required (RequireTLS or TFDIST_REQUIRE_TLS) but no certificate is configured"},
 		{multiworker.WithResolver(resolver(t)), "RunElastic: WithResolver: an elastic job's membership comes from its rendezvous"},
 	} {
 		m, err := elastic.Join(ctx, srv.Addr(), elastic.Hello{Job: "j", Name: "w"})
@@ -521,31 +523,11 @@ func TestElasticMembershipsAreObserved(t *testing.T) {
 		if i == 0 {
 			opts = append(opts, multiworker.WithMonitoring(metrics), multiworker.WithTimeline(rec))
 		}
-		go func() {
-			errs <- multiworker.RunElastic(ctx, m, "127.0.0.1", func(ctx context.Context, s *multiworker.Strategy) error {
-				l, err := testmodel.NewLinear(s, elasticLR)
-				if err != nil {
-					return err
-				}
-				start, err := s.Resume(ctx)
-				if err != nil {
-					return err
-				}
-				for step := start; step < 40; step++ {
-					per := elasticGlobal / s.NumWorkers()
-					if _, err := l.Run(ctx, int(step)*elasticGlobal+s.WorkerID()*per, per); err != nil {
-						return err
-					}
-					if i == 1 && step == 10 {
-						m.LeaveSoon()
-					}
-					if err := s.StepDone(ctx); err != nil {
-						return err
-					}
-				}
-				return nil
-			}, opts...)
-		}()
+		leaveAt := int64(-1)
+		if i == 1 {
+			leaveAt = 10
+		}
+		go func() { errs <- trainLinear(ctx, m, 40, leaveAt, nil, opts...) }()
 	}
 	require.NoError(t, <-errs)
 	require.NoError(t, <-errs)
@@ -564,6 +546,95 @@ func TestElasticMembershipsAreObserved(t *testing.T) {
 	assert.Equal(t, 2, formed[0]["workers"])
 	assert.Equal(t, 1, formed[1]["workers"])
 	assert.Equal(t, int64(11), formed[1]["step"], "the second membership goes on after the leaver's last step")
+}
+
+// trainLinear trains testmodel.Linear for steps steps as m, an elastic
+// job's worker, which leaves after step leaveAt (never if negative), and
+// keeps the weights it ends with in weights, if not nil.
+func trainLinear(ctx context.Context, m *elastic.Member, steps int64, leaveAt int64, weights *[]float32, opts ...multiworker.Option) error {
+	return multiworker.RunElastic(ctx, m, "127.0.0.1", func(ctx context.Context, s *multiworker.Strategy) error {
+		l, err := testmodel.NewLinear(s, elasticLR)
+		if err != nil {
+			return err
+		}
+		start, err := s.Resume(ctx)
+		if err != nil {
+			return err
+		}
+		for step := start; step < steps; step++ {
+			per := elasticGlobal / s.NumWorkers()
+			if _, err := l.Run(ctx, int(step)*elasticGlobal+s.WorkerID()*per, per); err != nil {
+				return err
+			}
+			if step == leaveAt {
+				m.LeaveSoon()
+			}
+			if err := s.StepDone(ctx); err != nil {
+				return err
+			}
+		}
+		if weights != nil {
+			*weights, err = l.Weights(ctx)
+		}
+		return err
+	}, opts...)
+}
+
+// TestElasticOverTLS: an elastic job whose rendezvous and groups run
+// mutual TLS, each worker with a certificate naming it (the files the
+// environment names are read as New reads them). Two workers train, one
+// leaves, and the other ends with one device's model. A worker that
+// joined under another name than its certificate's is refused by
+// RunElastic, naming both.
+func TestElasticOverTLS(t *testing.T) {
+	const steps = 40
+	want := linearOnOneDevice(t, steps)
+	files, err := mtls.WriteTasks(t.TempDir(), "j", []cluster.Task{mtls.RendezvousTask,
+		{Type: cluster.Worker, Index: 0}, {Type: cluster.Worker, Index: 1}}, time.Hour)
+	require.NoError(t, err)
+	config := func(i int) *tls.Config {
+		cfg, err := mtls.LoadConfig(files[cluster.Task{Type: cluster.Worker, Index: i}])
+		require.NoError(t, err)
+		return cfg
+	}
+	rdzv, err := mtls.LoadConfig(files[mtls.RendezvousTask])
+	require.NoError(t, err)
+	srv, err := elastic.Listen("127.0.0.1:0", elastic.WithMembers(1, 2), elastic.WithSettle(time.Hour), elastic.WithTLS(rdzv))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	for _, kv := range files[cluster.Task{Type: cluster.Worker, Index: 1}].Env(true) {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	errs := make(chan error, 2)
+	var weights []float32
+	for i := range 2 {
+		cfg := config(i)
+		m, err := elastic.Join(ctx, srv.Addr(), elastic.Hello{Job: "j", Name: "worker:" + strconv.Itoa(i)}, elastic.WithClientTLS(cfg))
+		require.NoError(t, err)
+		if i == 0 {
+			go func() {
+				errs <- trainLinear(ctx, m, steps, -1, &weights, multiworker.WithTLS(cfg), multiworker.RequireTLS())
+			}()
+		} else { // from the environment
+			go func() { errs <- trainLinear(ctx, m, steps, 10, nil) }()
+		}
+	}
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	require.NoError(t, <-served)
+	assert.InDeltaSlice(t, want, weights, 1e-5, "the model differs from one device's")
+
+	plain, err := elastic.Listen("127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = plain.Serve(ctx) }()
+	m, err := elastic.Join(ctx, plain.Addr(), elastic.Hello{Job: "j", Name: "worker:0"})
+	require.NoError(t, err)
+	err = trainLinear(ctx, m, steps, -1, nil, multiworker.WithTLS(config(1)))
+	assert.ErrorContains(t, err, `multiworker: RunElastic: this worker joined the job as "worker:0" but its certificate names tfdist://j/worker/1`)
 }
 
 // value reads a counter's or gauge's value.

@@ -12,6 +12,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 	"go.uber.org/zap"
 
+	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/collective"
 	"github.com/tfdist/tfdist/internal/engineops"
 	"github.com/tfdist/tfdist/internal/graphutil"
@@ -140,6 +141,16 @@ func (c *engineOps) Broadcast(s *op.Scope, value tf.Output, devices []string) ([
 	return fromHost(ns, engineops.Broadcast(ns.WithDevice(c.host).SubScope("engine"), value, c.group, name, 0), devices), s.Err()
 }
 
+// memberName is the name of worker t in the engine's group: its task's, or
+// in an elastic job the name it joined as, which its certificate names
+// when the job runs TLS.
+func (c config) memberName(t cluster.Task) string {
+	if c.names != nil {
+		return c.names[t.Index]
+	}
+	return t.String()
+}
+
 // newOnEngine runs the collectives on tfdist's engine: the worker listens on
 // its task's port for its peers' connections, and steps run in an
 // in-process session, with no TensorFlow server.
@@ -150,7 +161,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("multiworker: %w", err)
 		}
-		members[i] = collective.Member{Name: t.String(), Addr: addr}
+		members[i] = collective.Member{Name: c.memberName(t), Addr: addr}
 	}
 	secure, err := c.security(w.log)
 	if err != nil {
@@ -192,7 +203,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	if c.aggregation != nil {
 		names := make([]string, len(w.workers))
 		for i, t := range w.workers {
-			names[i] = t.String()
+			names[i] = c.memberName(t)
 		}
 		s.voter = voting.New(c.aggregation, names, w.log)
 		var unregisterVoter func()

@@ -111,9 +111,11 @@ type config struct {
 	timeline    *timeline.Recorder
 	metrics     *monitoring.Metrics
 	shards      int // WithDeterministic's virtual shards, 0 without
-	// In an elastic job: the group's listener and membership epoch.
+	// In an elastic job: the group's listener, membership epoch and
+	// members' names, in rank order.
 	listener net.Listener
 	epoch    uint32
+	names    []string
 }
 
 // closeTimeout bounds Close's barrier: as long as New waits for the

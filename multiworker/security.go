@@ -29,11 +29,20 @@ func WithTLS(cfg *tls.Config) Option { return func(c *config) { c.tls = cfg } }
 // environment does the same.
 func RequireTLS() Option { return func(c *config) { c.requireTLS = true } }
 
-// security returns the TLS options of the engine's group, after reading
-// and checking the certificate files the environment names when WithTLS
-// is not given; none without TLS. It fails when TLS is required but not
-// configured.
+// security returns the TLS options of the engine's group (none without
+// TLS), from tlsConfig.
 func (c config) security(log *zap.Logger) ([]collective.Option, error) {
+	cfg, err := c.tlsConfig(log)
+	if cfg == nil || err != nil {
+		return nil, err
+	}
+	return []collective.Option{collective.WithTLS(cfg)}, nil
+}
+
+// tlsConfig returns WithTLS's configuration or, without it, that of the
+// certificate files the environment names, read and checked; nil for
+// plaintext. It fails when TLS is required but not configured.
+func (c config) tlsConfig(log *zap.Logger) (*tls.Config, error) {
 	required, err := c.tlsRequired()
 	if err != nil {
 		return nil, err
@@ -50,10 +59,8 @@ func (c config) security(log *zap.Logger) ([]collective.Option, error) {
 	case required:
 		return nil, fmt.Errorf("multiworker: TLS is required (RequireTLS or %s) but no certificate is configured: use WithTLS, or set %s, %s and %s",
 			mtls.EnvRequire, mtls.EnvCA, mtls.EnvCert, mtls.EnvKey)
-	default:
-		return nil, nil
 	}
-	return []collective.Option{collective.WithTLS(cfg)}, nil
+	return cfg, nil
 }
 
 // checkPlaintext refuses, when TLS is required, a path that cannot use it,
