@@ -12,7 +12,7 @@ import (
 
 var certCommand = &command{
 	name:    "cert",
-	args:    "--out DIR --job NAME [--file FILE] [--lifetime D]",
+	args:    "--out DIR --job NAME [--file FILE | --elastic-workers N] [--lifetime D]",
 	summary: "make a CA and a TLS certificate per task of a cluster",
 	help: `Cert makes a certificate authority and one certificate per task of the
 cluster in a TF_CONFIG (from FILE, "-" for standard input, or else the
@@ -38,9 +38,17 @@ Give each task its own files in its environment:
 and TFDIST_REQUIRE_TLS=1 to make a program refuse to start on a path that
 cannot use TLS. 'tfdist launch --tls' does all of this for a local run.
 
+For an elastic job (tfdist rendezvous, multiworker.RunElastic),
+--elastic-workers N makes the rendezvous's certificate, naming
+tfdist://<job>/rendezvous/0, and those of worker:0 to worker:N-1; each
+worker joins under the name its certificate gives (TFDIST_WORKER may be
+left unset). A replacement takes its predecessor's name and files, so N
+is the job's most workers.
+
 Examples
 
 	tfdist cert --out certs --job mnist --file tf_config.json
+	tfdist cert --out certs --job mnist --elastic-workers 8
 	tfdist cert --out certs --job mnist --lifetime 72h --file tf_config.json
 `,
 	flags: func(fs *flag.FlagSet) func(*env, []string) int {
@@ -48,6 +56,7 @@ Examples
 		job := fs.String("job", "", "the job's `NAME`, in every certificate: lower-case letters, digits, '-' and '.'")
 		file := fs.String("file", "", "read the TF_CONFIG from `FILE` (\"-\" for standard input) instead of the environment")
 		lifetime := fs.Duration("lifetime", mtls.DefaultLifetime, "the certificates' lifetime `D`")
+		elastic := fs.Int("elastic-workers", 0, "instead of a TF_CONFIG's cluster, the certificates of an elastic job: its rendezvous's and those of `N` workers, worker:0 to worker:N-1")
 		return func(e *env, args []string) int {
 			if code, ok := noArgs(e, "cert", args); !ok {
 				return code
@@ -56,11 +65,14 @@ Examples
 			case *out == "" || *job == "":
 				fmt.Fprint(e.stderr, "tfdist cert: --out and --job are required\nRun 'tfdist cert -h' for help.\n")
 				return exitUsage
+			case *elastic < 0 || *elastic > 0 && *file != "":
+				fmt.Fprintf(e.stderr, "tfdist cert: --elastic-workers %d: expected a number of workers, and no --file\n", *elastic)
+				return exitUsage
 			case *lifetime <= 0:
 				fmt.Fprintf(e.stderr, "tfdist cert: --lifetime %v: expected a positive duration\n", *lifetime)
 				return exitUsage
 			}
-			if err := writeCerts(e, *out, *job, *file, *lifetime); err != nil {
+			if err := writeCerts(e, *out, *job, *file, *elastic, *lifetime); err != nil {
 				fmt.Fprintf(e.stderr, "tfdist cert: %v\n", err)
 				return exitFail
 			}
@@ -70,23 +82,22 @@ Examples
 }
 
 // writeCerts writes the CA and the certificates of the TF_CONFIG's
-// cluster and lists, for each task, the environment that gives it its own.
-func writeCerts(e *env, dir, job, file string, lifetime time.Duration) error {
+// cluster, or of an elastic job's rendezvous and first elastic workers,
+// and lists, for each task, the environment that gives it its own.
+func writeCerts(e *env, dir, job, file string, elastic int, lifetime time.Duration) error {
 	if err := mtls.CheckJob(job); err != nil {
 		return fmt.Errorf("--job: %w", err)
 	}
-	data, source, err := readTFConfig(e, file)
-	if err != nil {
-		return err
+	tasks := []cluster.Task{mtls.RendezvousTask}
+	for i := range elastic {
+		tasks = append(tasks, cluster.Task{Type: cluster.Worker, Index: i})
 	}
-	cfg, err := cluster.ParseTFConfig(data)
-	if err != nil {
-		return fmt.Errorf("%s: %w (check it with: tfdist config validate)", source, err)
+	if elastic == 0 {
+		var err error
+		if tasks, err = clusterTasks(e, file); err != nil {
+			return err
+		}
 	}
-	if cfg.IsLocal() {
-		return fmt.Errorf("%s names no cluster: a local program has no peers to authenticate", source)
-	}
-	tasks := cfg.Cluster.Tasks()
 	files, err := mtls.WriteTasks(dir, job, tasks, lifetime)
 	if err != nil {
 		return err
@@ -101,4 +112,21 @@ func writeCerts(e *env, dir, job, file string, lifetime time.Duration) error {
 		fmt.Fprintf(e.stdout, "  %-12s %s=%s %s=%s %s=%s\n", t, mtls.EnvCA, f.CA, mtls.EnvCert, f.Cert, mtls.EnvKey, f.Key)
 	}
 	return nil
+}
+
+// clusterTasks returns the tasks of the TF_CONFIG in file, or in the
+// environment.
+func clusterTasks(e *env, file string) ([]cluster.Task, error) {
+	data, source, err := readTFConfig(e, file)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := cluster.ParseTFConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w (check it with: tfdist config validate)", source, err)
+	}
+	if cfg.IsLocal() {
+		return nil, fmt.Errorf("%s names no cluster: a local program has no peers to authenticate", source)
+	}
+	return cfg.Cluster.Tasks(), nil
 }

@@ -25,10 +25,14 @@ var (
 )
 
 // TestElasticExampleLosesNoBit runs examples/elastic under launch
-// --elastic, four workers with -deterministic 4 and --sizes 1,2,4, kills
-// a random worker twice at random times (launch replaces each), and checks
-// that every worker that finishes ends with the model the example trains
-// alone, bit for bit, though the job trained with 4, 2 and 1 workers.
+// --elastic --tls, three workers of up to four with -deterministic 4 and
+// --sizes 1,2,4, adds a fourth (SIGUSR1: its certificate is made as it
+// starts), kills a random worker twice at random times (launch replaces
+// each), and checks that every worker that finishes ends with the model
+// the example trains alone, bit for bit, though the job trained with 4, 2
+// and 1 workers. Every connection of the job, to the rendezvous and
+// between workers, was mutual TLS: launch requires it of every worker
+// (TFDIST_REQUIRE_TLS), and the certificates are gone afterwards.
 func TestElasticExampleLosesNoBit(t *testing.T) {
 	bin := buildElasticExample(t)
 	args := []string{"-steps", "1500", "-deterministic", "4"}
@@ -37,11 +41,13 @@ func TestElasticExampleLosesNoBit(t *testing.T) {
 	want := modelLine.FindStringSubmatch(string(out))
 	require.NotNil(t, want, "%s", out)
 
-	cmd, stdout, stderr := tfdist(t, nil, append([]string{"launch", "--elastic", "--min-workers", "1", "--max-workers", "4",
-		"--sizes", "1,2,4", "--timeout", "5m", "--", bin}, args...)...)
+	cmd, stdout, stderr := tfdist(t, nil, append([]string{"launch", "--elastic", "--tls", "--workers", "3", "--min-workers", "1",
+		"--max-workers", "4", "--sizes", "1,2,4", "--timeout", "5m", "--", bin}, args...)...)
 	require.NoError(t, cmd.Start())
+	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "2 workers from step 0") }, time.Minute, 10*time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGUSR1))
 	for range 2 {
-		require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "4 workers from step 0") }, time.Minute, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "4 workers from step") }, time.Minute, 10*time.Millisecond)
 		time.Sleep(time.Duration(200+rand.IntN(800)) * time.Millisecond)
 		started := startedLine.FindAllStringSubmatch(stderr.String(), -1)
 		pid, _ := strconv.Atoi(started[rand.IntN(len(started))][2])
@@ -54,6 +60,10 @@ func TestElasticExampleLosesNoBit(t *testing.T) {
 		assert.Equal(t, want[1], m[1], "a worker's model differs from the one worker's:\n%s", stdout)
 	}
 	assert.Contains(t, stderr.String(), "failed; replacing it")
+	assert.Contains(t, stderr.String(), `"task": "worker:3"`, "the fourth worker started")
+	dir := regexp.MustCompile(`TLS certificates made for the run.*"dir": "([^"]+)"`).FindStringSubmatch(stderr.String())
+	require.NotNil(t, dir, "%s", stderr)
+	assert.NoDirExists(t, dir[1], "launch removes the run's certificates")
 	t.Logf("memberships: %q", regexp.MustCompile(`\d+ workers from step \d+`).FindAllString(stdout.String(), -1))
 }
 

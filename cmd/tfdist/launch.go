@@ -55,6 +55,10 @@ a private temporary directory that launch removes when the run ends (see
 	                    TensorFlow's collectives, which run over TensorFlow's
 	                    gRPC server, cannot use TLS)
 
+In an elastic job the rendezvous serves mutual TLS too, with a
+certificate naming tfdist://launch-<id>/rendezvous/0, and a worker that
+joins later gets its certificate as it starts.
+
 Every line a task writes, to stdout or stderr, is prefixed with its task,
 e.g. "[worker:1] ". Launch's own messages go to stderr.
 

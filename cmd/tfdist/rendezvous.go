@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 var rendezvousCommand = &command{
@@ -31,6 +32,11 @@ JSON line per membership; with --replay it forms the memberships of such
 a log again, each of the workers it names at its logged steps, so that
 the job, run without failures, ends with the model of the run that wrote
 it.
+
+When TFDIST_TLS_CA, TFDIST_TLS_CERT and TFDIST_TLS_KEY name its files,
+it serves mutual TLS: its certificate names tfdist://<job>/rendezvous/0
+('tfdist cert --elastic-workers' makes one), and it admits a worker only
+if the worker's certificate names the worker as it joins.
 
 It logs every membership and departure to stderr, and exits 0 once the
 job has finished (a worker finished and every worker has gone), 1 when
@@ -85,6 +91,14 @@ Examples
 				}
 				defer closeLog(e, logFile)
 				opts = append(opts, elastic.WithLog(logFile))
+			}
+			tlsCfg, _, err := mtls.Resolve(nil, e.lookupEnv)
+			if err != nil {
+				fmt.Fprintf(e.stderr, "tfdist rendezvous: %v\n", err)
+				return exitUsage
+			}
+			if tlsCfg != nil {
+				opts = append(opts, elastic.WithTLS(tlsCfg))
 			}
 			srv, err := elastic.Listen(*listen, opts...)
 			if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // tfdist rendezvous forms the memberships of the workers that join it and
@@ -66,4 +68,47 @@ func TestRendezvousBadFlags(t *testing.T) {
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, stderr, "listen on nohost:x")
 	assert.NoFileExists(t, log, "a log never written is not left behind")
+}
+
+// tfdist cert --elastic-workers makes the certificates of an elastic job,
+// and tfdist rendezvous, given its own by the environment, serves mutual
+// TLS: it admits a worker whose certificate names it, and refuses to
+// serve with a worker's certificate.
+func TestRendezvousOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errOut := runHere(nil, "", "cert", "--out", dir, "--job", "j", "--elastic-workers", "2")
+	require.Equal(t, exitOK, code, errOut)
+	files := func(base string) mtls.Files {
+		return mtls.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, base+".crt"), Key: filepath.Join(dir, base+".key")}
+	}
+	for _, base := range []string{"rendezvous-0", "worker-0", "worker-1"} {
+		assert.Contains(t, out, mtls.EnvCert+"="+files(base).Cert)
+	}
+
+	cmd, _, stderr := tfdist(t, files("rendezvous-0").Env(true), "rendezvous", "--listen", "127.0.0.1:0", "--job", "j")
+	require.NoError(t, cmd.Start())
+	serving := regexp.MustCompile(`serving on (\S+)`)
+	require.Eventually(t, func() bool { return serving.MatchString(stderr.String()) }, time.Minute, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg, err := mtls.LoadConfig(files("worker-1"))
+	require.NoError(t, err)
+	m, err := elastic.Join(ctx, serving.FindStringSubmatch(stderr.String())[1], elastic.Hello{Job: "j", Name: "worker:1"}, elastic.WithClientTLS(cfg))
+	require.NoError(t, err)
+	_, err = m.Next(ctx, elastic.Report{Addr: "127.0.0.1:1"})
+	require.NoError(t, err)
+	require.NoError(t, m.Leave(true))
+	assert.Equal(t, 0, exitCode(t, cmd, time.Minute), "%s", stderr)
+
+	env := map[string]string{}
+	for _, kv := range files("worker-0").Env(false) {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	code, _, errOut = runHere(env, "", "rendezvous", "--listen", "127.0.0.1:0")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errOut, "the certificate names tfdist://j/worker/0; a rendezvous's must name rendezvous:0")
+	code, _, errOut = runHere(nil, "", "cert", "--out", dir, "--job", "j", "--elastic-workers", "2", "--file", "x.json")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errOut, "--elastic-workers 2: expected a number of workers, and no --file")
 }

@@ -9,11 +9,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/uuid"
 	"go.uber.org/zap"
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/mtls"
 )
 
 // WithElastic makes the job elastic, between min and max workers: the
@@ -103,8 +103,8 @@ func (l *Launcher) checkElastic() error {
 		return errors.New("elastic: an elastic job has workers only (no --chief, --ps or --evaluator)")
 	case l.maxRestarts > 0:
 		return errors.New("elastic: --max-restarts restarts a whole cluster; an elastic job replaces a failed worker alone (--task-restarts)")
-	case l.tls || l.basePort > 0:
-		return errors.New("elastic: --tls and --base-port do not apply to an elastic job yet")
+	case l.basePort > 0:
+		return errors.New("elastic: --base-port does not apply to an elastic job: its workers choose their ports")
 	}
 	return nil
 }
@@ -119,8 +119,11 @@ func (l *Launcher) elasticEnv(t cluster.Task) []string {
 
 // attemptElastic runs the elastic job: the rendezvous, and its workers.
 func (l *Launcher) attemptElastic(ctx context.Context) error {
-	l.job = "launch-" + uuid.NewString()[:8]
-	srv, err := elastic.Listen("127.0.0.1:0", l.rendezvousOptions()...)
+	opts, err := l.rendezvousOptions()
+	if err != nil {
+		return err
+	}
+	srv, err := elastic.Listen("127.0.0.1:0", opts...)
 	if err != nil {
 		return err
 	}
@@ -150,16 +153,23 @@ func (l *Launcher) attemptElastic(ctx context.Context) error {
 }
 
 // rendezvousOptions are the options of the job's rendezvous.
-func (l *Launcher) rendezvousOptions() []elastic.Option {
+func (l *Launcher) rendezvousOptions() ([]elastic.Option, error) {
 	opts := []elastic.Option{elastic.WithJob(l.job), elastic.WithMembers(l.minWorkers, l.maxWorkers),
 		elastic.WithSizes(l.sizes...), elastic.WithLogger(l.log.Named("rendezvous"))}
+	if l.tls {
+		cfg, err := mtls.LoadConfig(l.tlsFiles[mtls.RendezvousTask], mtls.WithLogger(l.log.Named("rendezvous")))
+		if err != nil {
+			return nil, fmt.Errorf("TLS certificate of the rendezvous: %w", err)
+		}
+		opts = append(opts, elastic.WithTLS(cfg))
+	}
 	if l.replay != nil {
 		opts = append(opts, elastic.WithReplay(l.replay))
 	}
 	if l.membershipLog != nil {
 		opts = append(opts, elastic.WithLog(l.membershipLog))
 	}
-	return opts
+	return opts, nil
 }
 
 // add starts worker i of an elastic job.

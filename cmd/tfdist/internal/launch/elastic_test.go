@@ -143,7 +143,7 @@ func TestElasticBadOptions(t *testing.T) {
 		{[]launch.Option{launch.WithElastic(2, 3), launch.WithWorkers(4)}, "workers: 4, expected between the min and max workers, 2 and 3"},
 		{[]launch.Option{launch.WithElastic(1, 2), launch.WithChief(true)}, "an elastic job has workers only"},
 		{[]launch.Option{launch.WithElastic(1, 2), launch.WithMaxRestarts(1)}, "--max-restarts restarts a whole cluster"},
-		{[]launch.Option{launch.WithElastic(1, 2), launch.WithCertificates(true)}, "do not apply to an elastic job yet"},
+		{[]launch.Option{launch.WithElastic(1, 2), launch.WithBasePort(7000)}, "--base-port does not apply to an elastic job"},
 	} {
 		_, err := launch.New([]string{"x"}, c.opts...)
 		require.Error(t, err)

@@ -75,7 +75,9 @@ type Launcher struct {
 	grace       time.Duration
 	basePort    int
 	tls         bool
-	tlsFiles    map[cluster.Task]mtls.Files // set by Run when tls
+	ca          *mtls.Authority             // set by Run when tls
+	tlsDir      string                      // where the CA's files are written
+	tlsFiles    map[cluster.Task]mtls.Files // every task's, as issued
 	timeline    string                      // the merged trace's file, or ""
 	timelineDir string                      // the tasks' traces, made by Run when timeline is set
 	env         []string
@@ -319,6 +321,7 @@ func (l *Launcher) Run(ctx context.Context) (err error) {
 		ctx, cancel = context.WithTimeoutCause(ctx, l.timeout, errTimeout)
 		defer cancel()
 	}
+	l.job = "launch-" + uuid.NewString()[:8]
 	if l.tls {
 		cleanup, err := l.makeCertificates()
 		if err != nil {
@@ -376,24 +379,59 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// makeCertificates writes a CA and every task's certificate, for a job
-// named after the run, in a new private directory; cleanup removes it.
+// makeCertificates makes a CA for the run, in a new private directory,
+// and the certificate of every task (and of an elastic job's rendezvous);
+// cleanup removes the directory.
 func (l *Launcher) makeCertificates() (cleanup func(), err error) {
-	job := "launch-" + uuid.NewString()[:8]
-	files, dir, cleanup, err := mtls.WriteTempTasks("tfdist-launch-tls-", job, l.Tasks(), max(mtls.DefaultLifetime, l.timeout))
+	dir, err := os.MkdirTemp("", "tfdist-launch-tls-")
 	if err != nil {
 		return nil, fmt.Errorf("TLS certificates: %w", err)
 	}
-	l.tlsFiles = files
-	l.log.Info("TLS certificates made for the run", zap.String("job", job), zap.String("dir", dir))
+	cleanup = func() { _ = os.RemoveAll(dir) }
+	l.ca, err = mtls.NewAuthority("tfdist CA for job "+l.job, max(mtls.DefaultLifetime, l.timeout))
+	l.tlsDir, l.tlsFiles = dir, map[cluster.Task]mtls.Files{}
+	tasks := l.Tasks()
+	if l.elastic {
+		tasks = append(tasks, mtls.RendezvousTask)
+	}
+	for _, t := range tasks {
+		if err != nil {
+			break
+		}
+		_, err = l.certificate(t)
+	}
+	if err != nil {
+		cleanup()
+		return nil, fmt.Errorf("TLS certificates: %w", err)
+	}
+	l.log.Info("TLS certificates made for the run", zap.String("job", l.job), zap.String("dir", dir))
 	return cleanup, nil
 }
 
-// tlsEnv returns the environment that gives t its TLS files, if any.
-func (l *Launcher) tlsEnv(t cluster.Task) []string {
-	f, ok := l.tlsFiles[t]
-	if !ok {
-		return nil
+// certificate returns t's certificate files, issuing them the first time:
+// an elastic job's workers beyond the first get theirs as they start.
+func (l *Launcher) certificate(t cluster.Task) (mtls.Files, error) {
+	if f, ok := l.tlsFiles[t]; ok {
+		return f, nil
 	}
-	return f.Env(true)
+	nb, na := l.ca.Validity()
+	files, err := l.ca.Write(l.tlsDir, []mtls.Identity{{Job: l.job, Task: t}}, nb, na)
+	if err != nil {
+		return mtls.Files{}, err
+	}
+	l.tlsFiles[t] = files[0]
+	return files[0], nil
+}
+
+// tlsEnv returns the environment that gives t its TLS files, if the run
+// makes them.
+func (l *Launcher) tlsEnv(t cluster.Task) ([]string, error) {
+	if !l.tls {
+		return nil, nil
+	}
+	f, err := l.certificate(t)
+	if err != nil {
+		return nil, fmt.Errorf("TLS certificate of %s: %w", t, err)
+	}
+	return f.Env(true), nil
 }

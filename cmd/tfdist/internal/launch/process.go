@@ -71,7 +71,11 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 		EnvTaskIndex+"="+strconv.Itoa(t.Index),
 		EnvRestart+"="+strconv.Itoa(start),
 	)
-	env = append(env, l.tlsEnv(t)...)
+	tlsEnv, err := l.tlsEnv(t)
+	if err != nil {
+		return nil, err
+	}
+	env = append(env, tlsEnv...)
 	env = append(env, l.timelineEnv(t, start)...)
 	if err := l.assignElasticMetrics(t); err != nil {
 		return nil, err
