@@ -19,6 +19,8 @@ import (
 // synchronous strategy skips the batches the epoch had trained on
 // (the data must be deterministic: a seeded shuffle is), so the resumed
 // job ends with the model, and the logs, of a job never interrupted.
+// Under PerReplicaBatch it skips the epoch's examples, and rescales the
+// learning rate, when the job resumes on another number of replicas.
 // Under parameter servers the workers' inputs start afresh, as steps run
 // asynchronously have no global order to resume in.
 //
@@ -48,6 +50,9 @@ const (
 	backupEpoch  = "train/epoch"
 	backupStep   = "train/step_in_epoch"
 	backupTotals = "train/epoch_totals"
+	// backupReplicas is the replicas the rate is scaled for, under
+	// PerReplicaBatch.
+	backupReplicas = "train/replicas"
 )
 
 // OnTrainBegin restores the backup, if there is one, and has Fit resume
@@ -81,7 +86,8 @@ func (b *BackupAndRestore) OnTrainBegin(ctx context.Context, r *Run) error {
 		return fmt.Errorf("the backup in %s has no training position (is it a backup of another program?)", b.Dir)
 	}
 	b.base = step
-	r.resumeAt(int(epoch), int(inEpoch), totals)
+	replicas, _ := md.Int64(backupReplicas)
+	r.resumeAt(int(epoch), int(inEpoch), totals, int(replicas))
 	return nil
 }
 
@@ -112,6 +118,9 @@ func (b *BackupAndRestore) save(ctx context.Context, r *Run, epoch, step int, to
 		return err
 	}
 	md := checkpoint.Metadata{backupEpoch: int64(epoch), backupStep: int64(step), backupTotals: string(text)}
+	if r.replicas > 0 {
+		md[backupReplicas] = int64(r.replicas)
+	}
 	defer r.t.checkpointed("backup", time.Now())
 	_, err = b.mgr.Save(ctx, b.base+r.Steps(), md)
 	return err

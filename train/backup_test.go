@@ -57,7 +57,7 @@ func workerMain() error {
 		return err
 	}
 	defer s.Close()
-	tr, err := compileMLP(s)
+	tr, err := compileMLP(s, optimizer.Constant(0.05))
 	if err != nil {
 		return err
 	}
@@ -88,8 +88,8 @@ func workerMain() error {
 }
 
 // compileMLP compiles an MLP of the digits in s's scope, as the process
-// tests train it.
-func compileMLP(s train.Strategy) (*train.Trainer, error) {
+// tests train it: SGD with momentum 0.9 at lr, reporting accuracy and ms.
+func compileMLP(s train.Strategy, lr optimizer.Schedule, ms ...train.Metric) (*train.Trainer, error) {
 	var m *nn.Model
 	err := s.Scope(func(sc strategy.Scope) (err error) {
 		in := nn.Input(64)
@@ -101,13 +101,12 @@ func compileMLP(s train.Strategy) (*train.Trainer, error) {
 		return nil, err
 	}
 	return train.Compile(s, m, train.SparseCategoricalCrossentropy{FromLogits: true},
-		optimizer.NewKerasMomentum(optimizer.Constant(0.05), 0.9, false), train.WithMetrics(train.SparseCategoricalAccuracy{}))
+		optimizer.NewKerasMomentum(lr, 0.9, false), train.WithMetrics(append([]train.Metric{train.SparseCategoricalAccuracy{}}, ms...)...))
 }
 
-// processData is the training data of the process tests: 300 digits in
-// global batches of 32, reshuffled each epoch, a partial batch at each
-// epoch's end: 10 steps an epoch.
-func processData() (dataset.Dataset, error) {
+// processExamples is the examples of the process tests: 300 digits,
+// reshuffled each epoch.
+func processExamples() (dataset.Dataset, error) {
 	d, err := digits.Load()
 	if err != nil {
 		return nil, err
@@ -116,7 +115,18 @@ func processData() (dataset.Dataset, error) {
 	if err != nil {
 		return nil, err
 	}
-	return dataset.Batched(dataset.Shuffle(ds, 300, 11), 32, false), nil
+	return dataset.Shuffle(ds, 300, 11), nil
+}
+
+// processData is the training data of the process tests: their examples
+// in global batches of 32, a partial batch at each epoch's end: 10 steps
+// an epoch.
+func processData() (dataset.Dataset, error) {
+	ds, err := processExamples()
+	if err != nil {
+		return nil, err
+	}
+	return dataset.Batched(ds, 32, false), nil
 }
 
 // killer kills its process with SIGKILL after step at.
@@ -179,8 +189,9 @@ func launch(t *testing.T, dir string, env ...string) []error {
 }
 
 type jobResult struct {
-	Vals    []strategy.VariableValue
-	History *train.History
+	Vals         []strategy.VariableValue
+	History      *train.History
+	LearningRate float64 // after Fit, with PerReplicaBatch
 }
 
 func readResult(t *testing.T, dir string) jobResult {

@@ -68,6 +68,8 @@ type Run struct {
 	resumed                 bool
 	resumeEpoch, resumeStep int
 	resumeTotals            []float64 // the resumed epoch's totals so far
+	resumeReplicas          int       // the replicas the restored rate is scaled for
+	replicas                int       // PerReplicaBatch's replicas in sync, 0 without
 	stragglers              *straggler.Detector
 	elastic                 *elasticFit // in an elastic job
 }
@@ -94,11 +96,13 @@ func (r *Run) StopTraining() { r.stop = true }
 func (r *Run) Stopping() bool { return r.stop }
 
 // resumeAt makes Fit start at step of epoch instead of at the initial
-// epoch, skipping the batches before it, with totals (nil: none) as the
-// epoch's totals so far: what BackupAndRestore sets in OnTrainBegin after
-// restoring a backup.
-func (r *Run) resumeAt(epoch, step int, totals []float64) {
+// epoch, skipping the batches before it (under PerReplicaBatch, the
+// examples totals count), with totals (nil: none) as the epoch's totals so
+// far, and the learning rate restored scaled for replicas (0: not scaled):
+// what BackupAndRestore sets in OnTrainBegin after restoring a backup.
+func (r *Run) resumeAt(epoch, step int, totals []float64, replicas int) {
 	r.resumed, r.resumeEpoch, r.resumeStep, r.resumeTotals = true, epoch, step, totals
+	r.resumeReplicas = replicas
 	if m := r.t.monitoring(); m != nil {
 		m.Restarts.Inc()
 	}

@@ -27,13 +27,14 @@ type elasticFit struct {
 // fitProgress is where a Fit of an elastic job is, after a step or an
 // epoch's end: what the workers of the next membership go on from.
 type fitProgress struct {
-	Epoch   int       `json:"epoch"`
-	Step    int       `json:"step"`             // the steps of Epoch done
-	Totals  []float64 `json:"totals,omitempty"` // Epoch's logs so far
-	Steps   int64     `json:"steps"`            // Run.Steps
-	Stop    bool      `json:"stop,omitempty"`
-	Logs    Logs      `json:"logs,omitempty"` // the last epoch's
-	History *History  `json:"history"`
+	Epoch    int       `json:"epoch"`
+	Step     int       `json:"step"`               // the steps of Epoch done
+	Totals   []float64 `json:"totals,omitempty"`   // Epoch's logs so far, its examples among them
+	Steps    int64     `json:"steps"`              // Run.Steps
+	Replicas int       `json:"replicas,omitempty"` // PerReplicaBatch's, the rate scaled for them
+	Stop     bool      `json:"stop,omitempty"`
+	Logs     Logs      `json:"logs,omitempty"` // the last epoch's
+	History  *History  `json:"history"`
 }
 
 // resumeElastic, on a strategy of an elastic job, takes the state of the
@@ -57,7 +58,7 @@ func (t *Trainer) resumeElastic(ctx context.Context, r *Run, h *History) error {
 	if err := json.Unmarshal(raw, &p); err != nil || p.History == nil {
 		return fmt.Errorf("the elastic job's progress is not a Fit's (did another program set it?): %q", raw)
 	}
-	r.resumeAt(p.Epoch, p.Step, p.Totals)
+	r.resumeAt(p.Epoch, p.Step, p.Totals, p.Replicas)
 	r.steps, r.stop, r.elastic.logs = p.Steps, p.Stop, p.Logs
 	*h = *p.History
 	if h.Values == nil {
@@ -75,7 +76,7 @@ func (r *Run) keepProgress(ctx context.Context, epoch, step int, totals []float6
 	if el == nil {
 		return nil
 	}
-	p, err := json.Marshal(fitProgress{Epoch: epoch, Step: step, Totals: totals, Steps: r.steps, Stop: r.stop, Logs: el.logs, History: el.hist})
+	p, err := json.Marshal(fitProgress{Epoch: epoch, Step: step, Totals: totals, Steps: r.steps, Replicas: r.replicas, Stop: r.stop, Logs: el.logs, History: el.hist})
 	if err != nil {
 		return err
 	}

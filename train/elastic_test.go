@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -20,17 +21,21 @@ import (
 
 	"github.com/tfdist/tfdist/distribute"
 	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/onedevice"
+	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/train"
 )
 
 // The environment of a worker of an elastic job: elasticOutEnv set makes
 // the test binary one, which writes its result to that file;
-// elasticShardsEnv is its WithDeterministic's shards (0: off).
+// elasticShardsEnv is its WithDeterministic's shards (0: off);
+// elasticPerReplicaEnv its PerReplicaBatch (0: batches of 32).
 const (
-	elasticOutEnv    = "TRAIN_TEST_ELASTIC_OUT"
-	elasticShardsEnv = "TRAIN_TEST_ELASTIC_SHARDS"
+	elasticOutEnv        = "TRAIN_TEST_ELASTIC_OUT"
+	elasticShardsEnv     = "TRAIN_TEST_ELASTIC_SHARDS"
+	elasticPerReplicaEnv = "TRAIN_TEST_ELASTIC_PER_REPLICA"
 )
 
 // elasticWorkerMain is a worker of an elastic job, as a user writes one:
@@ -41,10 +46,11 @@ func elasticWorkerMain() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	shards, _ := strconv.Atoi(os.Getenv(elasticShardsEnv))
+	perReplica, _ := strconv.Atoi(os.Getenv(elasticPerReplicaEnv))
 	cfg := distribute.Config{Strategy: "elastic", Devices: 1, Deterministic: shards, CollectiveTimeout: 20 * time.Second}
 	var res *jobResult
 	err := distribute.Run(ctx, cfg, func(ctx context.Context, s distribute.Strategy) error {
-		r, err := fitMLP(ctx, s, stepPrinter{})
+		r, err := fitMLP(ctx, s, perReplica, stepPrinter{})
 		if err == nil {
 			res = &r
 		}
@@ -60,26 +66,41 @@ func elasticWorkerMain() error {
 	return os.WriteFile(os.Getenv(elasticOutEnv), out, 0o644)
 }
 
-// fitMLP trains the process tests' MLP on their data under s.
-func fitMLP(ctx context.Context, s train.Strategy, cbs ...train.Callback) (jobResult, error) {
-	tr, err := compileMLP(s)
-	if err != nil {
-		return jobResult{}, err
-	}
-	ds, err := processData()
-	if err != nil {
-		return jobResult{}, err
-	}
-	h, err := tr.Fit(ctx, ds, train.Epochs(backupEpochs), train.WithCallbacks(cbs...))
-	if err != nil {
-		return jobResult{}, err
-	}
+// fitMLP trains the process tests' MLP on their data under s; with
+// perReplica > 0, on their examples with PerReplicaBatch(perReplica), at
+// an Adjustable rate, counting each epoch's labels (labelCounts).
+func fitMLP(ctx context.Context, s train.Strategy, perReplica int, cbs ...train.Callback) (jobResult, error) {
 	ss, ok := s.(strategy.Strategy)
 	if !ok {
 		return jobResult{}, fmt.Errorf("strategy %T is not synchronous", s)
 	}
-	vals, err := strategy.ReadVariables(ctx, ss, floatVars(ss))
-	return jobResult{Vals: vals, History: h}, err
+	var lr optimizer.Schedule = optimizer.Constant(0.05)
+	var ms []train.Metric
+	data := processData
+	opts := []train.FitOption{train.Epochs(backupEpochs), train.WithCallbacks(cbs...)}
+	if perReplica > 0 {
+		lr, ms, data = optimizer.NewAdjustable(0.05), labelCounts(), processExamples
+		opts = append(opts, train.PerReplicaBatch(perReplica))
+	}
+	tr, err := compileMLP(s, lr, ms...)
+	if err != nil {
+		return jobResult{}, err
+	}
+	ds, err := data()
+	if err != nil {
+		return jobResult{}, err
+	}
+	var res jobResult
+	if res.History, err = tr.Fit(ctx, ds, opts...); err != nil {
+		return res, err
+	}
+	if perReplica > 0 {
+		if res.LearningRate, err = tr.LearningRate(ctx); err != nil {
+			return res, err
+		}
+	}
+	res.Vals, err = strategy.ReadVariables(ctx, ss, floatVars(ss))
+	return res, err
 }
 
 // stepPrinter prints "step N" after every step, N the steps Fit has
@@ -102,12 +123,14 @@ type elasticWorker struct {
 }
 
 // startElasticWorker starts a worker named name of the job whose
-// rendezvous is at addr, writing its result into dir.
-func startElasticWorker(t *testing.T, addr, dir, name string, shards int) *elasticWorker {
+// rendezvous is at addr, writing its result into dir, with env added to
+// its environment.
+func startElasticWorker(t *testing.T, addr, dir, name string, shards int, env ...string) *elasticWorker {
 	w := &elasticWorker{name: name, out: filepath.Join(dir, fmt.Sprintf("%s-%d.json", strings.ReplaceAll(name, ":", "-"), time.Now().UnixNano())), exited: make(chan struct{})}
 	w.cmd = exec.Command(os.Args[0], "-test.run", "^$")
 	w.cmd.Env = append(os.Environ(), elasticOutEnv+"="+w.out, elasticShardsEnv+"="+strconv.Itoa(shards),
 		elastic.EnvRendezvous+"="+addr, elastic.EnvJob+"=fit-test", elastic.EnvName+"="+name)
+	w.cmd.Env = append(w.cmd.Env, env...)
 	w.cmd.Stderr = os.Stderr
 	stdout, err := w.cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -154,7 +177,7 @@ func TestElasticFitSurvivesAKill(t *testing.T) {
 		t.Run(fmt.Sprintf("deterministic=%d", shards), func(t *testing.T) {
 			s, err := onedevice.New(onedevice.WithDeterministic(shards))
 			require.NoError(t, err)
-			want, err := fitMLP(context.Background(), s)
+			want, err := fitMLP(context.Background(), s, 0)
 			require.NoError(t, err)
 			require.NoError(t, s.Close())
 
@@ -188,4 +211,61 @@ func TestElasticFitSurvivesAKill(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Fit with PerReplicaBatch(8) on an elastic job whose worker is SIGKILLed
+// at a random step, and replaced, trains every example of every epoch once
+// (each epoch counts every label of the data as often as the data has
+// it), ends at 0.05 times the last membership's replicas, and ends with
+// the model of a replay of its membership log, bit for bit.
+func TestElasticFitPerReplicaBatch(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env := elasticPerReplicaEnv + "=8"
+	var log syncbuf.Buffer
+	job := func(opts ...elastic.Option) (string, string) {
+		srv, err := elastic.Listen("127.0.0.1:0", append([]elastic.Option{elastic.WithJob("fit-test")}, opts...)...)
+		require.NoError(t, err)
+		served := make(chan struct{})
+		go func() { _ = srv.Serve(ctx); close(served) }()
+		t.Cleanup(func() { cancel(); <-served })
+		return srv.Addr(), t.TempDir()
+	}
+	addr, dir := job(elastic.WithMembers(1, 2), elastic.WithLog(&log))
+	ws := []*elasticWorker{startElasticWorker(t, addr, dir, "worker:0", 0, env), startElasticWorker(t, addr, dir, "worker:1", 0, env)}
+	victim, at := rand.IntN(2), int64(5+rand.IntN(25))
+	require.Eventually(t, func() bool { return ws[victim].steps.Load() >= at }, 2*time.Minute, time.Millisecond)
+	require.NoError(t, ws[victim].cmd.Process.Kill())
+	killed := ws[victim].steps.Load()
+	require.Eventually(t, func() bool { return ws[1-victim].steps.Load() >= killed+3 }, 2*time.Minute, time.Millisecond, "the survivor trains alone")
+	finishers := []*elasticWorker{ws[1-victim], startElasticWorker(t, addr, dir, ws[victim].name, 0, env)}
+	what := fmt.Sprintf("%s killed after step %d", ws[victim].name, killed)
+	var run jobResult
+	for i, w := range finishers {
+		got := w.result(t)
+		if i == 0 {
+			run = got
+		}
+		diff, name, j := strategy.MaxDiff(run.Vals, got.Vals)
+		assert.Zero(t, diff, "%s: %s and %s: %s[%d]", what, finishers[0].name, w.name, name, j)
+	}
+	entries, err := elastic.ReadLog(strings.NewReader(log.String()))
+	require.NoError(t, err)
+	t.Logf("%s: memberships %+v", what, entries)
+	require.True(t, slices.ContainsFunc(entries[:len(entries)-1], func(e elastic.LogEntry) bool { return len(e.Members) == 1 }),
+		"%s: a membership of one worker trained", what)
+
+	require.Equal(t, []int{0, 1, 2, 3}, run.History.Epochs, what)
+	for c, n := range processLabelCounts(t) {
+		key := labelCount(c).Name()
+		assert.Equal(t, []float64{n, n, n, n}, run.History.Values[key], "%s: %s in every epoch", what, key)
+	}
+	last := len(entries[len(entries)-1].Members)
+	assert.InDelta(t, 0.05*float64(last), run.LearningRate, 1e-7, "%s: the rate of %d replicas", what, last)
+
+	addr, dir = job(elastic.WithReplay(entries))
+	survivor := startElasticWorker(t, addr, dir, finishers[0].name, 0, env)
+	startElasticWorker(t, addr, dir, ws[victim].name, 0, env)
+	diff, name, j := strategy.MaxDiff(run.Vals, survivor.result(t).Vals)
+	assert.Zero(t, diff, "%s: the replay: %s[%d]", what, name, j)
 }

@@ -42,11 +42,15 @@ type feed interface {
 	// order, and returns how many ran: fewer than n when the epoch's input
 	// ended.
 	run(ctx context.Context, step any, n int, each func(logs []float64) error) (int, error)
-	// skip moves the input to where a run resumed at step of epoch
-	// epochs finds it.
-	skip(ctx context.Context, epochs, step int) error
+	// skip moves the input to at in the epoch that follows epochs
+	// passes, where a resumed run goes on.
+	skip(ctx context.Context, epochs int, at position) error
 	close() error
 }
+
+// position is where in its epoch a run resumes: after step steps, which
+// trained examples examples.
+type position struct{ step, examples int }
 
 // syncEngine runs on a synchronous strategy.
 type syncEngine struct{ s strategy.Strategy }
@@ -67,6 +71,10 @@ func (e *syncEngine) build(spec strategy.InputSpec, fn strategy.ReplicaFn) (any,
 }
 
 func (e *syncEngine) feed(ds dataset.Dataset, stepsPerEpoch int) (feed, error) {
+	return e.syncFeed(ds, stepsPerEpoch)
+}
+
+func (e *syncEngine) syncFeed(ds dataset.Dataset, stepsPerEpoch int) (*syncFeed, error) {
 	dist, err := e.s.DistributeDataset(ds)
 	if err != nil {
 		return nil, err
@@ -254,8 +262,8 @@ func (f *syncFeed) run(ctx context.Context, step any, n int, each func([]float64
 // skip passes over the batches a resumed run has trained on: whole passes
 // (each opened and closed, so that a reshuffling pipeline's next pass has
 // the order it had) and the steps of the current epoch.
-func (f *syncFeed) skip(ctx context.Context, epochs, step int) error {
-	drop := step
+func (f *syncFeed) skip(ctx context.Context, epochs int, at position) error {
+	drop := at.step
 	if f.spe > 0 {
 		drop += epochs * f.spe
 	} else {
@@ -271,13 +279,13 @@ func (f *syncFeed) skip(ctx context.Context, epochs, step int) error {
 	for i := range drop {
 		b, err := f.next(ctx)
 		if err == io.EOF {
-			return fmt.Errorf("resuming at step %d of epoch %d: the epoch's data ended after %d steps", step, epochs, i)
+			return fmt.Errorf("resuming at step %d of epoch %d: the epoch's data ended after %d steps", at.step, epochs, i)
 		}
 		if err != nil {
 			return err
 		}
 		if b.NeedsAgreement() {
-			return fmt.Errorf("resuming at step %d of epoch %d: the workers' inputs may end at different steps (FILE sharding), so a step cannot be skipped; use DATA sharding or back up at epoch ends", step, epochs)
+			return fmt.Errorf("resuming at step %d of epoch %d: the workers' inputs may end at different steps (FILE sharding), so a step cannot be skipped; use DATA sharding or back up at epoch ends", at.step, epochs)
 		}
 	}
 	return nil

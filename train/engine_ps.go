@@ -140,7 +140,7 @@ func (f *psFeed) close() error                     { return nil }
 
 // skip does nothing: asynchronous steps have no global input order to
 // resume in, and each worker's input starts afresh.
-func (f *psFeed) skip(context.Context, int, int) error { return nil }
+func (f *psFeed) skip(context.Context, int, position) error { return nil }
 
 func (f *psFeed) run(ctx context.Context, step any, n int, each func([]float64) error) (int, error) {
 	ins := make([]paramserver.Input, n)

@@ -39,6 +39,7 @@ type FitOption func(*fitConfig)
 
 type fitConfig struct {
 	epochs, stepsPerEpoch, initialEpoch int
+	perReplica                          *int // PerReplicaBatch's, nil without
 	val                                 dataset.Dataset
 	valStep                             any // the test step, built for val
 	valSteps, valFreq                   int
@@ -54,6 +55,21 @@ func Epochs(n int) FitOption { return func(c *fitConfig) { c.epochs = n } }
 // starting a new pass when one ends. The parameter-server strategy needs
 // it.
 func StepsPerEpoch(n int) FitOption { return func(c *fitConfig) { c.stepsPerEpoch = n } }
+
+// PerReplicaBatch follows the linear scaling rule: ds holds single
+// examples, not batches, and each step takes b of them per replica. Fit
+// batches ds by b × the strategy's replicas in sync (of each membership,
+// in an elastic job, where the global batch then changes with the
+// workers), the last batch of an epoch holding what remains, and trains at
+// the learning rate compiled or set (one replica's) times the replicas.
+// The optimizer's schedule must be an optimizer.Adjustable, which keeps
+// the scaled rate: callbacks that read or set the rate (ReduceLROnPlateau,
+// LearningRateScheduler) see it, it stays so after Fit, and a later Fit
+// with PerReplicaBatch scales it from there. A resumed Fit (an elastic
+// job's, BackupAndRestore's) skips the examples its epoch trained,
+// whatever the global batch was. Validation data stays batched.
+// StepsPerEpoch and the parameter-server strategy cannot go with it.
+func PerReplicaBatch(b int) FitOption { return func(c *fitConfig) { c.perReplica = &b } }
 
 // InitialEpoch sets the epoch training starts at (default 0).
 func InitialEpoch(n int) FitOption { return func(c *fitConfig) { c.initialEpoch = n } }
@@ -90,6 +106,10 @@ func newFitConfig(opts []FitOption) (fitConfig, error) {
 		return c, fmt.Errorf("ValidationSteps(%d): expected 0 (every batch) or more", c.valSteps)
 	case c.valFreq < 1:
 		return c, fmt.Errorf("ValidationFreq(%d): expected at least 1", c.valFreq)
+	case c.perReplica != nil && *c.perReplica < 1:
+		return c, fmt.Errorf("PerReplicaBatch(%d): expected at least 1 example per replica", *c.perReplica)
+	case c.perReplica != nil && c.stepsPerEpoch > 0:
+		return c, fmt.Errorf("PerReplicaBatch(%d) with StepsPerEpoch(%d): the steps of a pass change with the replicas; use one or the other", *c.perReplica, c.stepsPerEpoch)
 	}
 	for i, cb := range c.callbacks {
 		if cb == nil {
@@ -120,7 +140,13 @@ func (t *Trainer) fit(ctx context.Context, ds dataset.Dataset, opts []FitOption)
 	if err != nil {
 		return nil, err
 	}
-	st, err := t.stepFor(ctx, trainStep, ds, "training data")
+	batches, global := ds, 0
+	if c.perReplica != nil {
+		if batches, global, err = t.scaledBatches(ctx, ds, *c.perReplica); err != nil {
+			return nil, err
+		}
+	}
+	st, err := t.stepFor(ctx, trainStep, batches, "training data")
 	if err != nil {
 		return nil, err
 	}
@@ -129,12 +155,15 @@ func (t *Trainer) fit(ctx context.Context, ds dataset.Dataset, opts []FitOption)
 			return nil, err
 		}
 	}
-	f, err := t.eng.feed(ds, c.stepsPerEpoch)
+	f, err := t.feed(ds, batches, global, c.stepsPerEpoch)
 	if err != nil {
 		return nil, err
 	}
 	defer f.close()
 	r := &Run{t: t, Epochs: c.epochs, StepsPerEpoch: c.stepsPerEpoch, cbs: callbacks(c.callbacks)}
+	if global > 0 {
+		r.replicas = global / *c.perReplica
+	}
 	if c.val != nil {
 		r.ValidationFreq = c.valFreq
 	}
@@ -149,10 +178,22 @@ func (t *Trainer) fit(ctx context.Context, ds dataset.Dataset, opts []FitOption)
 	return h, nil
 }
 
+// feed returns Fit's input: batches, or under PerReplicaBatch (global >
+// 0) the examples batches holds batched by global.
+func (t *Trainer) feed(examples, batches dataset.Dataset, global, stepsPerEpoch int) (feed, error) {
+	if global > 0 {
+		return t.eng.(*syncEngine).exampleFeed(examples, batches, global)
+	}
+	return t.eng.feed(batches, stepsPerEpoch)
+}
+
 // epochs runs the callbacks' train hooks around every epoch.
 func (t *Trainer) epochs(ctx context.Context, r *Run, f feed, st any, c fitConfig, h *History) error {
 	if err := r.cbs.trainBegin(ctx, r); err != nil {
 		return err
+	}
+	if err := t.scaleRate(ctx, r); err != nil {
+		return fmt.Errorf("PerReplicaBatch: %w", err)
 	}
 	var logs Logs
 	if r.elastic != nil {
@@ -180,7 +221,7 @@ func (t *Trainer) epoch(ctx context.Context, r *Run, f feed, st any, epoch int, 
 	step := 0
 	if r.resumed && epoch == r.resumeEpoch {
 		step = r.resumeStep
-		if err := f.skip(ctx, epoch-c.initialEpoch, step); err != nil {
+		if err := f.skip(ctx, epoch-c.initialEpoch, position{step, examplesIn(r.resumeTotals)}); err != nil {
 			return nil, err
 		}
 	} else if err := f.startEpoch(ctx); err != nil {
@@ -249,9 +290,6 @@ func (t *Trainer) epoch(ctx context.Context, r *Run, f feed, st any, epoch int, 
 // stepFor builds (or finds) the step of kind for the elements of ds,
 // which it reads the first of; what names the data in errors.
 func (t *Trainer) stepFor(ctx context.Context, kind stepKind, ds dataset.Dataset, what string) (any, error) {
-	if ds == nil {
-		return nil, fmt.Errorf("%s: nil dataset", what)
-	}
 	e, err := firstElement(ctx, ds)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
@@ -265,6 +303,9 @@ func (t *Trainer) stepFor(ctx context.Context, kind stepKind, ds dataset.Dataset
 
 // firstElement reads the first element of ds.
 func firstElement(ctx context.Context, ds dataset.Dataset) (dataset.Element, error) {
+	if ds == nil {
+		return nil, errors.New("nil dataset")
+	}
 	it, err := ds.Iterator(ctx)
 	if err != nil {
 		return nil, err
@@ -357,6 +398,14 @@ func (a *totals) add(logs []float64) {
 // values returns the totals as one vector: the loss, the examples, the
 // metrics' sums.
 func (a *totals) values() []float64 { return append([]float64{a.loss, a.count}, a.sums...) }
+
+// examplesIn returns the examples an epoch's totals (values) count.
+func examplesIn(totals []float64) int {
+	if len(totals) < 2 {
+		return 0
+	}
+	return int(totals[1])
+}
 
 // set sets the totals from values.
 func (a *totals) set(v []float64) error {

@@ -51,6 +51,9 @@ type Trainer struct {
 	mu    sync.Mutex
 	steps map[string]any // built steps, by kind and input spec
 	sizes []int          // the number of sums of each metric
+	// rateReplicas is the replicas the rate is scaled for after a Fit
+	// with PerReplicaBatch.
+	rateReplicas int
 }
 
 // Compile returns a Trainer of m under s: m's loss, as loss computes it on
