@@ -13,6 +13,7 @@ import (
 
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/allreducebench"
+	"github.com/tfdist/tfdist/internal/emunet"
 	"github.com/tfdist/tfdist/internal/models"
 	"github.com/tfdist/tfdist/internal/reducedtest"
 	"github.com/tfdist/tfdist/multiworker"
@@ -116,6 +117,81 @@ func BenchmarkOverlap(b *testing.B) {
 		b.ReportMetric(comm*1e3, "allreduce_ms")
 		b.ReportMetric(step*1e3, "step_ms")
 		b.ReportMetric((compute+comm-step)/comm, "hidden")
+	}
+}
+
+// BenchmarkOnLinks measures, on 2 emulated hosts joined by links of
+// 1 Gbit/s and of 10 Gbit/s (0.2 ms; package emunet, as root), each
+// worker with one intra-op thread (a core each), in one run per link: the
+// step of an MLP of six 1024x1024 layers (24 MiB of gradients, in packs of
+// 4 MiB, each all-reduced as backprop produces it) on 256 examples,
+// beside its compute alone and its gradients' all-reduce alone, plainly
+// and with fp16 compression; and the all-reduce of 16 and 64 MiB, plainly
+// and in fp16. It reports the share of the all-reduce the step hides
+// (hidden, hidden_fp16: (compute + all-reduce - step) / all-reduce) and
+// fp16's speed-up of the all-reduce alone and of each size (float32 time
+// / fp16 time). Run with -benchtime 1x.
+func BenchmarkOnLinks(b *testing.B) {
+	if err := emunet.Available(); err != nil {
+		b.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	for _, spec := range []string{"1gbit,0.2ms", "10gbit,0.2ms"} {
+		b.Run("link="+spec, func(b *testing.B) {
+			l, err := emunet.ParseLink(spec)
+			require.NoError(b, err)
+			nw, err := emunet.New(2, l)
+			require.NoError(b, err)
+			defer func() { require.NoError(b, nw.Close()) }()
+			x := allreducebench.Exec{Path: os.Args[0], Net: nw, Env: []string{"TF_NUM_INTRAOP_THREADS=1"}}
+			for range b.N {
+				overlapOnLink(ctx, b, x)
+				sizesOnLink(ctx, b, x)
+			}
+		})
+	}
+}
+
+// overlapOnLink reports the step's, compute's and all-reduce's times on
+// x's hosts, plainly and with fp16 gradients.
+func overlapOnLink(ctx context.Context, b *testing.B, x allreducebench.Exec) {
+	c := allreducebench.Config{Backend: allreducebench.Tfdist, Model: []int{1024, 1024, 1024, 1024, 1024, 1024, 1024, 10}, Batch: 256,
+		BytesPerPack: 4 << 20, Iters: 10, Warmup: 3}
+	comm := map[string]float64{}
+	for _, comp := range []string{"", "fp16"} {
+		c.Compression = comp
+		res, err := allreducebench.AllReduce(ctx, x, 2, c)
+		require.NoError(b, err)
+		t := map[string]float64{}
+		for _, x := range res.Timings {
+			t[x.Label] = x.Seconds
+		}
+		compute, step := t[allreducebench.LabelCompute], t[allreducebench.LabelStep]
+		comm[comp] = t[allreducebench.LabelAllReduce]
+		suffix := map[string]string{"": "", "fp16": "_fp16"}[comp]
+		b.ReportMetric(compute*1e3, "compute_ms")
+		b.ReportMetric(comm[comp]*1e3, "allreduce"+suffix+"_ms")
+		b.ReportMetric(step*1e3, "step"+suffix+"_ms")
+		b.ReportMetric((compute+comm[comp]-step)/comm[comp], "hidden"+suffix)
+	}
+	b.ReportMetric(comm[""]/comm["fp16"], "allreduce_fp16_speedup")
+}
+
+// sizesOnLink reports the all-reduce of 16 and 64 MiB on x's hosts,
+// plainly and in fp16, and fp16's speed-up.
+func sizesOnLink(ctx context.Context, b *testing.B, x allreducebench.Exec) {
+	c := allreducebench.Config{Backend: allreducebench.Tfdist, Sizes: []int64{16 << 20, 64 << 20}, Iters: 5, Warmup: 2}
+	plain, err := allreducebench.AllReduce(ctx, x, 2, c)
+	require.NoError(b, err)
+	c.Compression = "fp16"
+	fp16, err := allreducebench.AllReduce(ctx, x, 2, c)
+	require.NoError(b, err)
+	for i, t := range plain.Timings {
+		name := fmt.Sprintf("%dMiB", t.Bytes>>20)
+		b.ReportMetric(t.Seconds*1e3, name+"_ms")
+		b.ReportMetric(fp16.Timings[i].Seconds*1e3, name+"_fp16_ms")
+		b.ReportMetric(t.Seconds/fp16.Timings[i].Seconds, name+"_fp16_speedup")
 	}
 }
 

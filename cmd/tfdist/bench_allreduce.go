@@ -15,6 +15,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/allreducebench"
+	"github.com/tfdist/tfdist/internal/emunet"
 	"github.com/tfdist/tfdist/mtls"
 )
 
@@ -52,6 +53,16 @@ and the number of timed all-reduces.
 The measurement stops after 10 minutes; a worker's failure stops the others
 and shows that worker's last output lines.
 
+--link runs each worker on an emulated host of its own (a network
+namespace, as root) whose link to the others has the bandwidth, latency,
+jitter and loss that RATE[,DELAY[,JITTER[,LOSS]]] gives, e.g. 1gbit,0.2ms
+or 100mbit,20ms: the traffic between workers crosses that link instead
+of shared memory or loopback, and the table gives the bus bandwidth as a
+ratio of the link's rate. --compression fp16 or bf16 sends the
+all-reduced floats over the wire in 16 bits (as multiworker's
+WithCompression sends gradients) and measures float32 too, in the same
+run: the table adds float32's time per all-reduce and the speed-up.
+
 To measure a network between machines, run 'tfdist bench allreduce --worker'
 on every machine, each with the TF_CONFIG of its task (as for training):
 each process joins the cluster as one worker, and worker 0 prints the
@@ -63,6 +74,7 @@ Examples
 	tfdist bench allreduce --workers 3 --backend tensorflow
 	tfdist bench allreduce --tcp
 	tfdist bench allreduce --tls --tcp --sizes 16MiB,64MiB
+	tfdist bench allreduce --link 1gbit,0.2ms --compression fp16 --sizes 16MiB,64MiB
 	tfdist bench allreduce --sizes 4KiB,1MiB,256MiB --iters 20 --json
 	TF_CONFIG='{"cluster":{"worker":["10.0.0.1:2222","10.0.0.2:2222"]},"task":{"type":"worker","index":0}}' tfdist bench allreduce --worker
 `,
@@ -75,6 +87,8 @@ Examples
 		useTLS := fs.Bool("tls", false, "run over mutual TLS and compare with plaintext (tfdist's engine only; with --tcp, since workers on one host otherwise use shared memory)")
 		tcpOnly := fs.Bool("tcp", false, "keep the traffic between workers on one host on loopback TCP instead of shared memory (tfdist's engine only)")
 		worker := fs.Bool("worker", false, "join the cluster TF_CONFIG describes as one of its workers instead of starting local ones")
+		link := fs.String("link", "", "run each worker on an emulated host whose link is `RATE[,DELAY[,JITTER[,LOSS]]]`, e.g. 1gbit,0.2ms (as root)")
+		compression := fs.String("compression", "", "send the all-reduced floats as `fp16` or bf16, and compare with float32 in the same run (tfdist's engine only)")
 		return func(e *env, args []string) int {
 			usage := func(format string, a ...any) int {
 				fmt.Fprintf(e.stderr, "tfdist bench allreduce: "+format+"\nRun 'tfdist bench allreduce -h' for help.\n", a...)
@@ -102,6 +116,23 @@ Examples
 			if *useTLS && *worker {
 				return usage("--tls with --worker: a worker takes its certificates from the environment (%s, %s, %s)", mtls.EnvCA, mtls.EnvCert, mtls.EnvKey)
 			}
+			if *compression == "none" {
+				*compression = ""
+			}
+			if *useTLS && *compression != "" {
+				return usage("--tls with --compression: each compares with a run without it; give one")
+			}
+			var l *emunet.Link
+			if *link != "" {
+				if *worker {
+					return usage("--link with --worker: a worker of TF_CONFIG's cluster runs where it is started")
+				}
+				parsed, err := emunet.ParseLink(*link)
+				if err != nil {
+					return usage("--link: %v", err)
+				}
+				l = &parsed
+			}
 			sz, err := allreducebench.ParseSizes(*sizes)
 			if err != nil {
 				return usage("--sizes %q: %v", *sizes, err)
@@ -109,12 +140,17 @@ Examples
 			if *iters < 0 {
 				return usage("--iters %d: expected 0 (by size) or more", *iters)
 			}
-			c := allreducebench.Config{Backend: b, TLS: *useTLS, TCP: *tcpOnly, Sizes: sz, Iters: *iters, Warmup: allreducebench.DefaultWarmup}
-			run := benchAllReduce
-			if *worker {
-				run = benchAllReduceAsWorker
+			c := allreducebench.Config{Backend: b, TLS: *useTLS, TCP: *tcpOnly, Sizes: sz, Iters: *iters, Warmup: allreducebench.DefaultWarmup,
+				Compression: *compression}
+			if err := c.Check(); err != nil {
+				return usage("%v", err)
 			}
-			if err := run(e.stdout, *workers, c, *jsonOut); err != nil {
+			if *worker {
+				err = benchAllReduceAsWorker(e.stdout, c, *jsonOut)
+			} else {
+				err = benchAllReduce(e.stdout, *workers, c, l, *jsonOut)
+			}
+			if err != nil {
 				fmt.Fprintf(e.stderr, "tfdist bench allreduce: %v\n", err)
 				return exitFail
 			}
@@ -138,14 +174,21 @@ var backendDescriptions = map[allreducebench.Backend]string{
 	allreducebench.TensorFlow: "TensorFlow's ring all-reduce over gRPC",
 }
 
-// benchAllReduce runs c between workers processes of this executable and
-// writes the table, or with jsonOut worker 0's JSON line, to out.
-func benchAllReduce(out io.Writer, workers int, c allreducebench.Config, jsonOut bool) error {
+// benchAllReduce runs c between workers processes of this executable, on
+// emulated hosts joined by links l if l is not nil, and writes the table,
+// or with jsonOut worker 0's JSON line, to out.
+func benchAllReduce(out io.Writer, workers int, c allreducebench.Config, l *emunet.Link, jsonOut bool) error {
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("finding this executable to start the workers: %w", err)
 	}
 	x := allreducebench.Exec{Path: self}
+	if l != nil {
+		if x.Net, err = emunet.New(workers, *l); err != nil {
+			return err
+		}
+		defer x.Net.Close()
+	}
 	ctx, cancel := benchAllReduceContext()
 	defer cancel()
 
@@ -157,32 +200,37 @@ func benchAllReduce(out io.Writer, workers int, c allreducebench.Config, jsonOut
 		_, err := fmt.Fprintln(out, res.Line)
 		return err
 	}
-	var plain []allreducebench.Timing
-	if c.TLS {
-		pc := c
-		pc.TLS = false
-		pres, err := allreducebench.AllReduce(ctx, x, workers, pc)
+	t := table{workers: workers, c: c, timings: res.Timings}
+	if c.TLS || c.Compression != "" {
+		rc := c
+		rc.TLS, rc.Compression = false, ""
+		ref, err := allreducebench.AllReduce(ctx, x, workers, rc)
 		if err != nil {
-			return fmt.Errorf("plaintext reference: %w", err)
+			return fmt.Errorf("reference without %s: %w", t.compared(), err)
 		}
-		plain = pres.Timings
+		t.reference = ref.Timings
 	}
-	tcp, err := allreducebench.TCPBandwidth(ctx, x, allreducebench.TCPBytes)
-	if err != nil {
+	if l != nil {
+		t.rate, t.rateName = float64(l.Rate)/8, "link"
+		fmt.Fprintf(out, "all-reduce (sum) of float32 between %d worker processes on emulated hosts, each host's link %s\n", workers, l)
+		return t.write(out)
+	}
+	if t.rate, err = allreducebench.TCPBandwidth(ctx, x, allreducebench.TCPBytes); err != nil {
 		return err
 	}
+	t.rateName = "tcp"
 	fmt.Fprintf(out, "all-reduce (sum) of float32 between %d worker processes on 127.0.0.1\n", workers)
-	if err := writeTimings(out, workers, c, res.Timings, tcp, plain); err != nil {
+	if err := t.write(out); err != nil {
 		return err
 	}
 	_, err = fmt.Fprintf(out, "\nplain TCP copy of %s between two processes: %s\n",
-		allreducebench.FormatSize(allreducebench.TCPBytes), allreducebench.FormatBandwidth(tcp))
+		allreducebench.FormatSize(allreducebench.TCPBytes), allreducebench.FormatBandwidth(t.rate))
 	return err
 }
 
 // benchAllReduceAsWorker runs c as one worker of the cluster TF_CONFIG
 // describes; worker 0 writes the table, or with jsonOut its JSON line.
-func benchAllReduceAsWorker(out io.Writer, _ int, c allreducebench.Config, jsonOut bool) error {
+func benchAllReduceAsWorker(out io.Writer, c allreducebench.Config, jsonOut bool) error {
 	r, err := cluster.FromEnv()
 	if err != nil {
 		return err
@@ -206,38 +254,68 @@ func benchAllReduceAsWorker(out io.Writer, _ int, c allreducebench.Config, jsonO
 		return fmt.Errorf("worker 0's timings: %w", err)
 	}
 	fmt.Fprintf(out, "all-reduce (sum) of float32 between the %d workers of TF_CONFIG's cluster\n", workers)
-	return writeTimings(out, workers, c, ts, 0, nil)
+	return table{workers: workers, c: c, timings: ts}.write(out)
 }
 
-// writeTimings writes the backend line and the table of timings between
-// workers; with tcp > 0, each bus bandwidth's ratio to it; with plain,
-// the plaintext timings of the same sizes and TLS's ratio to them.
-func writeTimings(out io.Writer, workers int, c allreducebench.Config, timings []allreducebench.Timing, tcp float64, plain []allreducebench.Timing) error {
+// table is what bench allreduce prints: the timings between workers;
+// their bus bandwidth's ratio to a reference rate, rateName's, if any; and
+// the timings of the same sizes without TLS or compression, measured in
+// the same run, with their ratio.
+type table struct {
+	workers   int
+	c         allreducebench.Config
+	timings   []allreducebench.Timing
+	rate      float64 // bytes per second, 0: none
+	rateName  string
+	reference []allreducebench.Timing
+}
+
+// compared names what the reference runs without.
+func (t table) compared() string {
+	if t.c.TLS {
+		return "TLS"
+	}
+	return "compression"
+}
+
+// write writes the backend line and the table.
+func (t table) write(out io.Writer) error {
+	c := t.c
 	security := ""
 	if c.TLS {
 		security = " over mutual TLS"
 	}
-	if c.Backend == allreducebench.Tfdist && !c.TCP {
+	if c.Compression != "" {
+		security += ", the floats sent as " + c.Compression
+	}
+	if c.Backend == allreducebench.Tfdist && !c.TCP && t.rateName != "link" {
 		security += ", shared memory between workers on one host"
 	}
 	fmt.Fprintf(out, "backend %s (%s)%s, timed runs of each size after %d warm-ups\n\n", c.Backend, backendDescriptions[c.Backend], security, c.Warmup)
 	tw := tabwriter.NewWriter(out, 0, 4, 3, ' ', 0)
 	head := "size\truns\ttime/all-reduce\talgbw\tbusbw"
-	if tcp > 0 {
-		head += "\tbusbw/tcp"
+	if t.rate > 0 {
+		head += "\tbusbw/" + t.rateName
 	}
-	if plain != nil {
+	switch {
+	case t.reference != nil && c.TLS:
 		head += "\tplaintext busbw\ttls/plaintext"
+	case t.reference != nil:
+		head += "\tfloat32 time\tspeed-up"
 	}
 	fmt.Fprintln(tw, head)
-	for i, t := range timings {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s", allreducebench.FormatSize(t.Bytes), t.Runs, formatSeconds(t.Seconds),
-			allreducebench.FormatBandwidth(t.AlgBW()), allreducebench.FormatBandwidth(t.BusBW(workers)))
-		if tcp > 0 {
-			fmt.Fprintf(tw, "\t%.3f", t.BusBW(workers)/tcp)
+	for i, x := range t.timings {
+		bus := x.BusBW(t.workers)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s", allreducebench.FormatSize(x.Bytes), x.Runs, formatSeconds(x.Seconds),
+			allreducebench.FormatBandwidth(x.AlgBW()), allreducebench.FormatBandwidth(bus))
+		if t.rate > 0 {
+			fmt.Fprintf(tw, "\t%.3f", bus/t.rate)
 		}
-		if plain != nil {
-			fmt.Fprintf(tw, "\t%s\t%.3f", allreducebench.FormatBandwidth(plain[i].BusBW(workers)), t.BusBW(workers)/plain[i].BusBW(workers))
+		switch ref := t.reference; {
+		case ref != nil && c.TLS:
+			fmt.Fprintf(tw, "\t%s\t%.3f", allreducebench.FormatBandwidth(ref[i].BusBW(t.workers)), bus/ref[i].BusBW(t.workers))
+		case ref != nil:
+			fmt.Fprintf(tw, "\t%s\t%.3f", formatSeconds(ref[i].Seconds), ref[i].Seconds/x.Seconds)
 		}
 		fmt.Fprintln(tw)
 	}

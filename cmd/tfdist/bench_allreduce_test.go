@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/internal/allreducebench"
+	"github.com/tfdist/tfdist/internal/emunet"
 	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/syncbuf"
 )
@@ -122,5 +124,36 @@ func TestBenchHelpMentionsAllReduce(t *testing.T) {
 	_, help, _ = runHere(nil, "", "bench", "allreduce", "-h")
 	for _, flag := range []string{"-workers", "-backend", "-sizes", "-iters", "-json"} {
 		assert.Contains(t, help, flag)
+	}
+}
+
+// With --link the workers run on emulated hosts and the table gives the
+// bus bandwidth against the link's rate; with --compression it adds
+// float32's time, measured in the same run, and the speed-up. No host's
+// namespace is left behind.
+func TestBenchAllReduceOverEmulatedLinks(t *testing.T) {
+	if err := emunet.Available(); err != nil {
+		require.Empty(t, os.Getenv("CI"), "CI runs as root: %v", err)
+		t.Skip(err)
+	}
+	code, out, errOut := runHere(nil, "", "bench", "allreduce", "--link", "1gbit,0.2ms", "--compression", "fp16", "--sizes", "1MiB", "--iters", "3")
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "between 2 worker processes on emulated hosts, each host's link 1000mbit,200µs,0s,0%")
+	assert.Contains(t, out, "the floats sent as fp16")
+	assert.Regexp(t, `(?m)^size\s.*\sbusbw/link\s+float32 time\s+speed-up$`, out)
+	assert.Regexp(t, `(?m)^1 MiB\s+3\s.*\s[\d.]+\s+[\d.]+ (µs|ms|s)\s+[\d.]+$`, out)
+	list, err := exec.Command("ip", "netns", "list").Output()
+	require.NoError(t, err)
+	assert.NotContains(t, string(list), fmt.Sprintf("tfdist-net-%d-", os.Getpid()), "a host's namespace was left behind")
+
+	for args, want := range map[string][]string{
+		"--link: link \"fast\"":                        {"--link", "fast"},
+		"--tls with --compression":                     {"--tls", "--compression", "fp16"},
+		`compression "zip": expected none`:             {"--compression", "zip"},
+		"compression topk(0.1): expected fp16 or bf16": {"--compression", "topk(0.1)"},
+	} {
+		code, _, errOut := runHere(nil, "", append([]string{"bench", "allreduce"}, want...)...)
+		assert.Equal(t, exitUsage, code, args)
+		assert.Contains(t, errOut, args)
 	}
 }

@@ -22,7 +22,6 @@ import (
 	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
-	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/multiworker"
@@ -109,6 +108,19 @@ type Config struct {
 	Model        []int `json:"model,omitempty"`
 	Batch        int   `json:"batch,omitempty"`
 	BytesPerPack int64 `json:"bytes_per_pack,omitempty"`
+	// Compression, when set (fp16 or bf16, as multiworker.ParseCompression
+	// reads them), sends the all-reduced floats over the wire compressed:
+	// they are all-reduced as gradients, the only tensors compressed.
+	Compression string `json:"compression,omitempty"`
+}
+
+// compression returns c's compression.
+func (c Config) compression() (multiworker.Compression, error) {
+	comp, err := multiworker.ParseCompression(c.Compression)
+	if err == nil && comp != multiworker.None && comp != multiworker.FP16 && comp != multiworker.BF16 {
+		err = fmt.Errorf("compression %s: expected fp16 or bf16, which compress every all-reduce alike", comp)
+	}
+	return comp, err
 }
 
 // DefaultWarmup is the warm-up all-reduces of each size when a Config sets
@@ -143,6 +155,11 @@ func (c Config) Check() error {
 	}
 	if c.TCP && c.Backend != Tfdist {
 		return fmt.Errorf("backend %s with TCP only: TensorFlow's collectives always use gRPC over TCP", c.Backend)
+	}
+	if comp, err := c.compression(); err != nil {
+		return err
+	} else if comp != multiworker.None && c.Backend != Tfdist {
+		return fmt.Errorf("backend %s with compression %s: only tfdist's engine compresses", c.Backend, comp)
 	}
 	if len(c.Model) > 0 {
 		if len(c.Model) < 2 || slices.Min(c.Model) < 1 || c.Batch < 1 || c.BytesPerPack < 0 {
@@ -234,8 +251,9 @@ func Worker(ctx context.Context, c Config, out io.Writer) error {
 		return err
 	}
 	comm, _ := c.Backend.Communication()
+	comp, _ := c.compression()
 	s, err := multiworker.New(ctx, multiworker.WithCommunication(comm), multiworker.WithBytesPerPack(c.BytesPerPack),
-		multiworker.WithStartupTimeout(60*time.Second), multiworker.WithSharedMemory(!c.TCP))
+		multiworker.WithStartupTimeout(60*time.Second), multiworker.WithSharedMemory(!c.TCP), multiworker.WithCompression(comp))
 	if err != nil {
 		return err
 	}
@@ -273,9 +291,9 @@ func allReduces(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timin
 		return nil, err
 	}
 	feeds := []map[string]*tf.Tensor{{"dummy": dummy}}
-	spec := strategy.InputSpec{"dummy": {DType: tf.Float, Shape: []int64{}}}
 	worker, workers := s.WorkerID(), s.NumWorkers()
 	local := s.NumReplicasInSync() / workers
+	tol := tolerance(c, workers*local)
 	var out []Timing
 	for i, size := range c.Sizes {
 		fail := func(err error) ([]Timing, error) {
@@ -289,30 +307,7 @@ func allReduces(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timin
 		}); err != nil {
 			return fail(err)
 		}
-		sum := func(rc strategy.Replica) (tf.Output, error) {
-			x, err := rc.Read(v)
-			if err != nil {
-				return tf.Output{}, err
-			}
-			return rc.AllReduce(strategy.Sum, x)
-		}
-		step, err := s.Build(spec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
-			y, err := sum(rc)
-			if err != nil {
-				return nil, err
-			}
-			// Fetch one element: the step's time is the all-reduce's, not a copy of its result.
-			sc := rc.Scope().SubScope("first")
-			first := op.Slice(sc, y, op.Const(sc.SubScope("begin"), []int64{0}), op.Const(sc.SubScope("size"), []int64{1}))
-			return strategy.Outputs{"first": first}, nil
-		})
-		if err != nil {
-			return fail(err)
-		}
-		check, err := s.Build(spec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
-			y, err := sum(rc)
-			return strategy.Outputs{"sum": y}, err
-		})
+		steps, err := buildSteps(s, v, c.Compression != "")
 		if err != nil {
 			return fail(err)
 		}
@@ -327,11 +322,11 @@ func allReduces(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timin
 			return fail(fmt.Errorf("writing the input: %w", err))
 		}
 		for range c.Warmup {
-			res, err := s.RunReplicas(ctx, step, feeds, 1)
+			res, err := s.RunReplicas(ctx, steps.timed, feeds, 1)
 			if err != nil {
 				return fail(fmt.Errorf("warm-up: %w", err))
 			}
-			if err := checkSum(res["first"], workers, local); err != nil {
+			if err := checkFirst(res, workers, local); err != nil {
 				return fail(fmt.Errorf("warm-up: %w", err))
 			}
 		}
@@ -339,21 +334,21 @@ func allReduces(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timin
 		results := make([]strategy.Result, n)
 		start := time.Now()
 		for k := range n {
-			if results[k], err = s.RunReplicas(ctx, step, feeds, 1); err != nil {
+			if results[k], err = s.RunReplicas(ctx, steps.timed, feeds, 1); err != nil {
 				return fail(err)
 			}
 		}
 		elapsed := time.Since(start)
 		for k, res := range results {
-			if err := checkSum(res["first"], workers, local); err != nil {
+			if err := checkFirst(res, workers, local); err != nil {
 				return fail(fmt.Errorf("timed run %d: %w", k, err))
 			}
 		}
-		res, err := s.RunReplicas(ctx, check, feeds, 1)
+		sum, err := steps.sum(ctx, s, feeds)
 		if err != nil {
 			return fail(fmt.Errorf("checking the sum: %w", err))
 		}
-		if err := checkSum(res["sum"], workers, local); err != nil {
+		if err := checkSum(sum, workers, local, tol); err != nil {
 			return fail(fmt.Errorf("after the timed runs: %w", err))
 		}
 		out = append(out, Timing{Bytes: size, Seconds: elapsed.Seconds() / float64(n), Runs: n})
@@ -386,11 +381,34 @@ func ExpectedSum(workers, local, i int) float32 {
 	return s * float32(local)
 }
 
+// checkFirst checks the first element of a timed step's sum, where it
+// returns one.
+func checkFirst(res strategy.Result, workers, local int) error {
+	first, ok := res["first"]
+	if !ok {
+		return nil
+	}
+	return checkSum(first, workers, local, 0)
+}
+
+// tolerance is how far an all-reduced sum of replicas replicas' Input may
+// be from ExpectedSum: 0, as float32 sums whole numbers exactly; under
+// compression, what rounding to the wire's precision at every hop may
+// cost (fp16's 11 significant bits hold every such sum of up to 16
+// replicas exactly).
+func tolerance(c Config, replicas int) float32 {
+	const eps = 1.0 / 128 // bfloat16's relative precision, 2^-7
+	if c.Compression == "" || c.Compression == "none" {
+		return 0
+	}
+	return eps * 125 * float32(replicas) * float32(replicas)
+}
+
 // checkSum checks each local replica's tensor in got, the first elements
-// of an all-reduced sum, against ExpectedSum. The error names the
-// replica, the first element that differs, its value and the expected one,
-// and how many elements differ.
-func checkSum(got strategy.PerReplica, workers, local int) error {
+// of an all-reduced sum, against ExpectedSum, to within tol. The error
+// names the replica, the first element that differs, its value and the
+// expected one, and how many elements differ.
+func checkSum(got strategy.PerReplica, workers, local int, tol float32) error {
 	if len(got) != local {
 		return fmt.Errorf("the all-reduce returned %d tensors for %d local replicas", len(got), local)
 	}
@@ -401,7 +419,7 @@ func checkSum(got strategy.PerReplica, workers, local int) error {
 		}
 		bad, first := 0, -1
 		for i, v := range vals {
-			if v != ExpectedSum(workers, local, i) {
+			if d := v - ExpectedSum(workers, local, i); d > tol || d < -tol {
 				if bad++; first < 0 {
 					first = i
 				}

@@ -109,7 +109,7 @@ func TestCheckSum(t *testing.T) {
 			per[r], err = tf.NewTensor(sum)
 			require.NoError(t, err)
 		}
-		assert.NoError(t, checkSum(per, c.workers, c.local), "%+v", c)
+		assert.NoError(t, checkSum(per, c.workers, c.local, 0), "%+v", c)
 	}
 	assert.NotEqual(t, Input(0, 300), Input(1, 300), "the workers' inputs differ")
 
@@ -121,9 +121,9 @@ func TestCheckSum(t *testing.T) {
 	sum[900]++
 	bad, err := tf.NewTensor(sum)
 	require.NoError(t, err)
-	assert.EqualError(t, checkSum(strategy.PerReplica{bad}, 2, 1),
+	assert.EqualError(t, checkSum(strategy.PerReplica{bad}, 2, 1, 0),
 		fmt.Sprintf("replica 0: element 700 of the all-reduced sum is %v, expected %v (2 of 1000 elements differ)", sum[700], ExpectedSum(2, 1, 700)))
-	assert.ErrorContains(t, checkSum(strategy.PerReplica{bad}, 2, 2), "the all-reduce returned 1 tensors for 2 local replicas")
+	assert.ErrorContains(t, checkSum(strategy.PerReplica{bad}, 2, 2, 0), "the all-reduce returned 1 tensors for 2 local replicas")
 }
 
 // Both backends' workers time the sizes and check every sum (a wrong one

@@ -9,10 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/emunet"
 	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/internal/syncbuf"
 	"github.com/tfdist/tfdist/mtls"
@@ -26,6 +28,36 @@ type Exec struct {
 	// Env is added to this process's environment, which the processes
 	// inherit.
 	Env []string
+	// Net, if set, runs worker w on emulated host w, at its address,
+	// where the traffic between workers crosses the network's links;
+	// else every worker runs on 127.0.0.1.
+	Net *emunet.Network
+}
+
+// benchPort is a worker's port on an emulated host, which it has alone.
+const benchPort = 2222
+
+// addresses returns the address of each of workers workers: a free port
+// on 127.0.0.1, or on an emulated host its own.
+func (x Exec) addresses(workers int) ([]string, error) {
+	addrs := make([]string, workers)
+	if x.Net != nil {
+		if x.Net.Len() < workers {
+			return nil, fmt.Errorf("%d workers on an emulated network of %d hosts: expected a host for each", workers, x.Net.Len())
+		}
+		for w := range addrs {
+			addrs[w] = net.JoinHostPort(x.Net.Addr(w).String(), strconv.Itoa(benchPort))
+		}
+		return addrs, nil
+	}
+	ports, err := freeport.Loopback(workers)
+	if err != nil {
+		return nil, err
+	}
+	for w, p := range ports {
+		addrs[w] = fmt.Sprintf("127.0.0.1:%d", p)
+	}
+	return addrs, nil
 }
 
 // defaultEnv is the environment every benchmark process starts from, before
@@ -34,10 +66,13 @@ type Exec struct {
 // errors, since a process's output is only shown when it fails.
 var defaultEnv = []string{"MALLOC_ARENA_MAX=2", "TF_CPP_MIN_LOG_LEVEL=2"}
 
-// command returns the process x starts in role, with extra in its
-// environment.
-func (x Exec) command(ctx context.Context, role string, extra ...string) *exec.Cmd {
+// command returns the process x starts in role on host (on emulated host
+// host, with x.Net; else here), with extra in its environment.
+func (x Exec) command(ctx context.Context, host int, role string, extra ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, x.Path, x.Args...)
+	if x.Net != nil {
+		cmd = x.Net.Command(ctx, host, x.Path, x.Args...)
+	}
 	cmd.Env = slices.Concat(defaultEnv, os.Environ(), x.Env, []string{RoleEnv + "=" + role}, extra)
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
@@ -74,13 +109,9 @@ func AllReduce(ctx context.Context, x Exec, workers int, c Config) (Result, erro
 	if err != nil {
 		return Result{}, err
 	}
-	ports, err := freeport.Loopback(workers)
+	addrs, err := x.addresses(workers)
 	if err != nil {
 		return Result{}, err
-	}
-	addrs := make([]string, workers)
-	for w, p := range ports {
-		addrs[w] = fmt.Sprintf("127.0.0.1:%d", p)
 	}
 	spec, err := cluster.NewClusterSpec(map[cluster.TaskType][]string{cluster.Worker: addrs})
 	if err != nil {
@@ -102,7 +133,7 @@ func AllReduce(ctx context.Context, x Exec, workers int, c Config) (Result, erro
 			return Result{}, err
 		}
 		p := &process{name: fmt.Sprintf("worker %d of %d", w, workers)}
-		p.cmd = x.command(runCtx, RoleAllReduce, append(tlsEnv[task], "TF_CONFIG="+tfConfig, ConfigEnv+"="+string(cfg))...)
+		p.cmd = x.command(runCtx, w, RoleAllReduce, append(tlsEnv[task], "TF_CONFIG="+tfConfig, ConfigEnv+"="+string(cfg))...)
 		p.cmd.Stdout, p.cmd.Stderr = io.MultiWriter(&p.stdout, &p.out), &p.out
 		procs[w] = p
 	}
@@ -194,9 +225,11 @@ func (p *process) tail() string {
 const TCPBytes = 256 << 20
 
 // TCPBandwidth copies n bytes over one TCP connection on 127.0.0.1 from a
-// process x starts in RoleTCPSend to this one and returns the bytes per
-// second the copy reached, timed from the connection's accept to its end.
+// process x starts in RoleTCPSend (here, whatever x.Net) to this one and
+// returns the bytes per second the copy reached, timed from the
+// connection's accept to its end.
 func TCPBandwidth(ctx context.Context, x Exec, n int64) (float64, error) {
+	x.Net = nil // the copy is between processes of this host
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("tcp copy: %w", err)
@@ -205,7 +238,7 @@ func TCPBandwidth(ctx context.Context, x Exec, n int64) (float64, error) {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	p := &process{name: "tcp sender"}
-	p.cmd = x.command(runCtx, RoleTCPSend, AddrEnv+"="+l.Addr().String(), fmt.Sprintf("%s=%d", BytesEnv, n))
+	p.cmd = x.command(runCtx, 0, RoleTCPSend, AddrEnv+"="+l.Addr().String(), fmt.Sprintf("%s=%d", BytesEnv, n))
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
 		return 0, fmt.Errorf("tcp copy: starting the sender: %w", err)
