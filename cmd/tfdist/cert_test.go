@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/cluster"
+	"github.com/tfdist/tfdist/internal/emunet"
 	"github.com/tfdist/tfdist/mtls"
 )
 
@@ -64,7 +65,8 @@ func launchedResult(t *testing.T, flags ...string) (map[string]any, string) {
 
 // Under launch --tls the workers train over mutual TLS with certificates
 // made for the run, which are gone afterwards, to the plaintext run's
-// model; a parameter-server cluster trains under it too.
+// model; so do they on emulated hosts (--link), across a link rather than
+// shared memory; a parameter-server cluster trains under it too.
 func TestLaunchTLS(t *testing.T) {
 	plain, _ := launchedResult(t)
 	secure, stderr := launchedResult(t, "--tls")
@@ -74,6 +76,14 @@ func TestLaunchTLS(t *testing.T) {
 	m := regexp.MustCompile(`TLS certificates made for the run.*"dir": "([^"]+)"`).FindStringSubmatch(stderr)
 	require.NotNil(t, m, stderr)
 	assert.NoDirExists(t, m[1], "launch removes the run's certificates")
+
+	if err := emunet.Available(); err == nil || os.Getenv("CI") != "" {
+		linked, stderr := launchedResult(t, "--tls", "--link", "500mbit,1ms")
+		for _, k := range []string{"final_loss", "param_l2", "accuracy"} {
+			assert.Equal(t, plain[k], linked[k], "%s, on emulated hosts", k)
+		}
+		assert.Contains(t, stderr, "tasks on emulated hosts")
+	}
 
 	cmd, out, errb := tfdist(t, nil, "launch", "--tls", "--chief", "--workers", "1", "--ps", "1", "--timeout", "60s", "--",
 		os.Args[0], "demo", "-strategy", "ps", "-devices", "1", "-steps", "10", "-json")

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/tfdist/tfdist/cmd/tfdist/internal/launch"
+	"github.com/tfdist/tfdist/internal/emunet"
 )
 
 var launchCommand = &command{
@@ -58,6 +59,15 @@ a private temporary directory that launch removes when the run ends (see
 In an elastic job the rendezvous serves mutual TLS too, with a
 certificate naming tfdist://launch-<id>/rendezvous/0, and a worker that
 joins later gets its certificate as it starts.
+
+With --link RATE[,DELAY[,JITTER[,LOSS]]] each task runs on an emulated
+host of its own, a network namespace with an address of its own
+(10.77.0.1, 10.77.0.2, ...; TF_CONFIG names them), whose link to the
+others has that bandwidth, one-way latency, jitter and loss, e.g. 1gbit,0.2ms
+for a data centre or 100mbit,20ms between sites: the traffic between
+tasks crosses it as between machines, without shared memory. It needs
+root; the hosts are removed when launch ends. Not with --elastic or
+--metrics.
 
 Every line a task writes, to stdout or stderr, is prefixed with its task,
 e.g. "[worker:1] ". Launch's own messages go to stderr.
@@ -155,6 +165,7 @@ Examples
 		timeline := fs.String("timeline", "", "gather every task's step timeline into `FILE`, a Chrome trace that Perfetto and chrome://tracing open")
 		metrics := fs.Bool("metrics", false, "serve each task's Prometheus metrics on a port of its own, printed at start")
 		quiet := fs.Bool("quiet", false, "print only launch's warnings and errors, not each task's start and exit")
+		link := fs.String("link", "", "run each task on an emulated host whose link to the others is `RATE[,DELAY[,JITTER[,LOSS]]]`, e.g. 100mbit,20ms (as root)")
 		var ef elasticFlags
 		ef.register(fs)
 		return func(e *env, args []string) int {
@@ -170,6 +181,14 @@ Examples
 			if err != nil {
 				fmt.Fprintf(e.stderr, "tfdist launch: %v\n", err)
 				return exitUsage
+			}
+			if *link != "" {
+				l, err := emunet.ParseLink(*link)
+				if err != nil {
+					fmt.Fprintf(e.stderr, "tfdist launch: --link: %v\n", err)
+					return exitUsage
+				}
+				opts = append(opts, launch.WithLink(l))
 			}
 			l, err := launch.New(args, append(opts,
 				launch.WithWorkers(*workers), launch.WithChief(*chief), launch.WithPS(*ps),

@@ -45,13 +45,22 @@ type clusterRun struct {
 // attempt runs the cluster once.
 func (l *Launcher) attempt(ctx context.Context, attempt int) error {
 	tasks := l.Tasks()
-	ports, err := l.ports(l.numPorts())
-	if err != nil {
-		return err
+	var ports []int
+	if l.net == nil {
+		var err error
+		if ports, err = l.ports(l.numPorts()); err != nil {
+			return err
+		}
 	}
 	addrs := map[cluster.TaskType][]string{}
 	for i, t := range tasks {
-		addrs[t.Type] = append(addrs[t.Type], net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i])))
+		var addr string
+		if l.net != nil {
+			addr = l.hostAddr(i)
+		} else {
+			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i]))
+		}
+		addrs[t.Type] = append(addrs[t.Type], addr)
 	}
 	spec, err := cluster.NewClusterSpec(addrs)
 	if err != nil {
@@ -59,7 +68,9 @@ func (l *Launcher) attempt(ctx context.Context, attempt int) error {
 	}
 	l.log.Info("starting the cluster", zap.Int("attempt", attempt), zap.Stringer("cluster", spec),
 		zap.Stringer("fingerprint", spec.Fingerprint()))
-	l.assignMetrics(tasks, ports[len(tasks):])
+	if l.metrics {
+		l.assignMetrics(tasks, ports[len(tasks):])
+	}
 
 	r := l.newRun(attempt, spec, len(tasks))
 	r.restarts, r.pending = make([]int, len(tasks)), make([]*time.Timer, len(tasks))

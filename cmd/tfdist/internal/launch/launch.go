@@ -17,6 +17,7 @@ import (
 
 	"github.com/tfdist/tfdist/cluster"
 	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/internal/emunet"
 	"github.com/tfdist/tfdist/internal/freeport"
 	"github.com/tfdist/tfdist/logging"
 	"github.com/tfdist/tfdist/mtls"
@@ -104,6 +105,10 @@ type Launcher struct {
 	replay                 []elastic.LogEntry // the memberships to replay
 	job, rendezvous        string
 	scales                 chan int
+
+	// With WithLink, the tasks' emulated hosts, made by Run.
+	link *emunet.Link
+	net  *emunet.Network
 
 	sigs chan os.Signal
 	mu   sync.Mutex
@@ -249,6 +254,9 @@ func New(command []string, opts ...Option) (*Launcher, error) {
 	if err := l.checkElastic(); err != nil {
 		return nil, err
 	}
+	if err := l.checkLink(); err != nil {
+		return nil, err
+	}
 	switch {
 	case l.basePort < 0 || l.basePort > 0 && l.basePort+l.numPorts()-1 > 65535:
 		return nil, fmt.Errorf("base port: %d, expected 1..%d for %d tasks (%d ports)",
@@ -324,6 +332,13 @@ func (l *Launcher) Run(ctx context.Context) (err error) {
 	l.job = "launch-" + uuid.NewString()[:8]
 	if l.tls {
 		cleanup, err := l.makeCertificates()
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+	}
+	if l.link != nil {
+		cleanup, err := l.makeHosts()
 		if err != nil {
 			return err
 		}

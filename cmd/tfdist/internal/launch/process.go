@@ -96,7 +96,7 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 		wOut.Close()
 		return nil, err
 	}
-	cmd := exec.Command(l.command[0], l.command[1:]...)
+	cmd := l.taskCommand(index)
 	cmd.Env = env
 	cmd.Dir = l.dir
 	cmd.Stdout, cmd.Stderr = wOut, wErr
