@@ -34,6 +34,22 @@ type Server struct {
 // Listen validates the options and listens on addr (host:port; port 0
 // picks one).
 func Listen(addr string, opts ...Option) (*Server, error) {
+	return serve(func() (net.Listener, error) { return net.Listen("tcp", addr) }, addr, opts)
+}
+
+// NewServer is Listen on ln, a listener of the caller's (one in another
+// network namespace, say), which the server closes when Serve returns.
+func NewServer(ln net.Listener, opts ...Option) (*Server, error) {
+	s, err := serve(func() (net.Listener, error) { return ln, nil }, ln.Addr().String(), opts)
+	if err != nil {
+		_ = ln.Close()
+	}
+	return s, err
+}
+
+// serve validates the options and makes the server of the listener
+// listen returns, at addr.
+func serve(listen func() (net.Listener, error), addr string, opts []Option) (*Server, error) {
 	cfg := serverConfig{
 		min: 1, max: 1,
 		heartbeatTimeout: DefaultHeartbeatTimeout,
@@ -59,7 +75,7 @@ func Listen(addr string, opts ...Option) (*Server, error) {
 	if err := cfg.checkTLS(); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listen()
 	if err != nil {
 		return nil, fmt.Errorf("elastic: listen on %s: %w", addr, err)
 	}

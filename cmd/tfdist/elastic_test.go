@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/elastic"
+	"github.com/tfdist/tfdist/internal/emunet"
 )
 
 var (
@@ -33,6 +35,9 @@ var (
 // and 1 workers. Every connection of the job, to the rendezvous and
 // between workers, was mutual TLS: launch requires it of every worker
 // (TFDIST_REQUIRE_TLS), and the certificates are gone afterwards.
+//
+// On emulated hosts (--link, as root), where the rendezvous has a host of
+// its own and a replacement takes its predecessor's, the same holds.
 func TestElasticExampleLosesNoBit(t *testing.T) {
 	bin := buildElasticExample(t)
 	args := []string{"-steps", "1500", "-deterministic", "4"}
@@ -40,9 +45,21 @@ func TestElasticExampleLosesNoBit(t *testing.T) {
 	require.NoError(t, err)
 	want := modelLine.FindStringSubmatch(string(out))
 	require.NotNil(t, want, "%s", out)
+	t.Run("tls", func(t *testing.T) { elasticLosesNoBit(t, bin, want[1], args, "--tls") })
+	t.Run("link", func(t *testing.T) {
+		if err := emunet.Available(); err != nil {
+			require.Empty(t, os.Getenv("CI"), "CI runs as root: %v", err)
+			t.Skip(err)
+		}
+		elasticLosesNoBit(t, bin, want[1], args, "--link", "1gbit,0.5ms")
+	})
+}
 
-	cmd, stdout, stderr := tfdist(t, nil, append([]string{"launch", "--elastic", "--tls", "--workers", "3", "--min-workers", "1",
-		"--max-workers", "4", "--sizes", "1,2,4", "--timeout", "5m", "--", bin}, args...)...)
+// elasticLosesNoBit runs the job of TestElasticExampleLosesNoBit under
+// launch with flags and checks its workers' models against want.
+func elasticLosesNoBit(t *testing.T, bin, want string, args []string, flags ...string) {
+	cmd, stdout, stderr := tfdist(t, nil, slices.Concat([]string{"launch", "--elastic", "--workers", "3", "--min-workers", "1",
+		"--max-workers", "4", "--sizes", "1,2,4", "--timeout", "5m"}, flags, []string{"--", bin}, args)...)
 	require.NoError(t, cmd.Start())
 	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "2 workers from step 0") }, time.Minute, 10*time.Millisecond)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGUSR1))
@@ -57,13 +74,15 @@ func TestElasticExampleLosesNoBit(t *testing.T) {
 	models := modelLine.FindAllStringSubmatch(stdout.String(), -1)
 	require.NotEmpty(t, models, "%s", stdout)
 	for _, m := range models {
-		assert.Equal(t, want[1], m[1], "a worker's model differs from the one worker's:\n%s", stdout)
+		assert.Equal(t, want, m[1], "a worker's model differs from the one worker's:\n%s", stdout)
 	}
 	assert.Contains(t, stderr.String(), "failed; replacing it")
 	assert.Contains(t, stderr.String(), `"task": "worker:3"`, "the fourth worker started")
-	dir := regexp.MustCompile(`TLS certificates made for the run.*"dir": "([^"]+)"`).FindStringSubmatch(stderr.String())
-	require.NotNil(t, dir, "%s", stderr)
-	assert.NoDirExists(t, dir[1], "launch removes the run's certificates")
+	if slices.Contains(flags, "--tls") {
+		dir := regexp.MustCompile(`TLS certificates made for the run.*"dir": "([^"]+)"`).FindStringSubmatch(stderr.String())
+		require.NotNil(t, dir, "%s", stderr)
+		assert.NoDirExists(t, dir[1], "launch removes the run's certificates")
+	}
 	t.Logf("memberships: %q", regexp.MustCompile(`\d+ workers from step \d+`).FindAllString(stdout.String(), -1))
 }
 

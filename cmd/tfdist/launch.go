@@ -65,9 +65,11 @@ host of its own, a network namespace with an address of its own
 (10.77.0.1, 10.77.0.2, ...; TF_CONFIG names them), whose link to the
 others has that bandwidth, one-way latency, jitter and loss, e.g. 1gbit,0.2ms
 for a data centre or 100mbit,20ms between sites: the traffic between
-tasks crosses it as between machines, without shared memory. It needs
-root; the hosts are removed when launch ends. Not with --elastic or
---metrics.
+tasks crosses it as between machines, without shared memory. In an
+elastic job the rendezvous has a host of its own, each worker is told its
+address (TFDIST_HOST), and a replacement runs on its predecessor's host.
+It needs root; the hosts are removed when launch ends. Not with
+--metrics, whose ports would be inside the hosts.
 
 Every line a task writes, to stdout or stderr, is prefixed with its task,
 e.g. "[worker:1] ". Launch's own messages go to stderr.

@@ -17,6 +17,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -231,7 +232,7 @@ func main() {
 	flag.Int64Var(&o.steps, "steps", 600, "global steps to train")
 	flag.IntVar(&o.globalBatch, "global-batch", baseBatch, "examples per step across the workers")
 	flag.IntVar(&o.perWorker, "per-worker-batch", 0, "the linear scaling rule: each step takes `B` examples per worker, at a learning rate in proportion, over the examples of -steps × -global-batch (0: a fixed global batch)")
-	flag.StringVar(&o.host, "host", "127.0.0.1", "the address other workers reach this one at")
+	flag.StringVar(&o.host, "host", cmp.Or(os.Getenv(elastic.EnvHost), "127.0.0.1"), "the address other workers reach this one at ($TFDIST_HOST by default, as tfdist launch sets it)")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the model and of each epoch's order")
 	flag.IntVar(&o.shards, "deterministic", 0, "train topology-invariant with `V` virtual shards: the same bits whatever the workers (1, 2, 4, ... dividing V: tfdist launch --sizes)")
 	flag.Parse()

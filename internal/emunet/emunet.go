@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -124,6 +125,13 @@ func (nw *Network) Link() Link { return nw.link }
 // other hosts only.
 func (nw *Network) Command(ctx context.Context, i int, name string, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", nw.hosts[i].ns, name}, args...)...)
+}
+
+// Listen listens on address (host:port; an empty host is every address)
+// of host i, from this process: a server in it that the programs on the
+// hosts reach.
+func (nw *Network) Listen(i int, network, address string) (net.Listener, error) {
+	return inNamespace(nw.hosts[i].ns, func() (net.Listener, error) { return net.Listen(network, address) })
 }
 
 // Stats returns what host i's link carried: the bytes of the packets it

@@ -84,33 +84,41 @@ func (h *host) release() error {
 	return err
 }
 
-// openTUN opens a new TUN device, tun0, in namespace ns, from a thread
-// that enters ns and is then discarded (its goroutine ends locked to it).
-func openTUN(ns string) (*os.File, error) {
+// inNamespace returns what fn returns when called on a thread in
+// namespace ns, which is then discarded (its goroutine ends locked to
+// it): what fn makes, a device or a socket, stays in ns.
+func inNamespace[T any](ns string, fn func() (T, error)) (T, error) {
 	type result struct {
-		f   *os.File
+		v   T
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		f, err := tunIn(ns)
-		done <- result{f, err}
+		var r result
+		nsf, err := os.Open("/run/netns/" + ns)
+		if err == nil {
+			err = unix.Setns(int(nsf.Fd()), unix.CLONE_NEWNET)
+			_ = nsf.Close()
+		}
+		if err != nil {
+			r.err = fmt.Errorf("enter namespace %s: %w", ns, err)
+		} else {
+			r.v, r.err = fn()
+		}
+		done <- r
 	}()
 	r := <-done
-	return r.f, r.err
+	return r.v, r.err
 }
 
-// tunIn enters ns on this thread and opens tun0 there.
+// openTUN opens a new TUN device, tun0, in namespace ns.
+func openTUN(ns string) (*os.File, error) {
+	return inNamespace(ns, func() (*os.File, error) { return tunIn(ns) })
+}
+
+// tunIn opens tun0 in the namespace of this thread, ns.
 func tunIn(ns string) (*os.File, error) {
-	nsf, err := os.Open("/run/netns/" + ns)
-	if err != nil {
-		return nil, err
-	}
-	defer nsf.Close()
-	if err := unix.Setns(int(nsf.Fd()), unix.CLONE_NEWNET); err != nil {
-		return nil, fmt.Errorf("enter namespace %s: %w", ns, err)
-	}
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open /dev/net/tun: %w", err)

@@ -123,7 +123,11 @@ func (l *Launcher) attemptElastic(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, err := elastic.Listen("127.0.0.1:0", opts...)
+	ln, err := l.listenRendezvous()
+	if err != nil {
+		return fmt.Errorf("elastic: the rendezvous: %w", err)
+	}
+	srv, err := elastic.NewServer(ln, opts...)
 	if err != nil {
 		return err
 	}

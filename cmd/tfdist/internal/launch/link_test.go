@@ -15,7 +15,6 @@ func TestLinkBadOptions(t *testing.T) {
 		opts []launch.Option
 		want string
 	}{
-		{[]launch.Option{launch.WithLink(emunet.Link{}), launch.WithElastic(1, 2)}, "link: an elastic job's rendezvous runs in launch"},
 		{[]launch.Option{launch.WithLink(emunet.Link{}), launch.WithMetrics(true)}, "link: the tasks' metrics would be served inside their hosts"},
 	} {
 		_, err := launch.New([]string{"x"}, c.opts...)

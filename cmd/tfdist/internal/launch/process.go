@@ -59,13 +59,14 @@ func (l *Launcher) start(spec cluster.ClusterSpec, t cluster.Task, index, start 
 	env := slices.DeleteFunc(slices.Clone(l.env), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
 		return k == cluster.EnvVar || k == EnvTaskType || k == EnvTaskIndex || k == EnvRestart ||
-			k == timeline.Env || k == monitoring.Env || k == elastic.EnvRendezvous || k == elastic.EnvJob || k == elastic.EnvName ||
+			k == timeline.Env || k == monitoring.Env || k == elastic.EnvRendezvous || k == elastic.EnvJob || k == elastic.EnvName || k == elastic.EnvHost ||
 			l.tls && (k == mtls.EnvCA || k == mtls.EnvCert || k == mtls.EnvKey || k == mtls.EnvRequire)
 	})
 	if tfConfig != "" {
 		env = append(env, cluster.EnvVar+"="+tfConfig)
 	}
 	env = append(env, l.elasticEnv(t)...)
+	env = append(env, l.hostEnv(index)...)
 	env = append(env,
 		EnvTaskType+"="+string(t.Type),
 		EnvTaskIndex+"="+strconv.Itoa(t.Index),
