@@ -32,6 +32,9 @@ func TestMain(m *testing.M) {
 		serve()
 	case "client":
 		measure(os.Getenv("EMUNET_TEST_PEER"))
+	case "available":
+		_, err := New(1, Link{})
+		fmt.Println(err)
 	}
 }
 
@@ -230,4 +233,26 @@ func TestParseLink(t *testing.T) {
 	assert.ErrorContains(t, err, "emunet: 0 hosts: expected 1 to 250")
 	_, err = New(1, Link{MTU: 100})
 	assert.ErrorContains(t, err, "emunet: link: MTU 100: expected 1280 to 65535")
+}
+
+// Where a host cannot be emulated, New says what is missing: root, or the
+// ip command.
+func TestUnavailableSaysWhatIsMissing(t *testing.T) {
+	requireAvailable(t)
+	for _, c := range []struct {
+		name string
+		cmd  *exec.Cmd
+		want string
+	}{
+		{"not root", exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", os.Args[0]), "emunet: cannot emulate hosts here: missing root"},
+		{"no ip", exec.Command(os.Args[0]), "missing the ip command (iproute2)"},
+	} {
+		c.cmd.Env = append(os.Environ(), roleEnv+"=available")
+		if c.name == "no ip" {
+			c.cmd.Env = append(c.cmd.Env, "PATH=/nonexistent")
+		}
+		out, err := c.cmd.Output()
+		require.NoError(t, err, c.name)
+		assert.Contains(t, string(out), c.want, c.name)
+	}
 }
