@@ -144,8 +144,8 @@ func (o *observer) lane(r collective.Record) (int, string) {
 }
 
 // step records a step that ran from begin to end on b, having waited
-// waited for its peers.
-func (o *observer) step(b *dataset.Batch, begin, end time.Time, waited time.Duration) {
+// waited for its peers; the metrics count it when it trains.
+func (o *observer) step(b *dataset.Batch, begin, end time.Time, waited time.Duration, trains bool) {
 	asked, got := b.InputTime()
 	if asked.IsZero() {
 		asked, got = begin, begin
@@ -166,7 +166,7 @@ func (o *observer) step(b *dataset.Batch, begin, end time.Time, waited time.Dura
 	o.inputs = append(o.inputs, input)
 	o.computes = append(o.computes, max(0, wall-input-waited))
 	o.mu.Unlock()
-	if o.m != nil {
+	if o.m != nil && trains {
 		o.m.Step(b.LocalCount(), end.Sub(asked), end)
 		o.m.InputWaitSeconds.Observe(input.Seconds())
 	}
@@ -236,7 +236,8 @@ func (s *Strategy) Run(ctx context.Context, step strategy.Step, batch *dataset.B
 	before := s.CollectiveStats().PeerWait
 	res, err := s.engine.Run(ctx, step, batch)
 	if err == nil {
-		o.step(batch, begin, time.Now(), s.CollectiveStats().PeerWait-before)
+		t, ok := step.(interface{ Trains() bool })
+		o.step(batch, begin, time.Now(), s.CollectiveStats().PeerWait-before, ok && t.Trains())
 	}
 	return res, err
 }

@@ -21,7 +21,7 @@ func TestStragglerWindowIsBounded(t *testing.T) {
 		if i >= 2*maxWindow {
 			d = 3 * time.Millisecond
 		}
-		o.step(&dataset.Batch{}, begin, begin.Add(d), 0)
+		o.step(&dataset.Batch{}, begin, begin.Add(d), 0, true)
 		begin = begin.Add(d)
 		assert.LessOrEqual(t, len(o.computes), maxWindow)
 	}

@@ -193,7 +193,8 @@ func TestChiefNamesTheStraggler(t *testing.T) {
 
 // A worker's metrics endpoint, scraped while it trains, serves every
 // metric of a training job; its counters grow from one scrape to the
-// next, and its step-time histogram counts every step run.
+// next, and its step-time histogram counts every training step run, the
+// validation's not.
 func TestWorkerServesItsMetrics(t *testing.T) {
 	ms := []*monitoring.Metrics{monitoring.New("worker:0"), monitoring.New("worker:1")}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -208,7 +209,7 @@ func TestWorkerServesItsMetrics(t *testing.T) {
 			tr := compiled(t, s)
 			ds, _ := overfitting(t)
 			for i := range 2 {
-				if _, err := tr.Fit(ctx, ds, train.Epochs(1), train.StepsPerEpoch(10)); err != nil {
+				if _, err := tr.Fit(ctx, ds, train.Epochs(1), train.StepsPerEpoch(10), train.ValidationData(ds), train.ValidationSteps(3)); err != nil {
 					return err
 				}
 				if w == 0 {
@@ -235,7 +236,7 @@ func TestWorkerServesItsMetrics(t *testing.T) {
 	for _, name := range []string{"steps_total", "examples_total", "allreduced_bytes_total", "allreduce_seconds_count", "last_step_timestamp_seconds"} {
 		assert.Greater(t, second["tfdist_"+name], first["tfdist_"+name], name)
 	}
-	assert.EqualValues(t, steps, second["tfdist_step_seconds_count"], "the step-time histogram counts every step")
+	assert.EqualValues(t, steps, second["tfdist_step_seconds_count"], "the step-time histogram counts every training step")
 	assert.EqualValues(t, steps, second["tfdist_steps_total"])
 	assert.EqualValues(t, steps*10, second["tfdist_examples_total"], "each worker's share of 20 examples a step")
 	assert.Positive(t, second["tfdist_loss"])

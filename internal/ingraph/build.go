@@ -37,7 +37,12 @@ type step struct {
 	targets     []*tf.Operation
 	fetches     []tf.Output // outputs flattened replica-major, then the reduced outputs
 	acc         *stepAccum  // set when the step accumulates gradients
+	trains      bool        // a replica applies gradients (Minimize, ApplyGradients)
 }
+
+// Trains reports whether the step applies gradients: a training step,
+// not one that evaluates or predicts.
+func (st *step) Trains() bool { return st.trains }
 
 // stepOf returns s as this engine's step; nil, which runReplicas refuses,
 // when s is not one.
@@ -143,6 +148,7 @@ func (e *Engine) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (strategy
 			st.fetches = append(st.fetches, o)
 		}
 		st.targets = append(st.targets, rcs[r].targets...)
+		st.trains = st.trains || rcs[r].trains
 		if st.counts != nil && !ab.accumulates() {
 			st.targets = append(st.targets, globals[r].Op, st.nextOps[r])
 		}

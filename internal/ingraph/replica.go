@@ -30,6 +30,7 @@ type ReplicaContext struct {
 	readOps     []*tf.Operation
 	peers       []*ReplicaContext // every local replica's, for the reads of copies that shards share
 	targets     []*tf.Operation
+	trains      bool // ApplyGradients was called
 	globalCount tf.Output
 	merges      *merger
 	nGrad       int
@@ -338,6 +339,7 @@ func (rc *ReplicaContext) applyGradients(opt strategy.Optimizer, grads []tf.Outp
 	} else {
 		rc.targets = append(rc.targets, res.(*tf.Operation))
 	}
+	rc.trains = true
 	return nil
 }
 
