@@ -46,6 +46,13 @@ type Config struct {
 	// NumWorkers and WorkerID place this process among the input pipelines
 	// (defaults 1 and 0).
 	NumWorkers, WorkerID int
+	// IndependentSteps makes the workers step independently (local SGD):
+	// NumReplicasInSync counts this worker's replicas, which a step's
+	// reductions span and its average losses divide this worker's examples
+	// among, while the data is still divided among every worker's
+	// replicas (InputContext), so that every worker takes its share of
+	// each global batch.
+	IndependentSteps bool
 	// CrossDeviceOps reduces values across replicas; required.
 	CrossDeviceOps strategy.CrossDeviceOps
 	// GradientReducer, when set, sums the gradients of a step in place of

@@ -394,6 +394,32 @@ func (e *Engine) mergeApply(opt strategy.Optimizer, all []any, ab *accumBuild) (
 	return out, nil
 }
 
+// Trains reports whether the replica function applied gradients so far
+// (Minimize, ApplyGradients).
+func (rc *ReplicaContext) Trains() bool { return rc.trains }
+
+// Increment adds one to this replica's copy of v, an int64 scalar, and
+// returns its value after the addition. Every replica incrementing its
+// own copy keeps the copies equal.
+func (rc *ReplicaContext) Increment(vv strategy.Variable) (tf.Output, error) {
+	v, err := rc.e.own(vv, "Increment")
+	if err != nil {
+		return tf.Output{}, err
+	}
+	if rc.e.cfg.VirtualShards > 0 {
+		return tf.Output{}, fmt.Errorf("Increment %q: virtual shards share their device's copies", v.name)
+	}
+	if v.dtype != tf.Int64 || len(v.shape) != 0 {
+		return tf.Output{}, fmt.Errorf("Increment %q: expected an int64 scalar, not %s %v", v.name, graphutil.DTypeName(v.dtype), v.shape)
+	}
+	s := rc.scope.SubScope("increment_" + sanitize(v.name))
+	h := v.handles[rc.local]
+	add := op.AssignAddVariableOp(s, h, op.Const(s.SubScope("one"), int64(1)))
+	out := op.ReadVariableOp(s.SubScope("read").WithControlDependencies(add), h, tf.Int64)
+	rc.targets = append(rc.targets, add)
+	return out, s.Err()
+}
+
 // AverageLoss returns the sum of every element of perExample divided by
 // the examples of the global step (the count Run feeds, or the sum of
 // every replica's batch all-reduced across workers; 0 when it is 0). When

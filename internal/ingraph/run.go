@@ -15,10 +15,14 @@ var _ strategy.Strategy = (*Engine)(nil)
 // InputContext describes this process's input pipeline: the number of
 // workers, this worker's index and the replicas in sync.
 func (e *Engine) InputContext() dataset.InputContext {
+	replicas := e.cfg.NumReplicasInSync
+	if e.cfg.IndependentSteps {
+		replicas *= e.cfg.NumWorkers
+	}
 	return dataset.InputContext{
 		NumInputPipelines: e.cfg.NumWorkers,
 		InputPipelineID:   e.cfg.WorkerID,
-		NumReplicasInSync: e.cfg.NumReplicasInSync,
+		NumReplicasInSync: replicas,
 	}
 }
 
@@ -76,9 +80,13 @@ func (e *Engine) Run(ctx context.Context, s strategy.Step, batch *dataset.Batch)
 	if err := batch.Err(); err != nil {
 		return nil, e.abortPeers(fmt.Errorf("strategy: Run: step %d: the input of worker %d failed: %w", batch.Step, e.cfg.WorkerID, err))
 	}
-	if batch.NeedsAgreement() && step != nil && step.acc != nil {
-		return nil, fmt.Errorf("strategy: Run: a step that accumulates gradients cannot run a pass whose workers' inputs may end at different steps " +
-			"(FILE sharding or DistributeDatasetsFromFunction over several workers): use DATA sharding")
+	if batch.NeedsAgreement() && step != nil && (step.acc != nil || e.cfg.IndependentSteps) {
+		what := "a step that accumulates gradients"
+		if e.cfg.IndependentSteps {
+			what = "a worker that steps independently (local SGD), which synchronises at the same steps as the others,"
+		}
+		return nil, fmt.Errorf("strategy: Run: %s cannot run a pass whose workers' inputs may end at different steps "+
+			"(FILE sharding or DistributeDatasetsFromFunction over several workers): use DATA sharding", what)
 	}
 	feeds := make([]map[string]*tf.Tensor, len(batch.Replicas))
 	for i, el := range batch.Replicas {
@@ -91,7 +99,7 @@ func (e *Engine) Run(ctx context.Context, s strategy.Step, batch *dataset.Batch)
 		}
 	}
 	global := batch.GlobalCount
-	if global <= 0 {
+	if global <= 0 || e.cfg.IndependentSteps {
 		global = batch.LocalCount()
 	}
 	res, more, err := e.runReplicas(ctx, step, feeds, max(global, 1), batch.HasNext(), fmt.Sprintf("step %d: ", batch.Step))
