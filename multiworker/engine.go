@@ -223,16 +223,22 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	if s.residuals != nil {
 		pendingInit = s.residuals.pending
 	}
+	inSync := w.nLocal() * len(w.workers)
+	if c.localSGD != nil { // a step spans this worker's replicas
+		s.localSGD = &localSGD{cfg: *c.localSGD, group: id, workers: len(w.workers)}
+		cross, inSync = localCrossDeviceOps(devices), w.nLocal()
+	}
 	so, err := tfrt.SessionOptions("", w.sessionOptions(c, engineSessionOptions(c, w.nLocal())...)...)
 	var e *ingraph.Engine
 	if err == nil {
 		e, err = ingraph.New(ingraph.Config{
 			Name:              "multiworker",
 			Devices:           devices,
-			NumReplicasInSync: w.nLocal() * len(w.workers),
+			NumReplicasInSync: inSync,
 			FirstReplicaID:    w.workerID * w.nLocal(),
 			NumWorkers:        len(w.workers),
 			WorkerID:          w.workerID,
+			IndependentSteps:  c.localSGD != nil,
 			CrossDeviceOps:    cross,
 			GradientReducer:   reducer,
 			Session:           so,

@@ -84,6 +84,8 @@ type Strategy struct {
 
 	// In an elastic job (RunElastic): the membership and the state.
 	elastic *elasticRun
+	// With WithLocalSGD: the synchronisation.
+	localSGD *localSGD
 
 	closeOnce sync.Once
 	closeErr  error
@@ -111,6 +113,7 @@ type config struct {
 	timeline    *timeline.Recorder
 	metrics     *monitoring.Metrics
 	shards      int // WithDeterministic's virtual shards, 0 without
+	localSGD    *LocalSGD
 	// In an elastic job: the group's listener, membership epoch and
 	// members' names, in rank order.
 	listener net.Listener
@@ -256,6 +259,9 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 		return nil, fmt.Errorf("multiworker: WithStartupTimeout(%v): expected a positive duration", c.startupTimeout)
 	}
 	if err := c.checkDeterministic(); err != nil {
+		return nil, err
+	}
+	if err := c.checkLocalSGD(); err != nil {
 		return nil, err
 	}
 	var err error
@@ -474,7 +480,11 @@ func newLocal(c config, task cluster.Task, log *zap.Logger) (*Strategy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("multiworker: %w", err)
 	}
-	return &Strategy{engine: e, resolver: c.resolver, task: task, workers: []cluster.Task{task}, log: log}, nil
+	s := &Strategy{engine: e, resolver: c.resolver, task: task, workers: []cluster.Task{task}, log: log}
+	if c.localSGD != nil {
+		s.localSGD = &localSGD{cfg: *c.localSGD, workers: 1}
+	}
+	return s, nil
 }
 
 // onTask renames local devices (as an in-process session names them) as

@@ -228,6 +228,15 @@ func (o *observer) close() error {
 // Run runs step on batch, as strategy.Strategy's Run, and records the
 // step on the worker's timeline and metrics when it has them.
 func (s *Strategy) Run(ctx context.Context, step strategy.Step, batch *dataset.Batch) (strategy.Result, error) {
+	res, err := s.observedRun(ctx, step, batch)
+	if err == nil && s.localSGD != nil {
+		err = s.localSGD.after(ctx, s, res)
+	}
+	return res, err
+}
+
+// observedRun runs step on batch and records the step.
+func (s *Strategy) observedRun(ctx context.Context, step strategy.Step, batch *dataset.Batch) (strategy.Result, error) {
 	o := s.obs
 	if o == nil || batch == nil {
 		return s.engine.Run(ctx, step, batch)

@@ -30,6 +30,7 @@ const (
 	Evaluate   Phase = "evaluate"   // an evaluation pass
 	Restart    Phase = "restart"    // rejoining after a failure
 	Membership Phase = "membership" // forming an elastic job's next membership
+	Sync       Phase = "sync"       // a local SGD synchronisation, its outer update included
 )
 
 // Span is one interval of a worker's time.

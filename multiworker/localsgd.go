@@ -1,0 +1,345 @@
+package multiworker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/engineops"
+	"github.com/tfdist/tfdist/internal/ingraph"
+	"github.com/tfdist/tfdist/optimizer"
+	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/timeline"
+)
+
+// LocalSGD configures low-communication training (WithLocalSGD). Each
+// worker trains alone, on its share of every global batch, with the
+// optimizer its steps apply, whose state stays its own; after every Steps
+// of its training steps, the workers all-reduce how far their parameters
+// moved since the last synchronisation, the outer gradient (the
+// parameters then minus now, averaged over the workers), and apply to the
+// parameters of then an outer update, SGD with momentum: every worker goes
+// on from its result. With OuterRate 1 and no momentum that is local SGD,
+// the workers' parameters averaged; DiLoCo (Douillard et al., 2023) trains
+// with AdamW inside, and outside with Nesterov momentum, OuterRate 0.7 and
+// OuterMomentum 0.9.
+type LocalSGD struct {
+	// Steps is H: the training steps each worker takes alone between two
+	// synchronisations, at least 1.
+	Steps int
+	// OuterRate is the outer update's learning rate, in (0, 2]; 0 means 1.
+	OuterRate float64
+	// OuterMomentum is the outer update's momentum, in [0, 1).
+	OuterMomentum float64
+	// Nesterov takes Nesterov's momentum (DiLoCo's).
+	Nesterov bool
+	// WarmupSteps synchronises after each of the first WarmupSteps training
+	// steps before every Steps (post-local SGD's warm-up).
+	WarmupSteps int
+	// Compression sends the outer gradient over the wire as FP16 or BF16;
+	// None (the default) as float32.
+	Compression Compression
+}
+
+// WithLocalSGD trains with local SGD or DiLoCo (see LocalSGD) on tfdist's
+// engine: a step's reductions, its gradients' and its losses', span this
+// worker's replicas only, and NumReplicasInSync counts them; the data is
+// still divided among every worker's replicas (DistributeDataset, which
+// needs DATA sharding: every worker must run the same steps), and
+// RunReplicas takes this worker's examples as its count. A step's loss and
+// metrics are this worker's. The outer state, the parameters of the last
+// synchronisation and the outer momentum, are variables of the strategy,
+// named "tfdist_local_sgd/...", which checkpoints save. Every worker
+// starts from worker 0's initial parameters.
+func WithLocalSGD(c LocalSGD) Option { return func(cfg *config) { cfg.localSGD = &c } }
+
+// check refuses settings out of range and options local SGD cannot take.
+func (c config) checkLocalSGD() error {
+	l := c.localSGD
+	if l == nil {
+		return nil
+	}
+	switch {
+	case l.Steps < 1:
+		return fmt.Errorf("multiworker: WithLocalSGD: Steps %d: expected at least 1 training step between synchronisations", l.Steps)
+	case l.OuterRate < 0 || l.OuterRate > 2:
+		return fmt.Errorf("multiworker: WithLocalSGD: OuterRate %v: expected a learning rate in (0, 2] (0 takes 1)", l.OuterRate)
+	case l.OuterMomentum < 0 || l.OuterMomentum >= 1:
+		return fmt.Errorf("multiworker: WithLocalSGD: OuterMomentum %v: expected a momentum in [0, 1)", l.OuterMomentum)
+	case l.WarmupSteps < 0:
+		return fmt.Errorf("multiworker: WithLocalSGD: WarmupSteps %d: expected 0 or more", l.WarmupSteps)
+	case l.Compression != None && l.Compression.wire() == 0:
+		return fmt.Errorf("multiworker: WithLocalSGD: Compression %v: expected none, fp16 or bf16", l.Compression)
+	case c.comm != Auto && c.comm != Engine:
+		return fmt.Errorf("multiworker: WithLocalSGD with WithCommunication(%v): local SGD synchronises on tfdist's engine", c.comm)
+	case c.compression != None || c.aggregation != nil:
+		return errors.New("multiworker: WithLocalSGD with WithCompression or WithAggregation: a local step all-reduces no gradient (compress the outer gradient with LocalSGD.Compression)")
+	case c.shards > 0:
+		return errors.New("multiworker: WithLocalSGD with WithDeterministic: not supported, since the workers' steps do not meet")
+	}
+	return nil
+}
+
+// localSGDStepKey is the output through which a training step returns the
+// count of training steps, which Run and RunReplicas take out.
+const localSGDStepKey = "tfdist_local_sgd_step"
+
+// localSGD is a Strategy's local SGD: the count of its training steps, the
+// parameters of the last synchronisation (anchors) and the step that
+// synchronises.
+type localSGD struct {
+	cfg     LocalSGD
+	group   string // the engine group of the outer all-reduce, "" alone
+	workers int
+
+	mu      sync.Mutex
+	count   strategy.Variable
+	vars    []strategy.Variable // the trainable variables synchronised
+	anchors []strategy.Variable
+	sync    strategy.Step
+}
+
+// due reports whether the workers synchronise after training step n.
+func (l *localSGD) due(n int64) bool {
+	w := int64(l.cfg.WarmupSteps)
+	return n <= w || (n-w)%int64(l.cfg.Steps) == 0
+}
+
+// Build builds the step of fn on the strategy's replicas; under
+// WithLocalSGD a training step also counts itself, and the first one
+// builds the synchronisation and starts every worker from worker 0's
+// parameters.
+func (s *Strategy) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (strategy.Step, error) {
+	l := s.localSGD
+	if l == nil {
+		return s.engine.Build(spec, fn)
+	}
+	count, err := l.counter(s)
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.engine.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		out, err := fn(rc, in)
+		irc, ok := rc.(*ingraph.ReplicaContext)
+		if err != nil || !ok || !irc.Trains() {
+			return out, err
+		}
+		n, err := irc.Increment(count)
+		if err != nil {
+			return nil, err
+		}
+		if out == nil {
+			out = strategy.Outputs{}
+		}
+		out[localSGDStepKey] = n
+		return out, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if t, ok := st.(interface{ Trains() bool }); ok && t.Trains() {
+		err = l.prepare(context.Background(), s)
+	}
+	return st, err
+}
+
+// counter returns the count of training steps, made at the first Build.
+func (l *localSGD) counter(s *Strategy) (strategy.Variable, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.count != nil {
+		return l.count, nil
+	}
+	return l.count, s.engine.Scope(func(sc strategy.Scope) (err error) {
+		l.count, err = sc.Variable("tfdist_local_sgd/steps", tf.Int64, nil, strategy.Zeros(), strategy.Trainable(false))
+		return err
+	})
+}
+
+// prepare, at the first training step's Build, makes an anchor for every
+// trainable variable, builds the synchronisation, and starts every worker
+// from worker 0's parameters.
+func (l *localSGD) prepare(ctx context.Context, s *Strategy) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sync != nil {
+		return nil
+	}
+	for _, v := range s.engine.TrainableVariables() {
+		if v.DType() == tf.Float {
+			l.vars = append(l.vars, v)
+		}
+	}
+	if err := s.engine.Scope(func(sc strategy.Scope) error {
+		for _, v := range l.vars {
+			a, err := sc.Variable("tfdist_local_sgd/anchor/"+v.Name(), v.DType(), v.Shape(), strategy.Zeros(), strategy.Trainable(false))
+			if err != nil {
+				return err
+			}
+			l.anchors = append(l.anchors, a)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("multiworker: local SGD: %w", err)
+	}
+	var err error
+	if l.sync, err = l.buildSync(s); err != nil {
+		return fmt.Errorf("multiworker: local SGD: %w", err)
+	}
+	return l.start(ctx, s)
+}
+
+// outer is the outer update.
+func (l *localSGD) outer() strategy.Optimizer {
+	rate := l.cfg.OuterRate
+	if rate == 0 {
+		rate = 1
+	}
+	return optimizer.NewMomentum(optimizer.Constant(rate), float32(l.cfg.OuterMomentum), l.cfg.Nesterov)
+}
+
+// syncSpec is the synchronisation's input: none that it reads.
+var syncSpec = strategy.InputSpec{"tfdist_local_sgd_none": {DType: tf.Float, Shape: []int64{}}}
+
+// buildSync builds the synchronisation: each anchor takes the outer
+// update of the workers' mean of (anchor - parameters).
+func (l *localSGD) buildSync(s *Strategy) (strategy.Step, error) {
+	local := s.engine.NumLocalReplicas()
+	return s.engine.Build(syncSpec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
+		r := rc.ReplicaID() % local
+		grads := make([]tf.Output, len(l.vars))
+		for i, v := range l.vars {
+			x, err := rc.Read(v)
+			if err != nil {
+				return nil, err
+			}
+			a, err := rc.Read(l.anchors[i])
+			if err != nil {
+				return nil, err
+			}
+			sc := rc.Scope().SubScope(fmt.Sprintf("local_sgd_%d", i))
+			d := op.Sub(sc, a, x)
+			if l.group != "" {
+				name := fmt.Sprintf("tfdist_local_sgd/%d/replica_%d", i, r)
+				d = engineops.AllReduce(sc.WithDevice(strategy.LocalCPU(0)).SubScope("allreduce"), d, l.group, name, collective.Sum, l.cfg.Compression.wire())
+			}
+			// The mean over the workers, shared among the local replicas,
+			// whose gradients ApplyGradients sums.
+			grads[i] = op.Mul(sc.SubScope("mean"), d, op.Const(sc.SubScope("share"), float32(1)/float32(l.workers*local)))
+		}
+		return strategy.Outputs{}, rc.ApplyGradients(l.outer(), grads, l.anchors)
+	})
+}
+
+// start gives every worker worker 0's parameters, and the anchors them,
+// unless the training steps' count says the job has begun (a restore).
+func (l *localSGD) start(ctx context.Context, s *Strategy) error {
+	n, err := l.steps(ctx, s)
+	if err != nil || n > 0 {
+		return err
+	}
+	values, err := s.engine.Values(ctx, l.vars)
+	if err != nil {
+		return err
+	}
+	for i, v := range l.vars {
+		if s.group != nil {
+			var own *tf.Tensor
+			if s.workerID == 0 {
+				own = values[i]
+			}
+			if values[i], err = s.broadcastTensor(ctx, "tfdist_local_sgd/start/"+v.Name(), 0, v.DType(), v.Shape(), own); err != nil {
+				return fmt.Errorf("multiworker: local SGD: %s from worker 0: %w", v.Name(), err)
+			}
+		}
+		if err := errors.Join(s.engine.Assign(ctx, v, values[i]), s.engine.Assign(ctx, l.anchors[i], values[i])); err != nil {
+			return fmt.Errorf("multiworker: local SGD: %w", err)
+		}
+	}
+	return nil
+}
+
+// steps returns the count of training steps.
+func (l *localSGD) steps(ctx context.Context, s *Strategy) (int64, error) {
+	t, err := s.engine.Value(ctx, l.count)
+	if err != nil {
+		return 0, err
+	}
+	return t.Value().(int64), nil
+}
+
+// synchronise runs the synchronisation after training step n, when due:
+// the anchors take the outer update, and the parameters the anchors.
+func (l *localSGD) synchronise(ctx context.Context, s *Strategy, n int64) error {
+	if !l.due(n) {
+		return nil
+	}
+	begin := time.Now()
+	none, err := tf.NewTensor(float32(0))
+	if err != nil {
+		return err
+	}
+	feeds := make([]map[string]*tf.Tensor, s.engine.NumLocalReplicas())
+	for r := range feeds {
+		feeds[r] = map[string]*tf.Tensor{"tfdist_local_sgd_none": none}
+	}
+	if _, err := s.engine.RunReplicas(ctx, l.sync, feeds, 1); err != nil {
+		return fmt.Errorf("multiworker: local SGD: synchronise after step %d: %w", n, err)
+	}
+	values, err := s.engine.Values(ctx, l.anchors)
+	if err != nil {
+		return err
+	}
+	for i, v := range l.vars {
+		if err := s.engine.Assign(ctx, v, values[i]); err != nil {
+			return fmt.Errorf("multiworker: local SGD: %w", err)
+		}
+	}
+	if o := s.obs; o != nil && o.rec != nil {
+		o.rec.Add(timeline.Span{Phase: timeline.Sync, Name: fmt.Sprintf("synchronise after step %d", n), Start: begin, End: time.Now()})
+	}
+	return nil
+}
+
+// after takes the count of training steps out of a step's result and
+// synchronises when due.
+func (l *localSGD) after(ctx context.Context, s *Strategy, res strategy.Result) error {
+	counts, ok := res[localSGDStepKey]
+	if !ok {
+		return nil
+	}
+	delete(res, localSGDStepKey)
+	local := s.engine.LocalResults(counts)
+	if len(local) == 0 {
+		return nil
+	}
+	return l.synchronise(ctx, s, local[0].Value().(int64))
+}
+
+// localCrossDeviceOps reduces across a worker's own replicas: on the
+// first of its devices when they are all GPUs, else on its host CPU.
+func localCrossDeviceOps(devices []string) strategy.CrossDeviceOps {
+	on := strategy.LocalCPU(0)
+	if ingraph.RequireGPUs(devices) == nil {
+		on = devices[0]
+	}
+	return ingraph.ReductionToOneDevice{Device: on}
+}
+
+// RunReplicas runs step on one batch per local replica (see
+// ingraph.Engine.RunReplicas); under WithLocalSGD count is this worker's
+// examples, and a training step is followed, when due, by a
+// synchronisation.
+func (s *Strategy) RunReplicas(ctx context.Context, step strategy.Step, feeds []map[string]*tf.Tensor, count int) (strategy.Result, error) {
+	res, err := s.engine.RunReplicas(ctx, step, feeds, count)
+	if err == nil && s.localSGD != nil {
+		err = s.localSGD.after(ctx, s, res)
+	}
+	return res, err
+}

@@ -1,0 +1,136 @@
+package multiworker_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	tf "github.com/wamuir/graft/tensorflow"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tfdist/tfdist/internal/testmodel"
+	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/onedevice"
+)
+
+// localSGDSteps trains testmodel.Linear for steps steps on 2 workers in
+// one process with cfg, each worker on its half of every global batch, and
+// returns each worker's weights.
+func localSGDSteps(t *testing.T, steps int, cfg multiworker.LocalSGD) [2][]float32 {
+	var got [2][]float32
+	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLocalSGD(cfg),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+		func(w int, s *multiworker.Strategy) error {
+			l, err := testmodel.NewLinear(s, elasticLR)
+			if err != nil {
+				return err
+			}
+			per := elasticGlobal / 2
+			for step := range steps {
+				if _, err := l.Run(context.Background(), step*elasticGlobal+w*per, per); err != nil {
+					return err
+				}
+			}
+			got[w], err = l.Weights(context.Background())
+			return err
+		})
+	for w, err := range errs {
+		require.NoError(t, err, "worker %d", w)
+	}
+	return got
+}
+
+// Local SGD that synchronises after every step, averaging the workers'
+// parameters, trains with SGD the model synchronous training does: one
+// device's on the global batches.
+func TestLocalSGDEveryStepIsSynchronous(t *testing.T) {
+	const steps = 30
+	want := linearOnOneDevice(t, steps)
+	got := localSGDSteps(t, steps, multiworker.LocalSGD{Steps: 1})
+	for w := range got {
+		assert.InDeltaSlice(t, want, got[w], 1e-6, "worker %d", w)
+	}
+}
+
+// DiLoCo's outer update, Nesterov momentum on the workers' mean parameter
+// change every 5 steps, after a warm-up of 2 steps synchronised every
+// step, gives every worker the parameters that two independent models,
+// synchronised the same way by hand, end with.
+func TestDiLoCoEqualsItsDefinition(t *testing.T) {
+	const steps = 27 // 2 warm-up steps, then 5 rounds of 5
+	cfg := multiworker.LocalSGD{Steps: 5, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true, WarmupSteps: 2}
+	got := localSGDSteps(t, steps, cfg)
+	want := diLoCoByHand(t, steps, cfg)
+	for w := range got {
+		assert.InDeltaSlice(t, want, got[w], 1e-5, "worker %d", w)
+	}
+	assert.NotEqual(t, linearOnOneDevice(t, steps), want, "the outer update trains another model than synchronous SGD")
+}
+
+// diLoCoByHand trains two testmodel.Linear on one device each, on the
+// workers' halves of the global batches, and synchronises them as cfg
+// says, with TensorFlow's momentum update computed here.
+func diLoCoByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) []float32 {
+	ctx := context.Background()
+	var models [2]*testmodel.Linear
+	var strategies [2]*onedevice.Strategy
+	for w := range models {
+		s, err := onedevice.New()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		strategies[w] = s
+		models[w], err = testmodel.NewLinear(s, elasticLR)
+		require.NoError(t, err)
+	}
+	anchor, err := models[0].Weights(ctx)
+	require.NoError(t, err)
+	accum := make([]float32, len(anchor))
+	lr, mu := float32(cfg.OuterRate), float32(cfg.OuterMomentum)
+	per := elasticGlobal / 2
+	for step := 1; step <= steps; step++ {
+		var ws [2][]float32
+		for w, m := range models {
+			_, err := m.Run(ctx, (step-1)*elasticGlobal+w*per, per)
+			require.NoError(t, err)
+			ws[w], err = m.Weights(ctx)
+			require.NoError(t, err)
+		}
+		if step > cfg.WarmupSteps && (step-cfg.WarmupSteps)%cfg.Steps != 0 {
+			continue
+		}
+		for i := range anchor {
+			g := (anchor[i] - ws[0][i] + (anchor[i] - ws[1][i])) / 2
+			accum[i] = accum[i]*mu + g
+			anchor[i] -= g*lr + accum[i]*mu*lr
+		}
+		for w, m := range models {
+			x, err := tf.NewTensor(anchor)
+			require.NoError(t, err)
+			require.NoError(t, strategies[w].Assign(ctx, m.W, x))
+		}
+	}
+	return anchor
+}
+
+// Settings out of range, and options local SGD cannot go with, are errors
+// naming them.
+func TestLocalSGDBadInput(t *testing.T) {
+	for _, c := range []struct {
+		opts []multiworker.Option
+		want string
+	}{
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{})}, "WithLocalSGD: Steps 0: expected at least 1"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, OuterRate: 3})}, "OuterRate 3: expected a learning rate in (0, 2]"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, OuterMomentum: 1})}, "OuterMomentum 1: expected a momentum in [0, 1)"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, WarmupSteps: -1})}, "WarmupSteps -1: expected 0 or more"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, Compression: multiworker.TopK(0.1)})}, "Compression topk(0.1): expected none, fp16 or bf16"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithCommunication(multiworker.Ring)}, "WithLocalSGD with WithCommunication(ring)"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithCompression(multiworker.FP16)}, "a local step all-reduces no gradient"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithDeterministic(2)}, "WithLocalSGD with WithDeterministic"},
+	} {
+		_, err := multiworker.New(context.Background(), c.opts...)
+		assert.ErrorContains(t, err, c.want)
+	}
+}
