@@ -102,7 +102,8 @@ type localSGD struct {
 	count   strategy.Variable
 	vars    []strategy.Variable // the trainable variables synchronised
 	anchors []strategy.Variable
-	sync    strategy.Step
+	sync    strategy.Step // the outer update of the anchors
+	reset   strategy.Step // the parameters take the anchors
 }
 
 // due reports whether the workers synchronise after training step n.
@@ -188,11 +189,52 @@ func (l *localSGD) prepare(ctx context.Context, s *Strategy) error {
 	}); err != nil {
 		return fmt.Errorf("multiworker: local SGD: %w", err)
 	}
-	var err error
-	if l.sync, err = l.buildSync(s); err != nil {
+	start, err := l.buildSteps(s)
+	if err != nil {
 		return fmt.Errorf("multiworker: local SGD: %w", err)
 	}
-	return l.start(ctx, s)
+	return l.start(ctx, s, start)
+}
+
+// buildSteps builds the synchronisation's steps, and returns the one that
+// starts every worker from worker 0's parameters.
+func (l *localSGD) buildSteps(s *Strategy) (start strategy.Step, err error) {
+	if l.sync, err = l.buildSync(s); err != nil {
+		return nil, err
+	}
+	if l.reset, err = l.each(s, func(rc *ingraph.ReplicaContext, _ *op.Scope, i int) error {
+		a, err := rc.Read(l.anchors[i])
+		if err != nil {
+			return err
+		}
+		return rc.Overwrite(l.vars[i], a)
+	}); err != nil {
+		return nil, err
+	}
+	return l.each(s, func(rc *ingraph.ReplicaContext, sc *op.Scope, i int) error {
+		x, err := rc.Read(l.vars[i])
+		if err != nil {
+			return err
+		}
+		if l.group != "" {
+			name := fmt.Sprintf("tfdist_local_sgd/start/%d/replica_%d", i, rc.ReplicaID()%s.engine.NumLocalReplicas())
+			x = engineops.Broadcast(sc.WithDevice(strategy.LocalCPU(0)).SubScope("broadcast"), x, l.group, name, 0)
+		}
+		return errors.Join(rc.Overwrite(l.vars[i], x), rc.Overwrite(l.anchors[i], x))
+	})
+}
+
+// each builds a step that calls fn for every synchronised variable i.
+func (l *localSGD) each(s *Strategy, fn func(rc *ingraph.ReplicaContext, sc *op.Scope, i int) error) (strategy.Step, error) {
+	return s.engine.Build(syncSpec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
+		irc := rc.(*ingraph.ReplicaContext)
+		for i := range l.vars {
+			if err := fn(irc, rc.Scope().SubScope(fmt.Sprintf("local_sgd_%d", i)), i); err != nil {
+				return nil, err
+			}
+		}
+		return strategy.Outputs{}, nil
+	})
 }
 
 // outer is the outer update.
@@ -239,30 +281,26 @@ func (l *localSGD) buildSync(s *Strategy) (strategy.Step, error) {
 
 // start gives every worker worker 0's parameters, and the anchors them,
 // unless the training steps' count says the job has begun (a restore).
-func (l *localSGD) start(ctx context.Context, s *Strategy) error {
+func (l *localSGD) start(ctx context.Context, s *Strategy, start strategy.Step) error {
 	n, err := l.steps(ctx, s)
 	if err != nil || n > 0 {
 		return err
 	}
-	values, err := s.engine.Values(ctx, l.vars)
+	return l.run(ctx, s, start)
+}
+
+// run runs step, one of the synchronisation's.
+func (l *localSGD) run(ctx context.Context, s *Strategy, step strategy.Step) error {
+	none, err := tf.NewTensor(float32(0))
 	if err != nil {
 		return err
 	}
-	for i, v := range l.vars {
-		if s.group != nil {
-			var own *tf.Tensor
-			if s.workerID == 0 {
-				own = values[i]
-			}
-			if values[i], err = s.broadcastTensor(ctx, "tfdist_local_sgd/start/"+v.Name(), 0, v.DType(), v.Shape(), own); err != nil {
-				return fmt.Errorf("multiworker: local SGD: %s from worker 0: %w", v.Name(), err)
-			}
-		}
-		if err := errors.Join(s.engine.Assign(ctx, v, values[i]), s.engine.Assign(ctx, l.anchors[i], values[i])); err != nil {
-			return fmt.Errorf("multiworker: local SGD: %w", err)
-		}
+	feeds := make([]map[string]*tf.Tensor, s.engine.NumLocalReplicas())
+	for r := range feeds {
+		feeds[r] = map[string]*tf.Tensor{"tfdist_local_sgd_none": none}
 	}
-	return nil
+	_, err = s.engine.RunReplicas(ctx, step, feeds, 1)
+	return err
 }
 
 // steps returns the count of training steps.
@@ -281,25 +319,12 @@ func (l *localSGD) synchronise(ctx context.Context, s *Strategy, n int64) error 
 		return nil
 	}
 	begin := time.Now()
-	none, err := tf.NewTensor(float32(0))
+	err := l.run(ctx, s, l.sync)
+	if err == nil {
+		err = l.run(ctx, s, l.reset)
+	}
 	if err != nil {
-		return err
-	}
-	feeds := make([]map[string]*tf.Tensor, s.engine.NumLocalReplicas())
-	for r := range feeds {
-		feeds[r] = map[string]*tf.Tensor{"tfdist_local_sgd_none": none}
-	}
-	if _, err := s.engine.RunReplicas(ctx, l.sync, feeds, 1); err != nil {
 		return fmt.Errorf("multiworker: local SGD: synchronise after step %d: %w", n, err)
-	}
-	values, err := s.engine.Values(ctx, l.anchors)
-	if err != nil {
-		return err
-	}
-	for i, v := range l.vars {
-		if err := s.engine.Assign(ctx, v, values[i]); err != nil {
-			return fmt.Errorf("multiworker: local SGD: %w", err)
-		}
 	}
 	if o := s.obs; o != nil && o.rec != nil {
 		o.rec.Add(timeline.Span{Phase: timeline.Sync, Name: fmt.Sprintf("synchronise after step %d", n), Start: begin, End: time.Now()})

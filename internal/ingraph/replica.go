@@ -420,6 +420,25 @@ func (rc *ReplicaContext) Increment(vv strategy.Variable) (tf.Output, error) {
 	return out, s.Err()
 }
 
+// Overwrite writes value to this replica's copy of v, whatever v's
+// aggregation: every replica writing the same value keeps the copies
+// equal.
+func (rc *ReplicaContext) Overwrite(vv strategy.Variable, value tf.Output) error {
+	v, err := rc.e.own(vv, "Overwrite")
+	if err != nil {
+		return err
+	}
+	if rc.e.cfg.VirtualShards > 0 {
+		return fmt.Errorf("Overwrite %q: virtual shards share their device's copies", v.name)
+	}
+	if value.DataType() != v.dtype {
+		return fmt.Errorf("Overwrite %q: value is %s, the variable is %s", v.name, graphutil.DTypeName(value.DataType()), graphutil.DTypeName(v.dtype))
+	}
+	s := rc.scope.SubScope("overwrite_" + sanitize(v.name))
+	rc.targets = append(rc.targets, op.AssignVariableOp(s, v.handles[rc.local], value))
+	return s.Err()
+}
+
 // AverageLoss returns the sum of every element of perExample divided by
 // the examples of the global step (the count Run feeds, or the sum of
 // every replica's batch all-reduced across workers; 0 when it is 0). When
