@@ -19,6 +19,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -59,6 +60,9 @@ type Config struct {
 	// the next step boundary once it is closed (close it on SIGTERM); the
 	// others go on without it.
 	Leave <-chan struct{}
+	// LocalSGD, under multiworker, trains with local SGD or DiLoCo
+	// (multiworker.WithLocalSGD); nil trains in sync every step.
+	LocalSGD *multiworker.LocalSGD
 }
 
 // Names lists the strategies Open makes; New makes all but "ps", and Run
@@ -77,6 +81,26 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CollectiveTimeout, "collective-timeout", c.CollectiveTimeout, "bound on each collective under multiworker (0: the default)")
 	fs.IntVar(&c.Deterministic, "deterministic", c.Deterministic,
 		"virtual shards, a power of two, for the same model bit for bit on any number of devices and workers dividing it (0: off)")
+	fs.Func("local-sgd", "under multiworker, synchronise every `H` training steps by averaging the workers' parameters (local SGD)", c.localSGDFlag("local-sgd", multiworker.LocalSGD{}))
+	fs.Func("diloco", "under multiworker, synchronise every `H` training steps with DiLoCo's outer Nesterov momentum (rate 0.7, momentum 0.9)",
+		c.localSGDFlag("diloco", multiworker.LocalSGD{OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}))
+}
+
+// localSGDFlag sets c.LocalSGD to l synchronising every H steps, from the
+// value of flag name.
+func (c *Config) localSGDFlag(name string, l multiworker.LocalSGD) func(string) error {
+	return func(v string) error {
+		h, err := strconv.Atoi(v)
+		switch {
+		case err != nil || h < 1:
+			return fmt.Errorf("-%s %q: expected a number of training steps, 1 or more", name, v)
+		case c.LocalSGD != nil:
+			return fmt.Errorf("-%s: give -local-sgd or -diloco, once", name)
+		}
+		l.Steps = h
+		c.LocalSGD = &l
+		return nil
+	}
 }
 
 // IsChief reports whether this process is the chief of s's job, the one
@@ -123,6 +147,9 @@ func Open(ctx context.Context, c Config) (Strategy, error) {
 	if c.Deterministic != 0 {
 		return nil, fmt.Errorf("distribute: strategy ps applies each worker's updates as they come, in no fixed order; Deterministic %d needs a synchronous strategy (default, mirrored or multiworker)", c.Deterministic)
 	}
+	if err := c.check(); err != nil {
+		return nil, err
+	}
 	s, err := paramserver.New(ctx, nil, paramserver.WithLogger(logger(c)))
 	if err != nil {
 		return nil, err
@@ -139,7 +166,7 @@ func logger(c Config) *zap.Logger {
 
 // New makes the synchronous strategy c names.
 func New(ctx context.Context, c Config) (strategy.Strategy, error) {
-	if err := c.checkDevices(); err != nil {
+	if err := c.check(); err != nil {
 		return nil, err
 	}
 	log := logger(c)
@@ -165,8 +192,12 @@ func New(ctx context.Context, c Config) (strategy.Strategy, error) {
 	return nil, fmt.Errorf("distribute: strategy %q, expected one of %v (or elastic, which Run makes)", c.Strategy, Names)
 }
 
-// checkDevices refuses a negative device count.
-func (c Config) checkDevices() error {
+// check refuses a negative device count, and local SGD but under
+// multiworker.
+func (c Config) check() error {
+	if c.LocalSGD != nil && c.Strategy != "multiworker" {
+		return fmt.Errorf("distribute: local SGD (-local-sgd, -diloco) under strategy %q: expected multiworker, whose workers synchronise", c.Strategy)
+	}
 	if c.Devices < 0 {
 		return fmt.Errorf("distribute: Devices %d, expected 0 or more", c.Devices)
 	}
@@ -181,6 +212,9 @@ func multiworkerOptions(c Config) []multiworker.Option {
 	}
 	if c.CollectiveTimeout > 0 {
 		opts = append(opts, multiworker.WithCollectiveTimeout(c.CollectiveTimeout))
+	}
+	if c.LocalSGD != nil {
+		opts = append(opts, multiworker.WithLocalSGD(*c.LocalSGD))
 	}
 	return opts
 }

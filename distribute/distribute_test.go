@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,6 +62,40 @@ func TestBadConfig(t *testing.T) {
 	fs.SetOutput(io.Discard)
 	new(distribute.Config).RegisterFlags(fs)
 	assert.Error(t, fs.Parse([]string{"-devices", "two"}))
+	for args, want := range map[string][]string{
+		`-diloco "0": expected a number of training steps, 1 or more`:                     {"-diloco", "0"},
+		"-diloco: give -local-sgd or -diloco, once":                                       {"-local-sgd", "5", "-diloco", "5"},
+		`local SGD (-local-sgd, -diloco) under strategy "mirrored": expected multiworker`: {"-strategy", "mirrored", "-local-sgd", "5"},
+	} {
+		var c distribute.Config
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		c.RegisterFlags(fs)
+		err := fs.Parse(want)
+		if err == nil {
+			_, err = distribute.New(context.Background(), c)
+		}
+		assert.ErrorContains(t, err, args)
+	}
+}
+
+// -diloco H trains a multiworker strategy with DiLoCo's outer update every
+// H steps, -local-sgd H with the parameters averaged.
+func TestLocalSGDFlags(t *testing.T) {
+	for args, want := range map[string]multiworker.LocalSGD{
+		"-diloco 50":    {Steps: 50, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true},
+		"-local-sgd 10": {Steps: 10},
+	} {
+		var c distribute.Config
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		c.RegisterFlags(fs)
+		require.NoError(t, fs.Parse(append([]string{"-strategy", "multiworker"}, strings.Fields(args)...)))
+		require.NotNil(t, c.LocalSGD, args)
+		assert.Equal(t, want, *c.LocalSGD, args)
+		s, err := distribute.New(context.Background(), c)
+		require.NoError(t, err, args)
+		require.NoError(t, s.Close())
+	}
 }
 
 // Under "ps" Open joins the cluster TF_CONFIG names and returns its

@@ -49,7 +49,7 @@ func Run(ctx context.Context, c Config, train func(ctx context.Context, s Strate
 // runElastic joins the job's rendezvous and calls train on each
 // membership's strategy.
 func runElastic(ctx context.Context, c Config, train func(ctx context.Context, s Strategy) error) error {
-	if err := c.checkDevices(); err != nil {
+	if err := c.check(); err != nil {
 		return err
 	}
 	m, err := elastic.JoinFromEnv(ctx, 0)
