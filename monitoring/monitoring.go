@@ -42,6 +42,7 @@ type Metrics struct {
 	StragglerScore     *prometheus.GaugeVec
 	Workers            prometheus.Gauge
 	Memberships        prometheus.Counter
+	Syncs              prometheus.Counter
 }
 
 // New returns the metrics of task ("worker:1"), registered in a registry
@@ -76,10 +77,11 @@ func New(task string) *Metrics {
 			Help: "Each worker's speed relative to the fastest worker's, 1 for the fastest."}, []string{"worker"}),
 		Workers:     gauge("workers", "The workers of this worker's membership (an elastic job's)."),
 		Memberships: counter("memberships_total", "The memberships this worker trained in: one, then one more per change of an elastic job's."),
+		Syncs:       counter("local_sgd_syncs_total", "The synchronisations of local SGD or DiLoCo this worker took part in."),
 	}
 	m.reg.MustRegister(m.Steps, m.Examples, m.AllReducedBytes, m.Restarts, m.CollectiveTimeouts,
 		m.StepSeconds, m.AllReduceSeconds, m.InputWaitSeconds,
-		m.Loss, m.LearningRate, m.LastStep, m.CheckpointSeconds, m.StragglerScore, m.Workers, m.Memberships)
+		m.Loss, m.LearningRate, m.LastStep, m.CheckpointSeconds, m.StragglerScore, m.Workers, m.Memberships, m.Syncs)
 	return m
 }
 
