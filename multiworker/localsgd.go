@@ -131,6 +131,9 @@ func (s *Strategy) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (strate
 		if err != nil || !ok || !irc.Trains() {
 			return out, err
 		}
+		if irc.Accumulates() {
+			return nil, errors.New("multiworker: WithLocalSGD: a step that accumulates gradients (WithAccumulation) would synchronise between its micro-steps; accumulate by a larger local batch instead")
+		}
 		n, err := irc.Increment(count)
 		if err != nil {
 			return nil, err

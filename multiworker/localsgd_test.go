@@ -13,6 +13,7 @@ import (
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/onedevice"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // localSGDSteps trains testmodel.Linear for steps steps on 2 workers in
@@ -133,4 +134,14 @@ func TestLocalSGDBadInput(t *testing.T) {
 		_, err := multiworker.New(context.Background(), c.opts...)
 		assert.ErrorContains(t, err, c.want)
 	}
+}
+
+// A step that accumulates gradients is refused under local SGD, which
+// would synchronise between its micro-steps.
+func TestLocalSGDRefusesAccumulation(t *testing.T) {
+	s, err := multiworker.New(context.Background(), multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}))
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = testmodel.NewLinear(s, elasticLR, strategy.WithAccumulation(2))
+	assert.ErrorContains(t, err, "WithLocalSGD: a step that accumulates gradients (WithAccumulation)")
 }

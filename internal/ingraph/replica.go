@@ -398,6 +398,10 @@ func (e *Engine) mergeApply(opt strategy.Optimizer, all []any, ab *accumBuild) (
 // (Minimize, ApplyGradients).
 func (rc *ReplicaContext) Trains() bool { return rc.trains }
 
+// Accumulates reports whether the step accumulates gradients over
+// micro-steps (WithAccumulation).
+func (rc *ReplicaContext) Accumulates() bool { return rc.acc != nil && rc.acc.accumulates() }
+
 // Increment adds one to this replica's copy of v, an int64 scalar, and
 // returns its value after the addition. Every replica incrementing its
 // own copy keeps the copies equal.
