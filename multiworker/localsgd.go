@@ -220,8 +220,13 @@ func (l *localSGD) buildSteps(s *Strategy) (start strategy.Step, err error) {
 			return err
 		}
 		if l.group != "" {
-			name := fmt.Sprintf("tfdist_local_sgd/start/%d/replica_%d", i, rc.ReplicaID()%s.engine.NumLocalReplicas())
-			x = engineops.Broadcast(sc.WithDevice(strategy.LocalCPU(0)).SubScope("broadcast"), x, l.group, name, 0)
+			name := fmt.Sprintf("tfdist_local_sgd/start/%d", i)
+			local := s.engine.NumLocalReplicas()
+			if x, err = onceAWorker(rc, sc, x, rc.ReplicaID()%local, local, func(sc *op.Scope, x tf.Output) tf.Output {
+				return engineops.Broadcast(sc, x, l.group, name, 0)
+			}); err != nil {
+				return err
+			}
 		}
 		return errors.Join(rc.Overwrite(l.vars[i], x), rc.Overwrite(l.anchors[i], x))
 	})
@@ -271,8 +276,12 @@ func (l *localSGD) buildSync(s *Strategy) (strategy.Step, error) {
 			sc := rc.Scope().SubScope(fmt.Sprintf("local_sgd_%d", i))
 			d := op.Sub(sc, a, x)
 			if l.group != "" {
-				name := fmt.Sprintf("tfdist_local_sgd/%d/replica_%d", i, r)
-				d = engineops.AllReduce(sc.WithDevice(strategy.LocalCPU(0)).SubScope("allreduce"), d, l.group, name, collective.Sum, l.cfg.Compression.wire())
+				name := fmt.Sprintf("tfdist_local_sgd/%d", i)
+				if d, err = onceAWorker(rc, sc, d, r, local, func(sc *op.Scope, d tf.Output) tf.Output {
+					return engineops.AllReduce(sc, d, l.group, name, collective.Sum, l.cfg.Compression.wire())
+				}); err != nil {
+					return nil, err
+				}
 			}
 			// The mean over the workers, shared among the local replicas,
 			// whose gradients ApplyGradients sums.
@@ -280,6 +289,21 @@ func (l *localSGD) buildSync(s *Strategy) (strategy.Step, error) {
 		}
 		return strategy.Outputs{}, rc.ApplyGradients(l.outer(), grads, l.anchors)
 	})
+}
+
+// onceAWorker returns what exchange, an op of the engine's group, makes
+// of d on replica 0 of this worker, on every local replica (r of local),
+// whose d is the same: the link carries it once a worker.
+func onceAWorker(rc strategy.Replica, sc *op.Scope, d tf.Output, r, local int, exchange func(*op.Scope, tf.Output) tf.Output) (tf.Output, error) {
+	if r == 0 {
+		d = exchange(sc.WithDevice(strategy.LocalCPU(0)).SubScope("exchange"), d)
+	} else {
+		d = op.ZerosLike(sc.SubScope("taken"), d)
+	}
+	if local == 1 {
+		return d, nil
+	}
+	return rc.AllReduce(strategy.Sum, d)
 }
 
 // start gives every worker worker 0's parameters, and the anchors them,

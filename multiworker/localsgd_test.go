@@ -19,10 +19,17 @@ import (
 // localSGDSteps trains testmodel.Linear for steps steps on 2 workers in
 // one process with cfg, each worker on its half of every global batch, and
 // returns each worker's weights.
-func localSGDSteps(t *testing.T, steps int, cfg multiworker.LocalSGD) [2][]float32 {
+func localSGDSteps(t *testing.T, steps int, cfg multiworker.LocalSGD, opts ...multiworker.Option) [2][]float32 {
+	got, _ := localSGDRun(t, steps, cfg, opts...)
+	return got
+}
+
+// localSGDRun is localSGDSteps, which also returns the bytes worker 0 sent.
+func localSGDRun(t *testing.T, steps int, cfg multiworker.LocalSGD, opts ...multiworker.Option) ([2][]float32, int64) {
 	var got [2][]float32
-	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLocalSGD(cfg),
-		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+	var sent int64
+	errs := onWorkers(loopbackSpec(t, 2), append([]multiworker.Option{multiworker.WithLocalSGD(cfg),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)}, opts...),
 		func(w int, s *multiworker.Strategy) error {
 			l, err := testmodel.NewLinear(s, elasticLR)
 			if err != nil {
@@ -35,12 +42,15 @@ func localSGDSteps(t *testing.T, steps int, cfg multiworker.LocalSGD) [2][]float
 				}
 			}
 			got[w], err = l.Weights(context.Background())
+			if w == 0 {
+				sent = s.CollectiveStats().BytesSent
+			}
 			return err
 		})
 	for w, err := range errs {
 		require.NoError(t, err, "worker %d", w)
 	}
-	return got
+	return got, sent
 }
 
 // Local SGD that synchronises after every step, averaging the workers'
@@ -58,15 +68,21 @@ func TestLocalSGDEveryStepIsSynchronous(t *testing.T) {
 // DiLoCo's outer update, Nesterov momentum on the workers' mean parameter
 // change every 5 steps, after a warm-up of 2 steps synchronised every
 // step, gives every worker the parameters that two independent models,
-// synchronised the same way by hand, end with.
+// synchronised the same way by hand, end with; so it does with two
+// replicas on each worker.
 func TestDiLoCoEqualsItsDefinition(t *testing.T) {
 	const steps = 27 // 2 warm-up steps, then 5 rounds of 5
 	cfg := multiworker.LocalSGD{Steps: 5, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true, WarmupSteps: 2}
-	got := localSGDSteps(t, steps, cfg)
 	want := diLoCoByHand(t, steps, cfg)
-	for w := range got {
-		assert.InDeltaSlice(t, want, got[w], 1e-5, "worker %d", w)
+	var sent [3]int64
+	for _, replicas := range []int{1, 2} {
+		var got [2][]float32
+		got, sent[replicas] = localSGDRun(t, steps, cfg, multiworker.WithLogicalCPUs(replicas))
+		for w := range got {
+			assert.InDeltaSlice(t, want, got[w], 1e-5, "worker %d of %d replicas", w, replicas)
+		}
 	}
+	assert.Equal(t, sent[1], sent[2], "the link carries the outer gradient once per worker, whatever its replicas")
 	assert.NotEqual(t, linearOnOneDevice(t, steps), want, "the outer update trains another model than synchronous SGD")
 }
 
