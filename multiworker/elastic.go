@@ -410,42 +410,32 @@ func (s *Strategy) receiveState(ctx context.Context, saveables []strategy.Saveab
 	}
 	values := make([]*tf.Tensor, len(saveables))
 	for i, sv := range saveables {
-		var held *tf.Tensor
+		dt, ok := engineops.CollectiveDType(sv.DType)
+		if !ok {
+			return nil, fmt.Errorf("multiworker: Resume: variable %s has dtype %v, which the collective engine cannot broadcast", sv.Name, sv.DType)
+		}
+		var buf bytes.Buffer
 		if holder {
 			if el.snap.names[i] != sv.Name {
 				return nil, fmt.Errorf("multiworker: Resume: variable %d is %s here and %s in the snapshot: build the same model on every membership", i, sv.Name, el.snap.names[i])
 			}
-			held = el.snap.values[i]
+			if _, err := el.snap.values[i].WriteContentsTo(&buf); err != nil {
+				return nil, err
+			}
+		} else {
+			buf.Write(make([]byte, dt.Size()*int(tensorutil.NumElements(sv.Shape))))
 		}
-		t, err := s.broadcastTensor(ctx, "tfdist_elastic_state/"+sv.Name, el.mb.Holder, sv.DType, sv.Shape, held)
-		if err != nil {
+		data := buf.Bytes()
+		if err := s.group.Broadcast(ctx, "tfdist_elastic_state/"+sv.Name, el.mb.Holder, dt, data, collective.Shape(sv.Shape...)); err != nil {
 			return nil, fmt.Errorf("multiworker: Resume: take %s from worker %d: %w", sv.Name, el.mb.Holder, errors.Join(err, strategy.ErrCannotContinue))
+		}
+		t, err := tf.ReadTensor(sv.DType, sv.Shape, bytes.NewReader(data))
+		if err != nil {
+			return nil, fmt.Errorf("multiworker: Resume: %s: %w", sv.Name, err)
 		}
 		values[i] = t
 	}
 	return values, nil
-}
-
-// broadcastTensor returns root's t, a tensor of dtype and shape, which
-// the other workers pass as nil, broadcast as name.
-func (s *Strategy) broadcastTensor(ctx context.Context, name string, root int, dtype tf.DataType, shape []int64, t *tf.Tensor) (*tf.Tensor, error) {
-	dt, ok := engineops.CollectiveDType(dtype)
-	if !ok {
-		return nil, fmt.Errorf("%s has dtype %v, which the collective engine cannot broadcast", name, dtype)
-	}
-	var buf bytes.Buffer
-	if t != nil {
-		if _, err := t.WriteContentsTo(&buf); err != nil {
-			return nil, err
-		}
-	} else {
-		buf.Write(make([]byte, dt.Size()*int(tensorutil.NumElements(shape))))
-	}
-	data := buf.Bytes()
-	if err := s.group.Broadcast(ctx, name, root, dt, data, collective.Shape(shape...)); err != nil {
-		return nil, err
-	}
-	return tf.ReadTensor(dtype, shape, bytes.NewReader(data))
 }
 
 // receiveProgress broadcasts the holder's progress to every member: its
