@@ -353,11 +353,13 @@ func (l *localSGD) synchronise(ctx context.Context, s *Strategy, n int64) error 
 	if err != nil {
 		return fmt.Errorf("multiworker: local SGD: synchronise after step %d: %w", n, err)
 	}
-	if o := s.obs; o != nil && o.rec != nil {
-		o.rec.Add(timeline.Span{Phase: timeline.Sync, Name: fmt.Sprintf("synchronise after step %d", n), Start: begin, End: time.Now()})
-	}
-	if o := s.obs; o != nil && o.m != nil {
-		o.m.Syncs.Inc()
+	if o := s.obs; o != nil {
+		if o.rec != nil {
+			o.rec.Add(timeline.Span{Phase: timeline.Sync, Name: fmt.Sprintf("synchronise after step %d", n), Start: begin, End: time.Now()})
+		}
+		if o.m != nil {
+			o.m.Syncs.Inc()
+		}
 	}
 	return nil
 }

@@ -403,17 +403,17 @@ func (l *Launcher) makeCertificates() (cleanup func(), err error) {
 		return nil, fmt.Errorf("TLS certificates: %w", err)
 	}
 	cleanup = func() { _ = os.RemoveAll(dir) }
-	l.ca, err = mtls.NewAuthority("tfdist CA for job "+l.job, max(mtls.DefaultLifetime, l.timeout))
 	l.tlsDir, l.tlsFiles = dir, map[cluster.Task]mtls.Files{}
 	tasks := l.Tasks()
 	if l.elastic {
 		tasks = append(tasks, mtls.RendezvousTask)
 	}
-	for _, t := range tasks {
-		if err != nil {
-			break
+	if l.ca, err = mtls.NewAuthority("tfdist CA for job "+l.job, max(mtls.DefaultLifetime, l.timeout)); err == nil {
+		for _, t := range tasks {
+			if _, err = l.certificate(t); err != nil {
+				break
+			}
 		}
-		_, err = l.certificate(t)
 	}
 	if err != nil {
 		cleanup()
