@@ -108,16 +108,24 @@ func BenchmarkOverlap(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		t := map[string]float64{}
-		for _, x := range res.Timings {
-			t[x.Label] = x.Seconds
-		}
-		compute, comm, step := t[allreducebench.LabelCompute], t[allreducebench.LabelAllReduce], t[allreducebench.LabelStep]
-		b.ReportMetric(compute*1e3, "compute_ms")
-		b.ReportMetric(comm*1e3, "allreduce_ms")
-		b.ReportMetric(step*1e3, "step_ms")
-		b.ReportMetric((compute+comm-step)/comm, "hidden")
+		reportOverlap(b, res, "")
 	}
+}
+
+// reportOverlap reports an overlap measurement's compute, all-reduce and
+// step times and the share of the all-reduce the step hides, the last
+// three's names ending in suffix, and returns the all-reduce's seconds.
+func reportOverlap(b *testing.B, res allreducebench.Result, suffix string) float64 {
+	t := map[string]float64{}
+	for _, x := range res.Timings {
+		t[x.Label] = x.Seconds
+	}
+	compute, comm, step := t[allreducebench.LabelCompute], t[allreducebench.LabelAllReduce], t[allreducebench.LabelStep]
+	b.ReportMetric(compute*1e3, "compute_ms")
+	b.ReportMetric(comm*1e3, "allreduce"+suffix+"_ms")
+	b.ReportMetric(step*1e3, "step"+suffix+"_ms")
+	b.ReportMetric((compute+comm-step)/comm, "hidden"+suffix)
+	return comm
 }
 
 // BenchmarkOnLinks measures, on 2 emulated hosts joined by links of
@@ -163,17 +171,7 @@ func overlapOnLink(ctx context.Context, b *testing.B, x allreducebench.Exec) {
 		c.Compression = comp
 		res, err := allreducebench.AllReduce(ctx, x, 2, c)
 		require.NoError(b, err)
-		t := map[string]float64{}
-		for _, x := range res.Timings {
-			t[x.Label] = x.Seconds
-		}
-		compute, step := t[allreducebench.LabelCompute], t[allreducebench.LabelStep]
-		comm[comp] = t[allreducebench.LabelAllReduce]
-		suffix := map[string]string{"": "", "fp16": "_fp16"}[comp]
-		b.ReportMetric(compute*1e3, "compute_ms")
-		b.ReportMetric(comm[comp]*1e3, "allreduce"+suffix+"_ms")
-		b.ReportMetric(step*1e3, "step"+suffix+"_ms")
-		b.ReportMetric((compute+comm[comp]-step)/comm[comp], "hidden"+suffix)
+		comm[comp] = reportOverlap(b, res, map[string]string{"": "", "fp16": "_fp16"}[comp])
 	}
 	b.ReportMetric(comm[""]/comm["fp16"], "allreduce_fp16_speedup")
 }
