@@ -226,7 +226,13 @@ func TestTLSRefusesWhoCannotProveTheirTask(t *testing.T) {
 	assert.Greater(t, trained[0], 0)
 	require.NoError(t, gs[0].Err())
 
-	refused := logs.FilterLoggerName("audit").FilterMessage("peer refused").All()
+	// A refused client learns of it from the handshake's alert, which the
+	// member sends before it writes the audit record.
+	refusals := func() []observer.LoggedEntry {
+		return logs.FilterLoggerName("audit").FilterMessage("peer refused").All()
+	}
+	require.Eventually(t, func() bool { return len(refusals()) >= len(attackers) }, 10*time.Second, time.Millisecond)
+	refused := refusals()
 	require.Len(t, refused, len(attackers))
 	for _, a := range attackers {
 		found := false
