@@ -1,7 +1,10 @@
 package multiworker_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,9 +13,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/onedevice"
+	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -160,4 +165,87 @@ func TestLocalSGDRefusesAccumulation(t *testing.T) {
 	defer s.Close()
 	_, err = testmodel.NewLinear(s, elasticLR, strategy.WithAccumulation(2))
 	assert.ErrorContains(t, err, "WithLocalSGD: a step that accumulates gradients (WithAccumulation)")
+}
+
+// A checkpoint saved between two synchronisations holds every worker's
+// parameters and Adam slots, besides local SGD's outer state: workers
+// restored from it go on as the job that saved it did, bit for bit, every
+// variable of every worker, with one replica a worker and with two.
+func TestLocalSGDResumesBetweenSynchronisations(t *testing.T) {
+	const saved, steps = 8, 13 // synchronisations after steps 5 and 10
+	cfg := multiworker.LocalSGD{Steps: 5, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}
+	for _, replicas := range []int{1, 2} {
+		dir := t.TempDir()
+		prefix := func(w int) string { return filepath.Join(dir, fmt.Sprintf("worker_%d", w), "ckpt") }
+		want := localSGDCheckpointRun(t, cfg, replicas, 0, steps, func(w int, s *multiworker.Strategy, step int) error {
+			if step != saved {
+				return nil
+			}
+			saver, err := checkpoint.NewSaver(s)
+			if err != nil {
+				return err
+			}
+			return saver.Save(context.Background(), prefix(w), nil)
+		})
+		assert.NotEqual(t, want[0]["w"], want[1]["w"], "the workers' parameters differ between synchronisations")
+		got := localSGDCheckpointRun(t, cfg, replicas, saved, steps, func(w int, s *multiworker.Strategy, step int) error {
+			if step != saved {
+				return nil
+			}
+			saver, err := checkpoint.NewSaver(s)
+			if err != nil {
+				return err
+			}
+			_, err = saver.Restore(context.Background(), prefix(0))
+			return err
+		})
+		for w := range want {
+			assert.Equal(t, want[w], got[w], "worker %d of %d replicas: every variable as the uninterrupted job's", w, replicas)
+		}
+	}
+}
+
+// localSGDCheckpointRun trains testmodel.Linear with Adam on 2 workers,
+// under cfg, from step first+1 to last, calling at(step) before step+1
+// (and at(first) before the first), and returns each worker's variables
+// by name.
+func localSGDCheckpointRun(t *testing.T, cfg multiworker.LocalSGD, replicas, first, last int,
+	at func(w int, s *multiworker.Strategy, step int) error) [2]map[string][]byte {
+	var got [2]map[string][]byte
+	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLocalSGD(cfg), multiworker.WithLogicalCPUs(replicas),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+		func(w int, s *multiworker.Strategy) error {
+			ctx := context.Background()
+			l, err := testmodel.NewLinearWith(s, optimizer.NewAdam(optimizer.Constant(0.05)))
+			if err != nil {
+				return err
+			}
+			per := elasticGlobal / 2
+			for step := first; step < last; step++ {
+				if err := at(w, s, step); err != nil {
+					return err
+				}
+				if _, err := l.Run(ctx, step*elasticGlobal+w*per, per); err != nil {
+					return err
+				}
+			}
+			vars := s.Variables()
+			values, err := s.Values(ctx, vars)
+			if err != nil {
+				return err
+			}
+			got[w] = map[string][]byte{}
+			for i, v := range vars {
+				var b bytes.Buffer
+				if _, err := values[i].WriteContentsTo(&b); err != nil {
+					return err
+				}
+				got[w][v.Name()] = b.Bytes()
+			}
+			return nil
+		})
+	for w, err := range errs {
+		require.NoError(t, err, "worker %d", w)
+	}
+	return got
 }

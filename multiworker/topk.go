@@ -107,11 +107,20 @@ func (c *engineOps) sparseSize(v tf.Output) int64 {
 // of workers, every worker takes the rows' mean instead: what the workers
 // had not yet sent, as a share of the all-reduced sum, stays the same
 // (exactly so when each worker has as many replicas as before).
+//
+// Under WithLocalSGD, where every worker trains its own parameters and
+// optimizer state between two synchronisations, a checkpoint holds each
+// worker's copy of every variable besides the saving worker's (see
+// workerCopiesState).
 func (s *Strategy) State() strategy.State {
-	if s.residuals == nil {
-		return s.engine.State()
+	st := s.engine.State()
+	if s.residuals != nil {
+		st = residualState{State: st, s: s}
 	}
-	return residualState{State: s.engine.State(), s: s}
+	if s.localSGD != nil && s.localSGD.group != "" {
+		st = workerCopiesState{State: st, s: s}
+	}
+	return st
 }
 
 type residualState struct {

@@ -38,6 +38,7 @@ const (
 	backupEnv = "TRAIN_TEST_BACKUP"
 	killEnv   = "TRAIN_TEST_KILL_AT"
 	outEnv    = "TRAIN_TEST_OUT"
+	dilocoEnv = "TRAIN_TEST_DILOCO" // H: train with DiLoCo, synchronising every H steps
 )
 
 // kills is the number of kills of TestBackupAndRestoreSurvivesKills.
@@ -51,8 +52,12 @@ const backupEpochs = 4
 func workerMain() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := multiworker.New(ctx, multiworker.WithLogicalCPUs(1),
-		multiworker.WithStartupTimeout(30*time.Second), multiworker.WithCollectiveTimeout(20*time.Second))
+	opts := []multiworker.Option{multiworker.WithLogicalCPUs(1),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(20 * time.Second)}
+	if h, err := strconv.Atoi(os.Getenv(dilocoEnv)); err == nil {
+		opts = append(opts, multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: h, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}))
+	}
+	s, err := multiworker.New(ctx, opts...)
 	if err != nil {
 		return err
 	}
@@ -192,6 +197,32 @@ type jobResult struct {
 	Vals         []strategy.VariableValue
 	History      *train.History
 	LearningRate float64 // after Fit, with PerReplicaBatch
+}
+
+// A DiLoCo job (a synchronisation every 5 steps) SIGKILLed after step 19
+// resumes from its backup of step 18, between two synchronisations, where
+// each worker's parameters and momentum are its own: it ends with the
+// model and the last epoch's loss of the job never interrupted.
+func TestBackupAndRestoreResumesDiLoCo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two-worker jobs")
+	}
+	diloco := dilocoEnv + "=5"
+	ref := t.TempDir()
+	for _, err := range launch(t, ref, diloco) {
+		require.NoError(t, err)
+	}
+	want := readResult(t, ref)
+	dir := t.TempDir()
+	require.Error(t, launch(t, dir, diloco, killEnv+"=19")[0], "worker 0 was to die after step 19")
+	for _, err := range launch(t, dir, diloco) {
+		require.NoError(t, err, "resumed after a kill at step 19")
+	}
+	got := readResult(t, dir)
+	diff, name, i := strategy.MaxDiff(want.Vals, got.Vals)
+	assert.Zero(t, diff, "%s[%d]", name, i)
+	last := backupEpochs - 1 - got.History.Epochs[0]
+	assert.Equal(t, want.History.Values["loss"][backupEpochs-1], got.History.Values["loss"][last], "the last epoch's loss")
 }
 
 func readResult(t *testing.T, dir string) jobResult {

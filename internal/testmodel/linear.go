@@ -30,6 +30,11 @@ var LinearSpec = strategy.InputSpec{"x": {DType: tf.Float, Shape: []int64{-1, 3}
 // the loss as "loss" and declares their sum as the reduced output
 // "mean_loss".
 func NewLinear(e Engine, lr float32, opts ...strategy.MinimizeOption) (*Linear, error) {
+	return NewLinearWith(e, optimizer.NewSGD(optimizer.Constant(lr)), opts...)
+}
+
+// NewLinearWith is NewLinear minimised by opt.
+func NewLinearWith(e Engine, opt strategy.Optimizer, opts ...strategy.MinimizeOption) (*Linear, error) {
 	l := &Linear{e: e}
 	w0, err := tf.NewTensor([]float32{0.5, -0.25, 0.1})
 	if err != nil {
@@ -49,7 +54,7 @@ func NewLinear(e Engine, lr float32, opts ...strategy.MinimizeOption) (*Linear, 
 		if err := r.ReduceOutput("mean_loss", strategy.Sum, loss); err != nil {
 			return nil, err
 		}
-		return strategy.Outputs{"loss": loss}, r.Minimize(optimizer.NewSGD(optimizer.Constant(lr)), loss, []strategy.Variable{l.W}, opts...)
+		return strategy.Outputs{"loss": loss}, r.Minimize(opt, loss, []strategy.Variable{l.W}, opts...)
 	})
 	return l, err
 }
