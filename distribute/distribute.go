@@ -60,7 +60,7 @@ type Config struct {
 	// the next step boundary once it is closed (close it on SIGTERM); the
 	// others go on without it.
 	Leave <-chan struct{}
-	// LocalSGD, under multiworker, trains with local SGD or DiLoCo
+	// LocalSGD, under multiworker or elastic, trains with local SGD or DiLoCo
 	// (multiworker.WithLocalSGD); nil trains in sync every step.
 	LocalSGD *multiworker.LocalSGD
 }
@@ -81,8 +81,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CollectiveTimeout, "collective-timeout", c.CollectiveTimeout, "bound on each collective under multiworker (0: the default)")
 	fs.IntVar(&c.Deterministic, "deterministic", c.Deterministic,
 		"virtual shards, a power of two, for the same model bit for bit on any number of devices and workers dividing it (0: off)")
-	fs.Func("local-sgd", "under multiworker, synchronise every `H` training steps by averaging the workers' parameters (local SGD)", c.localSGDFlag("local-sgd", multiworker.LocalSGD{}))
-	fs.Func("diloco", "under multiworker, synchronise every `H` training steps with DiLoCo's outer Nesterov momentum (rate 0.7, momentum 0.9)",
+	fs.Func("local-sgd", "under multiworker or elastic, synchronise every `H` training steps by averaging the workers' parameters (local SGD)", c.localSGDFlag("local-sgd", multiworker.LocalSGD{}))
+	fs.Func("diloco", "under multiworker or elastic, synchronise every `H` training steps with DiLoCo's outer Nesterov momentum (rate 0.7, momentum 0.9)",
 		c.localSGDFlag("diloco", multiworker.LocalSGD{OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}))
 }
 
@@ -193,10 +193,10 @@ func New(ctx context.Context, c Config) (strategy.Strategy, error) {
 }
 
 // check refuses a negative device count, and local SGD but under
-// multiworker.
+// multiworker or elastic.
 func (c Config) check() error {
-	if c.LocalSGD != nil && c.Strategy != "multiworker" {
-		return fmt.Errorf("distribute: local SGD (-local-sgd, -diloco) under strategy %q: expected multiworker, whose workers synchronise", c.Strategy)
+	if c.LocalSGD != nil && c.Strategy != "multiworker" && c.Strategy != "elastic" {
+		return fmt.Errorf("distribute: local SGD (-local-sgd, -diloco) under strategy %q: expected multiworker or elastic, whose workers synchronise", c.Strategy)
 	}
 	if c.Devices < 0 {
 		return fmt.Errorf("distribute: Devices %d, expected 0 or more", c.Devices)

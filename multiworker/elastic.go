@@ -178,8 +178,6 @@ func checkElastic(opts []Option) (config, error) {
 		return c, fmt.Errorf("multiworker: RunElastic: WithCommunication(%v): an elastic job runs on tfdist's engine (Auto or Engine)", c.comm)
 	case c.resolver != nil:
 		return c, errors.New("multiworker: RunElastic: WithResolver: an elastic job's membership comes from its rendezvous, not a cluster spec")
-	case c.localSGD != nil:
-		return c, errors.New("multiworker: RunElastic: WithLocalSGD: an elastic job trains in sync, every step")
 	}
 	return c, nil
 }
@@ -509,6 +507,14 @@ func (s *Strategy) writeState(ctx context.Context, saveables []strategy.Saveable
 // a re-formed group takes if this worker holds the newest), then agrees
 // with the other members whether the membership changes here, and returns
 // ErrMembershipChanged if it does. Resume counts the StepDone calls.
+//
+// Under WithLocalSGD the workers meet only to synchronise, so they agree
+// only after a step that synchronised: a change of members waits for the
+// next synchronisation, and a worker lost between two fails the survivors
+// there. The group then re-formed goes on from the last step every
+// survivor completed, with the holder's state: its parameters and
+// optimizer slots replace the other survivors' own since the last
+// synchronisation.
 func (s *Strategy) StepDone(ctx context.Context) error {
 	el := s.elastic
 	if el == nil {
@@ -519,6 +525,9 @@ func (s *Strategy) StepDone(ctx context.Context) error {
 	}
 	if el.mb.Until > 0 && el.snap.steps >= el.mb.Until { // a replay's membership ends here
 		return ErrMembershipChanged
+	}
+	if s.localSGD != nil && !s.localSGD.meeting() {
+		return nil
 	}
 	change, err := el.member.Agree(ctx, s.group, "tfdist_elastic_agree")
 	if err != nil {

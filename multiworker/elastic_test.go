@@ -43,6 +43,7 @@ const (
 	elasticStepsEnv  = "MULTIWORKER_TEST_ELASTIC_STEPS"
 	elasticShardsEnv = "MULTIWORKER_TEST_ELASTIC_SHARDS" // WithDeterministic's, if set
 	elasticOtherEnv  = "MULTIWORKER_TEST_ELASTIC_OTHER"  // set: build another model
+	elasticDiLoCoEnv = "MULTIWORKER_TEST_ELASTIC_DILOCO" // H: train with DiLoCo, synchronising every H steps
 )
 
 // elasticGlobal is the global batch of the elastic tests, divided among
@@ -81,6 +82,9 @@ func runElasticWorker() (int, bool) {
 	opts := []multiworker.Option{multiworker.WithCollectiveTimeout(20 * time.Second)}
 	if v, err := strconv.Atoi(os.Getenv(elasticShardsEnv)); err == nil {
 		opts = append(opts, multiworker.WithDeterministic(v))
+	}
+	if h, err := strconv.Atoi(os.Getenv(elasticDiLoCoEnv)); err == nil {
+		opts = append(opts, multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: h, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}))
 	}
 	ctx := context.Background()
 	m, err := elastic.Join(ctx, os.Getenv(elasticRdzvEnv), elastic.Hello{Job: "elastic-test", Name: name})
@@ -147,7 +151,8 @@ type elasticJob struct {
 	t      *testing.T
 	srv    *elastic.Server
 	steps  int
-	shards int // WithDeterministic's, 0 without
+	shards int      // WithDeterministic's, 0 without
+	env    []string // of every worker
 	mu     sync.Mutex
 	procs  []*elasticProc
 }
@@ -181,7 +186,7 @@ func newElasticJob(t *testing.T, steps int, opts ...elastic.Option) *elasticJob 
 
 func (j *elasticJob) start(name string, env ...string) *elasticProc {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), env...), elasticNameEnv+"="+name, elasticRdzvEnv+"="+j.srv.Addr(), elasticStepsEnv+"="+strconv.Itoa(j.steps))
+	cmd.Env = append(append(append(os.Environ(), j.env...), env...), elasticNameEnv+"="+name, elasticRdzvEnv+"="+j.srv.Addr(), elasticStepsEnv+"="+strconv.Itoa(j.steps))
 	if j.shards > 0 {
 		cmd.Env = append(cmd.Env, elasticShardsEnv+"="+strconv.Itoa(j.shards))
 	}
@@ -299,9 +304,11 @@ func TestElasticKillAndReplace(t *testing.T) {
 // names from the start, checks that the replay forms the logged
 // memberships at the logged steps, and returns the weights of the
 // workers of the last membership; the others, standbys at the end, leave.
-func replay(t *testing.T, entries []elastic.LogEntry, steps int) [][]float32 {
+// Every worker runs with env.
+func replay(t *testing.T, entries []elastic.LogEntry, steps int, env ...string) [][]float32 {
 	var log syncbuf.Buffer
 	j := newElasticJob(t, steps, elastic.WithReplay(entries), elastic.WithLog(&log))
+	j.env = env
 	var names []string
 	for _, e := range entries {
 		for _, n := range e.Members {
@@ -351,6 +358,34 @@ func TestElasticDeterministicKillAndReplace(t *testing.T) {
 	j.shards = shards
 	for _, w := range killAndReplace(t, j, 2) {
 		assert.Equal(t, want, w, "the model differs from one device's")
+	}
+}
+
+// TestElasticDiLoCoKillAndReplace: a DiLoCo job of three workers, which
+// meet every 5 steps, loses one at a random step and takes a replacement:
+// the survivors fail at the next synchronisation and go on from the last
+// step they completed, the replacement joins at a synchronisation, and
+// every worker ends with one model; replayed from the membership log, the
+// job ends with the same bits.
+func TestElasticDiLoCoKillAndReplace(t *testing.T) {
+	const steps = 120
+	var log syncbuf.Buffer
+	j := newElasticJob(t, steps, elastic.WithMembers(2, 3), elastic.WithLog(&log))
+	j.env = []string{elasticDiLoCoEnv + "=5"}
+	got := killAndReplace(t, j, 3)
+	for _, w := range got[1:] {
+		assert.Equal(t, got[0], w, "after the last synchronisation every worker holds one model")
+	}
+	assert.NotEqual(t, linearOnOneDevice(t, steps), got[0], "DiLoCo trains another model than synchronous SGD")
+	entries, err := elastic.ReadLog(strings.NewReader(log.String()))
+	require.NoError(t, err)
+	for _, e := range entries {
+		t.Logf("membership %d from step %d: %v", e.Epoch, e.Step, e.Members)
+	}
+	replayed := replay(t, entries, steps, j.env...)
+	require.NotEmpty(t, replayed)
+	for _, w := range replayed {
+		assert.Equal(t, got[0], w, "the replay's model differs from the run's")
 	}
 }
 

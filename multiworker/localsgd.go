@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -97,6 +98,8 @@ type localSGD struct {
 	cfg     LocalSGD
 	group   string // the engine group of the outer all-reduce, "" alone
 	workers int
+
+	trained atomic.Int64 // the count of the last training step run
 
 	mu      sync.Mutex
 	count   strategy.Variable
@@ -376,8 +379,16 @@ func (l *localSGD) after(ctx context.Context, s *Strategy, res strategy.Result) 
 	if len(local) == 0 {
 		return nil
 	}
-	return l.synchronise(ctx, s, local[0].Value().(int64))
+	n := local[0].Value().(int64)
+	l.trained.Store(n)
+	return l.synchronise(ctx, s, n)
 }
+
+// meeting reports whether the workers last met, at the synchronisation
+// after the last training step (or before the first): an elastic job's
+// workers agree on a change of members only there, since between two
+// synchronisations they step without waiting for one another.
+func (l *localSGD) meeting() bool { return l.due(l.trained.Load()) }
 
 // localCrossDeviceOps reduces across a worker's own replicas: on the
 // first of its devices when they are all GPUs, else on its host CPU.

@@ -285,7 +285,7 @@ func (s *Strategy) CheckStragglers(ctx context.Context, d *straggler.Detector) (
 	mine := binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, uint64(w.Input)), uint64(w.Compute))
 	all, err := s.group.AllGather(ctx, "tfdist_straggler_window", collective.Int64, mine)
 	if err != nil {
-		return nil, fmt.Errorf("multiworker: task %s: gather the workers' step times: %w", s.task, err)
+		return nil, fmt.Errorf("multiworker: task %s: gather the workers' step times: %w", s.task, errors.Join(err, strategy.ErrCannotContinue))
 	}
 	windows := make([]straggler.Window, len(all))
 	for i, b := range all {

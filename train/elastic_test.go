@@ -22,6 +22,7 @@ import (
 	"github.com/tfdist/tfdist/distribute"
 	"github.com/tfdist/tfdist/elastic"
 	"github.com/tfdist/tfdist/internal/syncbuf"
+	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
@@ -36,6 +37,7 @@ const (
 	elasticOutEnv        = "TRAIN_TEST_ELASTIC_OUT"
 	elasticShardsEnv     = "TRAIN_TEST_ELASTIC_SHARDS"
 	elasticPerReplicaEnv = "TRAIN_TEST_ELASTIC_PER_REPLICA"
+	elasticDiLoCoEnv     = "TRAIN_TEST_ELASTIC_DILOCO" // H: DiLoCo, synchronising every H steps
 )
 
 // elasticWorkerMain is a worker of an elastic job, as a user writes one:
@@ -48,6 +50,9 @@ func elasticWorkerMain() error {
 	shards, _ := strconv.Atoi(os.Getenv(elasticShardsEnv))
 	perReplica, _ := strconv.Atoi(os.Getenv(elasticPerReplicaEnv))
 	cfg := distribute.Config{Strategy: "elastic", Devices: 1, Deterministic: shards, CollectiveTimeout: 20 * time.Second}
+	if h, err := strconv.Atoi(os.Getenv(elasticDiLoCoEnv)); err == nil {
+		cfg.LocalSGD = &multiworker.LocalSGD{Steps: h, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}
+	}
 	var res *jobResult
 	err := distribute.Run(ctx, cfg, func(ctx context.Context, s distribute.Strategy) error {
 		r, err := fitMLP(ctx, s, perReplica, stepPrinter{})
@@ -268,4 +273,55 @@ func TestElasticFitPerReplicaBatch(t *testing.T) {
 	startElasticWorker(t, addr, dir, ws[victim].name, 0, env)
 	diff, name, j := strategy.MaxDiff(run.Vals, survivor.result(t).Vals)
 	assert.Zero(t, diff, "%s: the replay: %s[%d]", what, name, j)
+}
+
+// Fit under DiLoCo (a synchronisation every 5 steps) on an elastic job
+// whose worker is SIGKILLed at a random step, and replaced: the survivor
+// goes on from the last step both completed, the replacement joins at a
+// synchronisation, both end with one model (their optimizer slots are
+// their own), and a replay of the membership log ends with the same bits.
+func TestElasticFitDiLoCo(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env := elasticDiLoCoEnv + "=5"
+	var log syncbuf.Buffer
+	job := func(opts ...elastic.Option) (string, string) {
+		srv, err := elastic.Listen("127.0.0.1:0", append([]elastic.Option{elastic.WithJob("fit-test")}, opts...)...)
+		require.NoError(t, err)
+		served := make(chan struct{})
+		go func() { _ = srv.Serve(ctx); close(served) }()
+		t.Cleanup(func() { cancel(); <-served })
+		return srv.Addr(), t.TempDir()
+	}
+	addr, dir := job(elastic.WithMembers(1, 2), elastic.WithLog(&log))
+	ws := []*elasticWorker{startElasticWorker(t, addr, dir, "worker:0", 0, env), startElasticWorker(t, addr, dir, "worker:1", 0, env)}
+	victim, at := rand.IntN(2), int64(3+rand.IntN(30))
+	require.Eventually(t, func() bool { return ws[victim].steps.Load() >= at }, 2*time.Minute, time.Millisecond)
+	require.NoError(t, ws[victim].cmd.Process.Kill())
+	what := fmt.Sprintf("%s killed after step %d", ws[victim].name, ws[victim].steps.Load())
+	finishers := []*elasticWorker{ws[1-victim], startElasticWorker(t, addr, dir, ws[victim].name, 0, env)}
+	run := finishers[0].result(t)
+	diff, name, j := strategy.MaxDiff(withoutSlots(run.Vals), withoutSlots(finishers[1].result(t).Vals))
+	assert.Zero(t, diff, "%s: after the last synchronisation: %s[%d]", what, name, j)
+	require.Equal(t, []int{0, 1, 2, 3}, run.History.Epochs, what)
+	entries, err := elastic.ReadLog(strings.NewReader(log.String()))
+	require.NoError(t, err)
+	t.Logf("%s: memberships %+v", what, entries)
+
+	addr, dir = job(elastic.WithReplay(entries))
+	survivor := startElasticWorker(t, addr, dir, finishers[0].name, 0, env)
+	startElasticWorker(t, addr, dir, ws[victim].name, 0, env)
+	diff, name, j = strategy.MaxDiff(run.Vals, survivor.result(t).Vals)
+	assert.Zero(t, diff, "%s: the replay: %s[%d]", what, name, j)
+}
+
+// withoutSlots returns the variables of vs but the optimizer's slots.
+func withoutSlots(vs []strategy.VariableValue) []strategy.VariableValue {
+	var out []strategy.VariableValue
+	for _, v := range vs {
+		if !strings.Contains(v.Name, "/KerasMomentum/") {
+			out = append(out, v)
+		}
+	}
+	return out
 }
