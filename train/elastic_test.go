@@ -218,25 +218,27 @@ func TestElasticFitSurvivesAKill(t *testing.T) {
 	}
 }
 
+// fitJob serves a rendezvous of opts until the test ends, and returns its
+// address and a directory for its workers' results.
+func fitJob(t *testing.T, opts ...elastic.Option) (addr, dir string) {
+	srv, err := elastic.Listen("127.0.0.1:0", append([]elastic.Option{elastic.WithJob("fit-test")}, opts...)...)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { _ = srv.Serve(ctx); close(served) }()
+	t.Cleanup(func() { cancel(); <-served })
+	return srv.Addr(), t.TempDir()
+}
+
 // Fit with PerReplicaBatch(8) on an elastic job whose worker is SIGKILLed
 // at a random step, and replaced, trains every example of every epoch once
 // (each epoch counts every label of the data as often as the data has
 // it), ends at 0.05 times the last membership's replicas, and ends with
 // the model of a replay of its membership log, bit for bit.
 func TestElasticFitPerReplicaBatch(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	env := elasticPerReplicaEnv + "=8"
 	var log syncbuf.Buffer
-	job := func(opts ...elastic.Option) (string, string) {
-		srv, err := elastic.Listen("127.0.0.1:0", append([]elastic.Option{elastic.WithJob("fit-test")}, opts...)...)
-		require.NoError(t, err)
-		served := make(chan struct{})
-		go func() { _ = srv.Serve(ctx); close(served) }()
-		t.Cleanup(func() { cancel(); <-served })
-		return srv.Addr(), t.TempDir()
-	}
-	addr, dir := job(elastic.WithMembers(1, 2), elastic.WithLog(&log))
+	addr, dir := fitJob(t, elastic.WithMembers(1, 2), elastic.WithLog(&log))
 	ws := []*elasticWorker{startElasticWorker(t, addr, dir, "worker:0", 0, env), startElasticWorker(t, addr, dir, "worker:1", 0, env)}
 	victim, at := rand.IntN(2), int64(5+rand.IntN(25))
 	require.Eventually(t, func() bool { return ws[victim].steps.Load() >= at }, 2*time.Minute, time.Millisecond)
@@ -268,7 +270,7 @@ func TestElasticFitPerReplicaBatch(t *testing.T) {
 	last := len(entries[len(entries)-1].Members)
 	assert.InDelta(t, 0.05*float64(last), run.LearningRate, 1e-7, "%s: the rate of %d replicas", what, last)
 
-	addr, dir = job(elastic.WithReplay(entries))
+	addr, dir = fitJob(t, elastic.WithReplay(entries))
 	survivor := startElasticWorker(t, addr, dir, finishers[0].name, 0, env)
 	startElasticWorker(t, addr, dir, ws[victim].name, 0, env)
 	diff, name, j := strategy.MaxDiff(run.Vals, survivor.result(t).Vals)
@@ -281,19 +283,9 @@ func TestElasticFitPerReplicaBatch(t *testing.T) {
 // synchronisation, both end with one model (their optimizer slots are
 // their own), and a replay of the membership log ends with the same bits.
 func TestElasticFitDiLoCo(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	env := elasticDiLoCoEnv + "=5"
 	var log syncbuf.Buffer
-	job := func(opts ...elastic.Option) (string, string) {
-		srv, err := elastic.Listen("127.0.0.1:0", append([]elastic.Option{elastic.WithJob("fit-test")}, opts...)...)
-		require.NoError(t, err)
-		served := make(chan struct{})
-		go func() { _ = srv.Serve(ctx); close(served) }()
-		t.Cleanup(func() { cancel(); <-served })
-		return srv.Addr(), t.TempDir()
-	}
-	addr, dir := job(elastic.WithMembers(1, 2), elastic.WithLog(&log))
+	addr, dir := fitJob(t, elastic.WithMembers(1, 2), elastic.WithLog(&log))
 	ws := []*elasticWorker{startElasticWorker(t, addr, dir, "worker:0", 0, env), startElasticWorker(t, addr, dir, "worker:1", 0, env)}
 	victim, at := rand.IntN(2), int64(3+rand.IntN(30))
 	require.Eventually(t, func() bool { return ws[victim].steps.Load() >= at }, 2*time.Minute, time.Millisecond)
@@ -308,7 +300,7 @@ func TestElasticFitDiLoCo(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("%s: memberships %+v", what, entries)
 
-	addr, dir = job(elastic.WithReplay(entries))
+	addr, dir = fitJob(t, elastic.WithReplay(entries))
 	survivor := startElasticWorker(t, addr, dir, finishers[0].name, 0, env)
 	startElasticWorker(t, addr, dir, ws[victim].name, 0, env)
 	diff, name, j = strategy.MaxDiff(run.Vals, survivor.result(t).Vals)
