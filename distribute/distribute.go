@@ -63,6 +63,10 @@ type Config struct {
 	// LocalSGD, under multiworker or elastic, trains with local SGD or DiLoCo
 	// (multiworker.WithLocalSGD); nil trains in sync every step.
 	LocalSGD *multiworker.LocalSGD
+	// Compression, under multiworker or elastic, is how the gradients
+	// travel between workers (multiworker.WithCompression), or with
+	// LocalSGD the outer gradient (LocalSGD.Compression).
+	Compression multiworker.Compression
 }
 
 // Names lists the strategies Open makes; New makes all but "ps", and Run
@@ -84,6 +88,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("local-sgd", "under multiworker or elastic, synchronise every `H` training steps by averaging the workers' parameters (local SGD)", c.localSGDFlag("local-sgd", multiworker.LocalSGD{}))
 	fs.Func("diloco", "under multiworker or elastic, synchronise every `H` training steps with DiLoCo's outer Nesterov momentum (rate 0.7, momentum 0.9)",
 		c.localSGDFlag("diloco", multiworker.LocalSGD{OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}))
+	fs.Func("compression", "under multiworker or elastic, how gradients travel between workers: none, fp16, bf16 or topk(`ratio`); with -local-sgd or -diloco, the outer gradient: none, fp16 or bf16",
+		func(v string) (err error) {
+			c.Compression, err = multiworker.ParseCompression(v)
+			return err
+		})
 }
 
 // localSGDFlag sets c.LocalSGD to l synchronising every H steps, from the
@@ -192,11 +201,15 @@ func New(ctx context.Context, c Config) (strategy.Strategy, error) {
 	return nil, fmt.Errorf("distribute: strategy %q, expected one of %v (or elastic, which Run makes)", c.Strategy, Names)
 }
 
-// check refuses a negative device count, and local SGD but under
-// multiworker or elastic.
+// check refuses a negative device count, and local SGD or compression
+// but under multiworker or elastic.
 func (c Config) check() error {
-	if c.LocalSGD != nil && c.Strategy != "multiworker" && c.Strategy != "elastic" {
+	multi := c.Strategy == "multiworker" || c.Strategy == "elastic"
+	if c.LocalSGD != nil && !multi {
 		return fmt.Errorf("distribute: local SGD (-local-sgd, -diloco) under strategy %q: expected multiworker or elastic, whose workers synchronise", c.Strategy)
+	}
+	if c.Compression != multiworker.None && !multi {
+		return fmt.Errorf("distribute: Compression %v (-compression) under strategy %q: expected multiworker or elastic, whose gradients cross between workers", c.Compression, c.Strategy)
 	}
 	if c.Devices < 0 {
 		return fmt.Errorf("distribute: Devices %d, expected 0 or more", c.Devices)
@@ -213,8 +226,15 @@ func multiworkerOptions(c Config) []multiworker.Option {
 	if c.CollectiveTimeout > 0 {
 		opts = append(opts, multiworker.WithCollectiveTimeout(c.CollectiveTimeout))
 	}
-	if c.LocalSGD != nil {
-		opts = append(opts, multiworker.WithLocalSGD(*c.LocalSGD))
+	switch {
+	case c.LocalSGD != nil:
+		l := *c.LocalSGD
+		if c.Compression != multiworker.None {
+			l.Compression = c.Compression
+		}
+		opts = append(opts, multiworker.WithLocalSGD(l))
+	case c.Compression != multiworker.None:
+		opts = append(opts, multiworker.WithCompression(c.Compression))
 	}
 	return opts
 }

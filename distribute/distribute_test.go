@@ -66,6 +66,10 @@ func TestBadConfig(t *testing.T) {
 		`-diloco "0": expected a number of training steps, 1 or more`:                     {"-diloco", "0"},
 		"-diloco: give -local-sgd or -diloco, once":                                       {"-local-sgd", "5", "-diloco", "5"},
 		`local SGD (-local-sgd, -diloco) under strategy "mirrored": expected multiworker`: {"-strategy", "mirrored", "-local-sgd", "5"},
+		`compression "int4": expected none, fp16, bf16 or topk(ratio)`:                    {"-strategy", "multiworker", "-compression", "int4"},
+		`Compression fp16 (-compression) under strategy "mirrored": expected multiworker`: {"-strategy", "mirrored", "-compression", "fp16"},
+		// With local SGD the compression is the outer gradient's.
+		"WithLocalSGD: Compression topk(0.1): expected none, fp16 or bf16": {"-strategy", "multiworker", "-diloco", "5", "-compression", "topk(0.1)"},
 	} {
 		var c distribute.Config
 		fs := flag.NewFlagSet("test", flag.ContinueOnError)
