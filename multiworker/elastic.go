@@ -319,6 +319,13 @@ func (s *Strategy) Resume(ctx context.Context) (int64, error) {
 	if err := s.writeState(ctx, saveables, values); err != nil {
 		return 0, err
 	}
+	if l := s.localSGD; l != nil { // a joiner's count, as the others'
+		n, err := l.steps(ctx, s)
+		if err != nil {
+			return 0, fmt.Errorf("multiworker: Resume: %w", err)
+		}
+		l.trained.Store(n)
+	}
 	el.snap = snapshot{steps: el.mb.Step, names: names(saveables), values: values, progress: progress}
 	el.progress = progress
 	return el.mb.Step, nil

@@ -23,7 +23,9 @@ const localSGDPrefix = "tfdist_local_sgd/"
 // holds its own copy of), gathered at the save, which every worker runs.
 // A restore into as many workers gives each its own copy back, so the job
 // goes on as if never stopped; into another number of workers, or into a
-// job without local SGD, every worker takes the saved value.
+// job without local SGD, every worker takes the saved value. Right after a
+// synchronisation the parameters it synchronised are alike on every
+// worker, and a checkpoint then saves their value alone.
 type workerCopiesState struct {
 	strategy.State
 	s *Strategy
@@ -31,8 +33,9 @@ type workerCopiesState struct {
 
 func (ws workerCopiesState) Saveables() []strategy.Saveable {
 	out := ws.State.Saveables()
+	synced := ws.s.localSGD.synced()
 	for i, v := range out {
-		if v.Variable == nil || len(v.Slices) != 1 || strings.HasPrefix(v.Name, localSGDPrefix) {
+		if v.Variable == nil || len(v.Slices) != 1 || strings.HasPrefix(v.Name, localSGDPrefix) || synced[v.Variable] {
 			continue
 		}
 		if _, ok := engineops.CollectiveDType(v.DType); !ok {
@@ -85,4 +88,21 @@ func (s *Strategy) gatherRows(name string, read func(*op.Scope) (tf.Output, erro
 		}
 		return engineops.AllGather(sc.SubScope("workers"), rows, s.localSGD.group, "save/workers/"+name), sc.Err()
 	}
+}
+
+// synced returns the variables alike on every worker now: those a
+// synchronisation writes, when the last training step this process ran
+// synchronised (none before its first, which may follow a restore).
+func (l *localSGD) synced() map[strategy.Variable]bool {
+	n := l.trained.Load()
+	if n <= 0 || !l.due(n) {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[strategy.Variable]bool, len(l.vars))
+	for _, v := range l.vars {
+		out[v] = true
+	}
+	return out
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,11 +171,14 @@ func TestLocalSGDRefusesAccumulation(t *testing.T) {
 // A checkpoint saved between two synchronisations holds every worker's
 // parameters and Adam slots, besides local SGD's outer state: workers
 // restored from it go on as the job that saved it did, bit for bit, every
-// variable of every worker, with one replica a worker and with two.
+// variable of every worker, with one replica a worker and with two. Saved
+// right after a synchronisation, it holds the parameters' value alone,
+// alike on every worker, and the slots' copies.
 func TestLocalSGDResumesBetweenSynchronisations(t *testing.T) {
-	const saved, steps = 8, 13 // synchronisations after steps 5 and 10
+	const steps = 13 // synchronisations after steps 5 and 10
 	cfg := multiworker.LocalSGD{Steps: 5, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}
-	for _, replicas := range []int{1, 2} {
+	for _, c := range []struct{ saved, replicas int }{{8, 1}, {8, 2}, {10, 1}} {
+		saved, replicas := c.saved, c.replicas
 		dir := t.TempDir()
 		prefix := func(w int) string { return filepath.Join(dir, fmt.Sprintf("worker_%d", w), "ckpt") }
 		want := localSGDCheckpointRun(t, cfg, replicas, 0, steps, func(w int, s *multiworker.Strategy, step int) error {
@@ -188,6 +192,20 @@ func TestLocalSGDResumesBetweenSynchronisations(t *testing.T) {
 			return saver.Save(context.Background(), prefix(w), nil)
 		})
 		assert.NotEqual(t, want[0]["w"], want[1]["w"], "the workers' parameters differ between synchronisations")
+		entries, err := checkpoint.List(prefix(0))
+		require.NoError(t, err)
+		var copies []string
+		for _, e := range entries {
+			if name, ok := strings.CutPrefix(e.Name, checkpoint.CopiesPrefix); ok {
+				copies = append(copies, name)
+			}
+		}
+		assert.Subset(t, copies, []string{"w/Adam/m", "w/Adam/v"}, "every worker's Adam slots")
+		if saved%cfg.Steps == 0 {
+			assert.NotContains(t, copies, "w", "saved after a synchronisation")
+		} else {
+			assert.Contains(t, copies, "w", "saved between two synchronisations")
+		}
 		got := localSGDCheckpointRun(t, cfg, replicas, saved, steps, func(w int, s *multiworker.Strategy, step int) error {
 			if step != saved {
 				return nil
