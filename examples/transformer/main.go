@@ -45,6 +45,20 @@
 //	logits = keras.layers.Dense(vocab)(keras.layers.LayerNormalization()(x))
 //	model = keras.Model(ids, logits)
 //
+// -save-dir saves the model's weights at the end of every epoch, and
+// -evaluate-checkpoint scores such checkpoints instead of training, so
+// that runs under strategies whose own Evaluate differ (under -local-sgd
+// and -diloco a worker scores its own model) are scored alike, by one
+// process on the whole held-out text:
+//
+//	tfdist launch --workers 4 -- transformer -strategy multiworker -diloco 50 -save-dir runs/diloco -json
+//	transformer -evaluate-checkpoint runs/diloco -json
+//
+// The -json line then holds, for each epoch, the step, the training
+// seconds and the bytes this worker's collectives sent since training
+// began, without the time and bytes of the saves; or, under
+// -evaluate-checkpoint, each checkpoint's step and held-out loss.
+//
 // Under multiworker every worker trains, scores its shard of the held-out
 // text and samples in step with the others; only the chief prints. Under
 // parameter servers (-strategy ps) the same program runs as every task:
@@ -91,6 +105,9 @@ type options struct {
 	temperature  float64
 	json         bool
 	printSummary bool
+	decaySteps   int    // 0: steps
+	saveDir      string // where each epoch's weights are saved ("": nowhere)
+	evaluate     string // a checkpoint, or a directory of them, to score instead of training
 }
 
 // defaults are the flags' defaults: about two minutes under
@@ -123,6 +140,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.layers, "layers", o.layers, "Transformer blocks")
 	fs.Float64Var(&o.lr, "lr", o.lr, "Adam's learning rate")
 	fs.IntVar(&o.warmup, "warmup", o.warmup, "steps of linear learning-rate warmup, then cosine decay to a tenth")
+	fs.IntVar(&o.decaySteps, "decay-steps", 0, "the step by which the learning rate has decayed to a tenth, where it stays (0: -steps); runs of different -steps with the same value follow one schedule")
 	fs.Int64Var(&o.seed, "seed", o.seed, "seed of the initial values, the data order and the sampling")
 	fs.IntVar(&o.logEvery, "log-every", o.logEvery, "steps of an epoch, after each of which the training loss is printed (dividing -steps)")
 	fs.IntVar(&o.sample, "sample", o.sample, "characters to sample from the trained model (0: none)")
@@ -130,6 +148,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.temperature, "temperature", o.temperature, "sampling temperature")
 	fs.BoolVar(&o.json, "json", false, "print one JSON line of results")
 	fs.BoolVar(&o.printSummary, "summary", false, "print the model's layers and parameters")
+	fs.StringVar(&o.saveDir, "save-dir", "", "save the model's weights at the end of every epoch, as checkpoint `DIR`/ckpt-STEP (the chief writes)")
+	fs.StringVar(&o.evaluate, "evaluate-checkpoint", "",
+		"do not train: restore the weights of checkpoint `PATH` (DIR/ckpt-STEP), or of every checkpoint in directory PATH in turn, and score the held-out text")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -156,6 +177,12 @@ func (o options) check() error {
 		return fmt.Errorf("-steps %d: expected a multiple of -log-every %d, the steps of an epoch", o.steps, o.logEvery)
 	case o.dist.Strategy == "ps" && o.dist.Devices > 1:
 		return fmt.Errorf("-strategy ps -devices %d: each worker runs its steps on one device", o.dist.Devices)
+	case o.decaySteps < 0:
+		return fmt.Errorf("-decay-steps %d: expected 0 (-steps) or more", o.decaySteps)
+	case o.evaluate != "" && o.saveDir != "":
+		return fmt.Errorf("-evaluate-checkpoint %s, -save-dir %s: expected one or the other (scoring a checkpoint trains nothing to save)", o.evaluate, o.saveDir)
+	case o.evaluate != "" && o.dist.LocalSGD != nil:
+		return fmt.Errorf("-evaluate-checkpoint %s with -local-sgd or -diloco: each worker would score alone; expected a synchronous strategy", o.evaluate)
 	}
 	return nil
 }

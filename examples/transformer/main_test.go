@@ -350,6 +350,8 @@ func TestMainEndToEnd(t *testing.T) {
 // each saying what is wrong.
 func TestFlagErrors(t *testing.T) {
 	small := []string{"-train-bytes", "64KiB", "-eval-bytes", "1KiB", "-sample", "0"}
+	empty := t.TempDir()
+	missing := filepath.Join(empty, "ckpt-100")
 	for _, c := range []struct {
 		args []string
 		code int
@@ -363,6 +365,11 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"extra"}, 2, `unexpected arguments ["extra"]`},
 		{append([]string{"-strategy", "mirrored", "-devices", "2", "-global-batch", "3"}, small...), 1, "global batch size 3 by 2 replicas"},
 		{append([]string{"-eval-bytes", "10", "-seq-len", "16"}, small[:2]...), 1, "held-out text: 10 characters, fewer than one sequence of 17"},
+		{[]string{"-decay-steps", "-1"}, 2, "-decay-steps -1: expected 0 (-steps) or more"},
+		{[]string{"-save-dir", "a", "-evaluate-checkpoint", "b"}, 2, "-evaluate-checkpoint b, -save-dir a: expected one or the other"},
+		{[]string{"-strategy", "multiworker", "-diloco", "10", "-evaluate-checkpoint", "b"}, 2, "-evaluate-checkpoint b with -local-sgd or -diloco"},
+		{append([]string{"-evaluate-checkpoint", missing}, small...), 1, "-evaluate-checkpoint " + missing + ": neither a checkpoint nor a directory of checkpoints"},
+		{append([]string{"-evaluate-checkpoint", empty}, small...), 1, "-evaluate-checkpoint " + empty + ": a directory without checkpoints"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := Main(context.Background(), c.args, &stdout, &stderr)

@@ -1,15 +1,24 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
 
+	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/distribute"
+	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
@@ -38,12 +47,38 @@ type report struct {
 	ParamL2       float64                  `json:"param_l2"`      // the global norm of every variable of the model
 	ParamsSHA256  string                   `json:"params_sha256"` // every variable's bits (strategy.Fingerprint)
 	Sample        string                   `json:"sample,omitempty"`
-	Variables     []strategy.VariableValue `json:"-"` // the model's variables after training
+	Epochs        []epoch                  `json:"epochs,omitempty"`          // each epoch's end, the -save-dir saves left out
+	SaveSeconds   float64                  `json:"save_seconds,omitempty"`    // the time of the -save-dir saves, left out of train_seconds
+	SaveBytesSent int64                    `json:"save_bytes_sent,omitempty"` // the bytes the saves sent, left out of the epochs' bytes_sent
+	Checkpoints   []scored                 `json:"checkpoints,omitempty"`     // under -evaluate-checkpoint, each checkpoint scored, by step
+	Variables     []strategy.VariableValue `json:"-"`                         // the model's variables after training
 	chief         bool                     // this process prints
 }
 
+// epoch is where training stood at the end of an epoch, before its
+// -save-dir save: the time and bytes of the saves before it are left out.
+type epoch struct {
+	Step    int     `json:"step"`
+	Loss    float64 `json:"loss"`          // the epoch's training loss
+	Seconds float64 `json:"train_seconds"` // since training began
+	// BytesSent is the payload bytes this worker's collectives sent since
+	// training began, under multiworker on tfdist's engine (0 and left
+	// out otherwise): the all-reduces of the steps, or of the
+	// synchronisations under -local-sgd and -diloco.
+	BytesSent int64 `json:"bytes_sent,omitempty"`
+}
+
+// scored is a checkpoint's held-out loss.
+type scored struct {
+	Checkpoint  string  `json:"checkpoint"`
+	Step        int64   `json:"step"` // the steps trained when it was saved
+	HeldOutLoss float64 `json:"held_out_loss"`
+}
+
 // fit trains a model on s as o says, scores it on the held-out text and
-// samples from it, printing its progress to stdout on the chief.
+// samples from it, printing its progress to stdout on the chief. Under
+// -evaluate-checkpoint it trains nothing: it scores the checkpoints'
+// weights and samples from the last one's.
 func fit(ctx context.Context, s distribute.Strategy, o options, stdout io.Writer) (rep report, err error) {
 	rep = report{Strategy: o.dist.Strategy, Replicas: distribute.NumReplicas(s), Steps: o.steps, GlobalBatch: o.globalBatch, SeqLen: o.seqLen}
 	text, err := loadCorpus(o.corpus, int(o.trainBytes), int(o.evalBytes))
@@ -69,10 +104,12 @@ func fit(ctx context.Context, s distribute.Strategy, o options, stdout io.Writer
 		out = io.Discard
 	}
 	describe(out, &rep, tr, text, o)
-	if err := trainOn(ctx, tr, d.train, o, out, &rep); err != nil {
-		return rep, err
+	if o.evaluate != "" {
+		err = scoreCheckpoints(ctx, tr, d.heldOut, o.evaluate, out, &rep)
+	} else if err = trainOn(ctx, tr, d.train, o, out, &rep); err == nil {
+		err = evaluate(ctx, tr, d.heldOut, out, &rep)
 	}
-	if err := evaluate(ctx, tr, d.heldOut, out, &rep); err != nil {
+	if err != nil {
 		return rep, err
 	}
 	if rep.Sample, err = generate(ctx, tr, o); err != nil {
@@ -121,9 +158,14 @@ func newModel(sc strategy.Scope, o options) (*nn.Model, error) {
 }
 
 // newOptimizer is Adam on a learning rate that warms up linearly over
-// -warmup steps, then decays along a cosine to a tenth by the last step.
+// -warmup steps, then decays along a cosine to a tenth by the last step,
+// or by -decay-steps where it stays.
 func newOptimizer(o options) strategy.Optimizer {
-	decay := optimizer.CosineDecay{Initial: float32(o.lr), DecaySteps: int64(max(o.steps-o.warmup, 1)), Alpha: 0.1}
+	last := o.steps
+	if o.decaySteps > 0 {
+		last = o.decaySteps
+	}
+	decay := optimizer.CosineDecay{Initial: float32(o.lr), DecaySteps: int64(max(last-o.warmup, 1)), Alpha: 0.1}
 	return optimizer.NewAdam(optimizer.Warmup{Steps: int64(o.warmup), Initial: 0, Then: decay})
 }
 
@@ -185,45 +227,104 @@ func describe(out io.Writer, rep *report, tr *train.Trainer, text corpus, o opti
 		o.layers, o.width, o.heads, rep.Params, o.dist.Strategy, rep.Replicas, o.globalBatch, o.seqLen)
 }
 
-// trainOn trains tr on ds for -steps steps, in epochs of -log-every.
+// trainOn trains tr on ds for -steps steps, in epochs of -log-every,
+// saving the weights after each under -save-dir.
 func trainOn(ctx context.Context, tr *train.Trainer, ds dataset.Dataset, o options, out io.Writer, rep *report) error {
-	h, err := tr.Fit(ctx, ds, train.Epochs(o.steps/o.logEvery), train.StepsPerEpoch(o.logEvery),
-		train.WithCallbacks(progress(out, o, rep)))
+	m := &meter{}
+	cbs := []train.Callback{progress(out, o, rep, m)}
+	if o.saveDir != "" {
+		cbs = append(cbs, m.leaveOut(&train.ModelCheckpoint{Dir: o.saveDir, SaveWeightsOnly: true})...)
+	}
+	h, err := tr.Fit(ctx, ds, train.Epochs(o.steps/o.logEvery), train.StepsPerEpoch(o.logEvery), train.WithCallbacks(cbs...))
 	if err != nil {
 		return err
 	}
 	rep.TrainLosses = h.Values["loss"]
 	rep.TrainLoss = rep.TrainLosses[len(rep.TrainLosses)-1]
+	rep.SaveSeconds, rep.SaveBytesSent = m.saving.Seconds(), m.savingBytes
 	return nil
 }
 
 // progress prints each epoch's training loss and the characters per
 // second since the first step, which it records in rep with the training
-// time.
-func progress(out io.Writer, o options, rep *report) train.Callback {
-	var start, first time.Time
-	var firstStep int64 // the step counted at first: 1, or more where an elastic job went on
+// time and, for each epoch, the training time and bytes sent so far, as
+// m measures them (the saves left out).
+func progress(out io.Writer, o options, rep *report, m *meter) train.Callback {
+	var first time.Duration // when the first step ended, the saves left out
+	var firstStep int64     // the step counted at first: 1, or more where an elastic job went on
 	return &train.LambdaCallback{
-		Label:      "progress",
-		TrainBegin: func(context.Context, *train.Run) error { start, first = time.Now(), time.Time{}; return nil },
+		Label: "progress",
+		TrainBegin: func(_ context.Context, r *train.Run) error {
+			m.begin(r.Trainer().Strategy())
+			first, firstStep = -1, 0
+			return nil
+		},
 		BatchEnd: func(_ context.Context, r *train.Run, _ int, _ train.Logs) error {
-			if first.IsZero() {
-				first, firstStep = time.Now(), r.Steps()
+			if first < 0 {
+				first, firstStep = m.elapsed(), r.Steps()
 			}
 			return nil
 		},
 		EpochEnd: func(_ context.Context, r *train.Run, _ int, logs train.Logs) error {
-			step, loss := int(r.Steps()), logs["loss"]
-			rep.TrainSeconds = time.Since(start).Seconds()
+			step, loss, elapsed := int(r.Steps()), logs["loss"], m.elapsed()
+			rep.TrainSeconds = elapsed.Seconds()
+			rep.Epochs = append(rep.Epochs, epoch{Step: step, Loss: loss, Seconds: rep.TrainSeconds, BytesSent: m.bytes()})
 			rate := ""
-			if int64(step) > firstStep && !first.IsZero() {
-				rep.TokensPerSec = float64((int64(step)-firstStep)*int64(o.globalBatch*o.seqLen)) / time.Since(first).Seconds()
+			if int64(step) > firstStep && first >= 0 {
+				rep.TokensPerSec = float64((int64(step)-firstStep)*int64(o.globalBatch*o.seqLen)) / (elapsed - first).Seconds()
 				rate = fmt.Sprintf("  %.0f characters/s", rep.TokensPerSec)
 			}
 			fmt.Fprintf(out, "step %4d/%d  loss %.4f nats (%.4f bits) per character%s\n", step, o.steps, loss, bits(loss), rate)
 			return nil
 		},
 	}
+}
+
+// meter measures training by the wall clock and by the bytes this
+// worker's collectives send, leaving out what the callbacks it wraps
+// (leaveOut) take: the checkpoint saves, which would otherwise count as
+// training.
+type meter struct {
+	sent        func() int64 // the bytes sent so far
+	start       time.Time
+	startBytes  int64
+	saving      time.Duration // the wrapped callbacks' time so far
+	savingBytes int64         // and their bytes
+	mark        time.Time     // when the callback running began
+	markBytes   int64
+}
+
+// begin starts the measurement of training under s: the bytes come from
+// the collectives of a *multiworker.Strategy (CollectiveStats), and are 0
+// under any other strategy.
+func (m *meter) begin(s train.Strategy) {
+	m.sent = func() int64 { return 0 }
+	if mw, ok := s.(*multiworker.Strategy); ok {
+		m.sent = func() int64 { return mw.CollectiveStats().BytesSent }
+	}
+	m.start, m.startBytes, m.saving, m.savingBytes = time.Now(), m.sent(), 0, 0
+}
+
+// elapsed is the training time since begin, the wrapped callbacks' left
+// out.
+func (m *meter) elapsed() time.Duration { return time.Since(m.start) - m.saving }
+
+// bytes is the bytes sent since begin, the wrapped callbacks' left out.
+func (m *meter) bytes() int64 { return m.sent() - m.startBytes - m.savingBytes }
+
+// leaveOut returns c between two callbacks that take the time and bytes
+// of its epoch ends out of m's measurement: Fit calls callbacks in order.
+func (m *meter) leaveOut(c train.Callback) []train.Callback {
+	before := &train.LambdaCallback{Label: "before the save", EpochEnd: func(context.Context, *train.Run, int, train.Logs) error {
+		m.mark, m.markBytes = time.Now(), m.sent()
+		return nil
+	}}
+	after := &train.LambdaCallback{Label: "after the save", EpochEnd: func(context.Context, *train.Run, int, train.Logs) error {
+		m.saving += time.Since(m.mark)
+		m.savingBytes += m.sent() - m.markBytes
+		return nil
+	}}
+	return []train.Callback{before, c, after}
 }
 
 // evaluate scores every character of the held-out text once.
@@ -240,6 +341,102 @@ func evaluate(ctx context.Context, tr *train.Trainer, heldOut dataset.Dataset, o
 	}
 	fmt.Fprintf(out, "held-out loss %.4f nats (%.4f bits) per character over %d characters: %s the bigram entropy %.4f nats (%.4f bits)\n",
 		rep.HeldOutLoss, rep.HeldOutBits, rep.HeldOutChars, verdict, rep.BigramEntropy, rep.BigramEntBits)
+	return nil
+}
+
+// scoreCheckpoints restores into tr's model the weights of the checkpoint
+// at path, or of each checkpoint in directory path in the order of their
+// steps, and scores the held-out text with each; rep ends with the last
+// one's held-out loss and step.
+func scoreCheckpoints(ctx context.Context, tr *train.Trainer, heldOut dataset.Dataset, path string, out io.Writer, rep *report) error {
+	prefixes, err := checkpointsAt(path)
+	if err != nil {
+		return fmt.Errorf("-evaluate-checkpoint %s: %w", path, err)
+	}
+	src, ok := tr.Strategy().(checkpoint.Source)
+	if !ok {
+		return fmt.Errorf("-evaluate-checkpoint %s: strategy %T cannot restore a checkpoint", path, tr.Strategy())
+	}
+	// The strategy's variables besides the model's (the optimizer's) are
+	// not in a checkpoint of weights; holdsModel checks the model's are.
+	saver, err := checkpoint.NewSaver(src, checkpoint.WithAllowPartial(true))
+	if err != nil {
+		return fmt.Errorf("-evaluate-checkpoint %s: %w", path, err)
+	}
+	for _, p := range prefixes {
+		if err := holdsModel(p, tr.Model().Variables()); err != nil {
+			return fmt.Errorf("-evaluate-checkpoint %s: %w", path, err)
+		}
+		md, err := saver.Restore(ctx, p)
+		if err != nil {
+			return fmt.Errorf("-evaluate-checkpoint %s: %w", path, err)
+		}
+		step, _ := md.Int64(checkpoint.GlobalStepKey)
+		fmt.Fprintf(out, "checkpoint %s, step %d: ", p, step)
+		if err := evaluate(ctx, tr, heldOut, out, rep); err != nil {
+			return err
+		}
+		rep.Steps = int(step)
+		rep.Checkpoints = append(rep.Checkpoints, scored{Checkpoint: p, Step: step, HeldOutLoss: rep.HeldOutLoss})
+	}
+	return nil
+}
+
+// checkpointsAt returns the checkpoint at path (its prefix), or every
+// checkpoint in directory path, ordered by the number that ends each
+// prefix, the step of ModelCheckpoint's ckpt-STEP.
+func checkpointsAt(path string) ([]string, error) {
+	if info, err := os.Stat(path); err == nil && info.IsDir() {
+		indexes, err := filepath.Glob(filepath.Join(path, "*.index"))
+		if err != nil {
+			return nil, err
+		}
+		if len(indexes) == 0 {
+			return nil, errors.New("a directory without checkpoints (no .index file)")
+		}
+		prefixes := make([]string, len(indexes))
+		for i, f := range indexes {
+			prefixes[i] = strings.TrimSuffix(f, ".index")
+		}
+		slices.SortFunc(prefixes, func(a, b string) int { return cmp.Or(cmp.Compare(endNumber(a), endNumber(b)), strings.Compare(a, b)) })
+		return prefixes, nil
+	}
+	if _, err := os.Stat(checkpoint.IndexFile(path)); err != nil {
+		return nil, fmt.Errorf("neither a checkpoint nor a directory of checkpoints: %w", err)
+	}
+	return []string{path}, nil
+}
+
+// endNumber is the number after the last '-' of prefix, or -1.
+func endNumber(prefix string) int64 {
+	n, err := strconv.ParseInt(prefix[strings.LastIndexByte(prefix, '-')+1:], 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// holdsModel checks that the checkpoint at prefix has a value for each of
+// the model's variables vars.
+func holdsModel(prefix string, vars []strategy.Variable) error {
+	entries, err := checkpoint.List(prefix)
+	if err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	for _, e := range entries {
+		have[e.Name] = true
+	}
+	var missing []string
+	for _, v := range vars {
+		if !have[v.Name()] {
+			missing = append(missing, v.Name())
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("checkpoint %s has no value for %d of the model's %d variables, %q the first: a checkpoint of another model?",
+			prefix, len(missing), len(vars), missing[0])
+	}
 	return nil
 }
 
