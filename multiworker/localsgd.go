@@ -14,6 +14,7 @@ import (
 	"github.com/tfdist/tfdist/collective"
 	"github.com/tfdist/tfdist/internal/engineops"
 	"github.com/tfdist/tfdist/internal/ingraph"
+	"github.com/tfdist/tfdist/internal/tensorutil"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 	"github.com/tfdist/tfdist/timeline"
@@ -46,6 +47,15 @@ type LocalSGD struct {
 	// Compression sends the outer gradient over the wire as FP16 or BF16;
 	// None (the default) as float32.
 	Compression Compression
+	// Fragments splits the synchronised parameters into this many
+	// fragments, consecutive in the variables' order and about equal in
+	// size, which synchronise in turn (Streaming DiLoCo's fragments,
+	// Douillard et al., 2025): fragment f after each training step n with
+	// n - WarmupSteps ≡ (f+1)·Steps/Fragments (mod Steps). Each fragment
+	// crosses the link every Steps steps, as the whole model would, but a
+	// Fragments-th of it at a time. 0 or 1 synchronises them all at once;
+	// Steps must be a multiple of Fragments.
+	Fragments int
 }
 
 // WithLocalSGD trains with local SGD or DiLoCo (see LocalSGD) on tfdist's
@@ -75,6 +85,8 @@ func (c config) checkLocalSGD() error {
 		return fmt.Errorf("multiworker: WithLocalSGD: OuterMomentum %v: expected a momentum in [0, 1)", l.OuterMomentum)
 	case l.WarmupSteps < 0:
 		return fmt.Errorf("multiworker: WithLocalSGD: WarmupSteps %d: expected 0 or more", l.WarmupSteps)
+	case l.Fragments < 0 || l.Fragments > 1 && l.Steps%l.Fragments != 0:
+		return fmt.Errorf("multiworker: WithLocalSGD: Fragments %d: expected 0, 1 or a divisor of Steps %d", l.Fragments, l.Steps)
 	case l.Compression != None && l.Compression.wire() == 0:
 		return fmt.Errorf("multiworker: WithLocalSGD: Compression %v: expected none, fp16 or bf16", l.Compression)
 	case c.comm != Auto && c.comm != Engine:
@@ -105,14 +117,29 @@ type localSGD struct {
 	count   strategy.Variable
 	vars    []strategy.Variable // the trainable variables synchronised
 	anchors []strategy.Variable
-	sync    strategy.Step // the outer update of the anchors
-	reset   strategy.Step // the parameters take the anchors
+	frags   [][]int         // the indices in vars of each fragment's variables
+	syncs   []strategy.Step // each fragment's outer update of its anchors
+	resets  []strategy.Step // each fragment's parameters take its anchors
 }
 
-// due reports whether the workers synchronise after training step n.
-func (l *localSGD) due(n int64) bool {
+// due returns the fragments that synchronise after training step n, in
+// order: every one in the warm-up, else the one whose turn it is, if any.
+func (l *localSGD) due(n int64) []int {
+	p := max(1, l.cfg.Fragments)
 	w := int64(l.cfg.WarmupSteps)
-	return n <= w || (n-w)%int64(l.cfg.Steps) == 0
+	if n <= w {
+		all := make([]int, p)
+		for f := range all {
+			all[f] = f
+		}
+		return all
+	}
+	every := int64(l.cfg.Steps / p)
+	r := (n - w) % int64(l.cfg.Steps)
+	if r%every != 0 {
+		return nil
+	}
+	return []int{int((r/every + int64(p) - 1) % int64(p))}
 }
 
 // Build builds the step of fn on the strategy's replicas; under
@@ -175,7 +202,7 @@ func (l *localSGD) counter(s *Strategy) (strategy.Variable, error) {
 func (l *localSGD) prepare(ctx context.Context, s *Strategy) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.sync != nil {
+	if l.syncs != nil {
 		return nil
 	}
 	for _, v := range s.engine.TrainableVariables() {
@@ -183,6 +210,10 @@ func (l *localSGD) prepare(ctx context.Context, s *Strategy) error {
 			l.vars = append(l.vars, v)
 		}
 	}
+	if p := max(1, l.cfg.Fragments); p > len(l.vars) {
+		return fmt.Errorf("multiworker: WithLocalSGD: Fragments %d: expected at most %d, the float32 trainable variables to split", p, len(l.vars))
+	}
+	l.frags = fragments(l.vars, max(1, l.cfg.Fragments))
 	if err := s.engine.Scope(func(sc strategy.Scope) error {
 		for _, v := range l.vars {
 			a, err := sc.Variable("tfdist_local_sgd/anchor/"+v.Name(), v.DType(), v.Shape(), strategy.Zeros(), strategy.Trainable(false))
@@ -205,19 +236,22 @@ func (l *localSGD) prepare(ctx context.Context, s *Strategy) error {
 // buildSteps builds the synchronisation's steps, and returns the one that
 // starts every worker from worker 0's parameters.
 func (l *localSGD) buildSteps(s *Strategy) (start strategy.Step, err error) {
-	if l.sync, err = l.buildSync(s); err != nil {
-		return nil, err
-	}
-	if l.reset, err = l.each(s, func(rc *ingraph.ReplicaContext, _ *op.Scope, i int) error {
-		a, err := rc.Read(l.anchors[i])
-		if err != nil {
-			return err
+	l.syncs, l.resets = make([]strategy.Step, len(l.frags)), make([]strategy.Step, len(l.frags))
+	for f, idx := range l.frags {
+		if l.syncs[f], err = l.buildSync(s, idx); err != nil {
+			return nil, err
 		}
-		return rc.Overwrite(l.vars[i], a)
-	}); err != nil {
-		return nil, err
+		if l.resets[f], err = l.each(s, idx, func(rc *ingraph.ReplicaContext, _ *op.Scope, i int) error {
+			a, err := rc.Read(l.anchors[i])
+			if err != nil {
+				return err
+			}
+			return rc.Overwrite(l.vars[i], a)
+		}); err != nil {
+			return nil, err
+		}
 	}
-	return l.each(s, func(rc *ingraph.ReplicaContext, sc *op.Scope, i int) error {
+	return l.each(s, nil, func(rc *ingraph.ReplicaContext, sc *op.Scope, i int) error {
 		x, err := rc.Read(l.vars[i])
 		if err != nil {
 			return err
@@ -235,11 +269,15 @@ func (l *localSGD) buildSteps(s *Strategy) (start strategy.Step, err error) {
 	})
 }
 
-// each builds a step that calls fn for every synchronised variable i.
-func (l *localSGD) each(s *Strategy, fn func(rc *ingraph.ReplicaContext, sc *op.Scope, i int) error) (strategy.Step, error) {
+// each builds a step that calls fn for every synchronised variable i of
+// idx, or of all of them if idx is nil.
+func (l *localSGD) each(s *Strategy, idx []int, fn func(rc *ingraph.ReplicaContext, sc *op.Scope, i int) error) (strategy.Step, error) {
+	if idx == nil {
+		idx = allIndices(len(l.vars))
+	}
 	return s.engine.Build(syncSpec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
 		irc := rc.(*ingraph.ReplicaContext)
-		for i := range l.vars {
+		for _, i := range idx {
 			if err := fn(irc, rc.Scope().SubScope(fmt.Sprintf("local_sgd_%d", i)), i); err != nil {
 				return nil, err
 			}
@@ -254,20 +292,23 @@ func (l *localSGD) outer() strategy.Optimizer {
 	if rate == 0 {
 		rate = 1
 	}
-	return optimizer.NewMomentum(optimizer.Constant(rate), float32(l.cfg.OuterMomentum), l.cfg.Nesterov)
+	return optimizer.NewMomentum(optimizer.Constant(rate), float32(l.cfg.OuterMomentum), l.cfg.Nesterov).Named(localSGDPrefix + "outer")
 }
 
 // syncSpec is the synchronisation's input: none that it reads.
 var syncSpec = strategy.InputSpec{"tfdist_local_sgd_none": {DType: tf.Float, Shape: []int64{}}}
 
-// buildSync builds the synchronisation: each anchor takes the outer
-// update of the workers' mean of (anchor - parameters).
-func (l *localSGD) buildSync(s *Strategy) (strategy.Step, error) {
+// buildSync builds the synchronisation of the variables idx: each anchor
+// takes the outer update of the workers' mean of (anchor - parameters).
+func (l *localSGD) buildSync(s *Strategy, idx []int) (strategy.Step, error) {
 	local := s.engine.NumLocalReplicas()
 	return s.engine.Build(syncSpec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
 		r := rc.ReplicaID() % local
-		grads := make([]tf.Output, len(l.vars))
-		for i, v := range l.vars {
+		grads := make([]tf.Output, len(idx))
+		anchors := make([]strategy.Variable, len(idx))
+		for k, i := range idx {
+			v := l.vars[i]
+			anchors[k] = l.anchors[i]
 			x, err := rc.Read(v)
 			if err != nil {
 				return nil, err
@@ -288,9 +329,9 @@ func (l *localSGD) buildSync(s *Strategy) (strategy.Step, error) {
 			}
 			// The mean over the workers, shared among the local replicas,
 			// whose gradients ApplyGradients sums.
-			grads[i] = op.Mul(sc.SubScope("mean"), d, op.Const(sc.SubScope("share"), float32(1)/float32(l.workers*local)))
+			grads[k] = op.Mul(sc.SubScope("mean"), d, op.Const(sc.SubScope("share"), float32(1)/float32(l.workers*local)))
 		}
-		return strategy.Outputs{}, rc.ApplyGradients(l.outer(), grads, l.anchors)
+		return strategy.Outputs{}, rc.ApplyGradients(l.outer(), grads, anchors)
 	})
 }
 
@@ -342,26 +383,26 @@ func (l *localSGD) steps(ctx context.Context, s *Strategy) (int64, error) {
 	return t.Value().(int64), nil
 }
 
-// synchronise runs the synchronisation after training step n, when due:
-// the anchors take the outer update, and the parameters the anchors.
+// synchronise runs the synchronisations due after training step n: each
+// fragment's anchors take the outer update, and its parameters the
+// anchors.
 func (l *localSGD) synchronise(ctx context.Context, s *Strategy, n int64) error {
-	if !l.due(n) {
-		return nil
-	}
-	begin := time.Now()
-	err := l.run(ctx, s, l.sync)
-	if err == nil {
-		err = l.run(ctx, s, l.reset)
-	}
-	if err != nil {
-		return fmt.Errorf("multiworker: local SGD: synchronise after step %d: %w", n, err)
-	}
-	if o := s.obs; o != nil {
-		if o.rec != nil {
-			o.rec.Add(timeline.Span{Phase: timeline.Sync, Name: fmt.Sprintf("synchronise after step %d", n), Start: begin, End: time.Now()})
+	for _, f := range l.due(n) {
+		begin := time.Now()
+		err := l.run(ctx, s, l.syncs[f])
+		if err == nil {
+			err = l.run(ctx, s, l.resets[f])
 		}
-		if o.m != nil {
-			o.m.Syncs.Inc()
+		if err != nil {
+			return fmt.Errorf("multiworker: local SGD: synchronise fragment %d after step %d: %w", f, n, err)
+		}
+		if o := s.obs; o != nil {
+			if o.rec != nil {
+				o.rec.Add(timeline.Span{Phase: timeline.Sync, Name: fmt.Sprintf("synchronise fragment %d after step %d", f, n), Start: begin, End: time.Now()})
+			}
+			if o.m != nil {
+				o.m.Syncs.Inc()
+			}
 		}
 	}
 	return nil
@@ -388,7 +429,41 @@ func (l *localSGD) after(ctx context.Context, s *Strategy, res strategy.Result) 
 // after the last training step (or before the first): an elastic job's
 // workers agree on a change of members only there, since between two
 // synchronisations they step without waiting for one another.
-func (l *localSGD) meeting() bool { return l.due(l.trained.Load()) }
+func (l *localSGD) meeting() bool { return len(l.due(l.trained.Load())) > 0 }
+
+// fragments cuts vars into p runs of consecutive variables of about equal
+// elements: run f ends at the first variable that brings the elements so
+// far to (f+1)/p of all. It returns each run's indices; p is at most
+// len(vars).
+func fragments(vars []strategy.Variable, p int) [][]int {
+	var total int64
+	sizes := make([]int64, len(vars))
+	for i, v := range vars {
+		sizes[i] = max(1, tensorutil.NumElements(v.Shape()))
+		total += sizes[i]
+	}
+	out := make([][]int, p)
+	var sum int64
+	f := 0
+	for i, n := range sizes {
+		out[f] = append(out[f], i)
+		sum += n
+		// Leave at least one variable for each later fragment.
+		if f < p-1 && (sum*int64(p) >= total*int64(f+1) || len(vars)-i-1 == p-f-1) {
+			f++
+		}
+	}
+	return out
+}
+
+// allIndices returns 0, 1, …, n-1.
+func allIndices(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
 
 // localCrossDeviceOps reduces across a worker's own replicas: on the
 // first of its devices when they are all GPUs, else on its host CPU.

@@ -90,19 +90,21 @@ func (s *Strategy) gatherRows(name string, read func(*op.Scope) (tf.Output, erro
 	}
 }
 
-// synced returns the variables alike on every worker now: those a
-// synchronisation writes, when the last training step this process ran
-// synchronised (none before its first, which may follow a restore).
+// synced returns the variables alike on every worker now: those of the
+// fragments the last training step this process ran synchronised (none
+// before its first, which may follow a restore).
 func (l *localSGD) synced() map[strategy.Variable]bool {
 	n := l.trained.Load()
-	if n <= 0 || !l.due(n) {
+	if n <= 0 {
 		return nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make(map[strategy.Variable]bool, len(l.vars))
-	for _, v := range l.vars {
-		out[v] = true
+	out := map[strategy.Variable]bool{}
+	for _, f := range l.due(n) {
+		for _, i := range l.frags[f] {
+			out[l.vars[i]] = true
+		}
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -149,6 +150,8 @@ func TestLocalSGDBadInput(t *testing.T) {
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, OuterMomentum: 1})}, "OuterMomentum 1: expected a momentum in [0, 1)"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, WarmupSteps: -1})}, "WarmupSteps -1: expected 0 or more"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, Compression: multiworker.TopK(0.1)})}, "Compression topk(0.1): expected none, fp16 or bf16"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, Fragments: 2})}, "Fragments 2: expected 0, 1 or a divisor of Steps 5"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 4, Fragments: -1})}, "Fragments -1: expected 0, 1 or a divisor of Steps 4"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithCommunication(multiworker.Ring)}, "WithLocalSGD with WithCommunication(ring)"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithCompression(multiworker.FP16)}, "a local step all-reduces no gradient"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithDeterministic(2)}, "WithLocalSGD with WithDeterministic"},
@@ -166,6 +169,16 @@ func TestLocalSGDRefusesAccumulation(t *testing.T) {
 	defer s.Close()
 	_, err = testmodel.NewLinear(s, elasticLR, strategy.WithAccumulation(2))
 	assert.ErrorContains(t, err, "WithLocalSGD: a step that accumulates gradients (WithAccumulation)")
+}
+
+// More fragments than variables to split is refused when the first
+// training step is built, naming both.
+func TestLocalSGDRefusesMoreFragmentsThanVariables(t *testing.T) {
+	s, err := multiworker.New(context.Background(), multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 4, Fragments: 2}))
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = testmodel.NewLinear(s, elasticLR)
+	assert.ErrorContains(t, err, "WithLocalSGD: Fragments 2: expected at most 1, the float32 trainable variables to split")
 }
 
 // A checkpoint saved between two synchronisations holds every worker's
@@ -223,18 +236,22 @@ func TestLocalSGDResumesBetweenSynchronisations(t *testing.T) {
 	}
 }
 
-// localSGDCheckpointRun trains testmodel.Linear with Adam on 2 workers,
-// under cfg, from step first+1 to last, calling at(step) before step+1
-// (and at(first) before the first), and returns each worker's variables
-// by name.
+// localSGDCheckpointRun trains testmodel.Linear with Adam (or inner's
+// optimizer) on 2 workers, under cfg, from step first+1 to last, calling
+// at(step) before step+1 (and at(first) before the first), and returns
+// each worker's variables by name.
 func localSGDCheckpointRun(t *testing.T, cfg multiworker.LocalSGD, replicas, first, last int,
-	at func(w int, s *multiworker.Strategy, step int) error) [2]map[string][]byte {
+	at func(w int, s *multiworker.Strategy, step int) error, inner ...strategy.Optimizer) [2]map[string][]byte {
+	opt := strategy.Optimizer(optimizer.NewAdam(optimizer.Constant(0.05)))
+	if len(inner) > 0 {
+		opt = inner[0]
+	}
 	var got [2]map[string][]byte
 	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLocalSGD(cfg), multiworker.WithLogicalCPUs(replicas),
 		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
 		func(w int, s *multiworker.Strategy) error {
 			ctx := context.Background()
-			l, err := testmodel.NewLinearWith(s, optimizer.NewAdam(optimizer.Constant(0.05)))
+			l, err := testmodel.NewLinearWith(s, opt)
 			if err != nil {
 				return err
 			}
@@ -266,4 +283,168 @@ func localSGDCheckpointRun(t *testing.T, cfg multiworker.LocalSGD, replicas, fir
 		require.NoError(t, err, "worker %d", w)
 	}
 	return got
+}
+
+// The outer update keeps a step count of its own: an inner optimizer of
+// the same kind (momentum, whose schedule reads its count) counts the
+// training steps alone.
+func TestLocalSGDOuterStepCountIsItsOwn(t *testing.T) {
+	const steps = 6
+	got := localSGDCheckpointRun(t, multiworker.LocalSGD{Steps: 2, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}, 1, 0, steps,
+		func(int, *multiworker.Strategy, int) error { return nil },
+		optimizer.NewMomentum(optimizer.Constant(0.05), 0.9, false))
+	for w := range got {
+		assert.Equal(t, []byte{steps, 0, 0, 0, 0, 0, 0, 0}, got[w]["Momentum/iterations"], "worker %d: the inner optimizer's count", w)
+		assert.Equal(t, []byte{steps / 2, 0, 0, 0, 0, 0, 0, 0}, got[w]["tfdist_local_sgd/outer/iterations"], "worker %d: the outer update's count", w)
+	}
+}
+
+// affine is a model of two variables for the fragments' test: the loss
+// (x·w + b - y)², averaged, minimised by SGD, on testmodel.Linear's
+// examples.
+type affine struct {
+	w, b strategy.Variable
+	step strategy.Step
+	e    testmodel.Engine
+}
+
+func newAffine(e testmodel.Engine) (*affine, error) {
+	m := &affine{e: e}
+	if err := e.Scope(func(sc strategy.Scope) (err error) {
+		w0, err := tf.NewTensor([]float32{0.5, -0.25, 0.1})
+		if err != nil {
+			return err
+		}
+		if m.w, err = sc.Variable("w", tf.Float, []int64{3}, strategy.Constant(w0)); err != nil {
+			return err
+		}
+		m.b, err = sc.Variable("b", tf.Float, []int64{1}, strategy.Zeros())
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	var err error
+	m.step, err = e.Build(testmodel.LinearSpec, func(r strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
+		s := r.Scope().SubScope("affine")
+		xw := op.Squeeze(s.SubScope("pred"), op.MatMul(s.SubScope("matmul"), in["x"],
+			op.Reshape(s.SubScope("w"), strategy.MustRead(r, m.w), op.Const(s.SubScope("shape"), []int32{3, 1}))))
+		pred := op.AddV2(s.SubScope("bias"), xw, strategy.MustRead(r, m.b))
+		loss := r.AverageLoss(op.Square(s.SubScope("square"), op.Sub(s.SubScope("err"), pred, in["y"])))
+		return strategy.Outputs{}, r.Minimize(optimizer.NewSGD(optimizer.Constant(elasticLR)), loss, []strategy.Variable{m.w, m.b})
+	})
+	return m, err
+}
+
+// run trains one step on the examples lo..lo+n of testmodel.Linear.
+func (m *affine) run(ctx context.Context, lo, n int) error {
+	_, err := testmodel.RunLinear(ctx, m.e, m.step, lo, n)
+	return err
+}
+
+// Streaming DiLoCo's fragments: with 2 fragments (w, then b) and a
+// synchronisation every 4 steps, w synchronises after steps 2, 6, 10, 14
+// and b after 4, 8, 12, each by DiLoCo's outer update: every worker ends
+// with the parameters of its model in two independent models synchronised
+// so by hand (b, trained alone since step 12, differs between them).
+func TestLocalSGDFragmentsSynchroniseInTurn(t *testing.T) {
+	const steps = 14
+	cfg := multiworker.LocalSGD{Steps: 4, Fragments: 2, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}
+	want := fragmentsByHand(t, steps, cfg)
+	var got [2][][]float32
+	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLocalSGD(cfg),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+		func(w int, s *multiworker.Strategy) error {
+			m, err := newAffine(s)
+			if err != nil {
+				return err
+			}
+			per := elasticGlobal / 2
+			for step := range steps {
+				if err := m.run(context.Background(), step*elasticGlobal+w*per, per); err != nil {
+					return err
+				}
+			}
+			got[w], err = floatValues(context.Background(), s, m.w, m.b)
+			return err
+		})
+	for w, err := range errs {
+		require.NoError(t, err, "worker %d", w)
+	}
+	for w := range got {
+		for i, name := range []string{"w", "b"} {
+			assert.InDeltaSlice(t, want[w][i], got[w][i], 1e-5, "worker %d: %s", w, name)
+		}
+	}
+	assert.Equal(t, got[0][0], got[1][0], "w synchronised after the last step")
+	assert.NotEqual(t, got[0][1], got[1][1], "b trained alone since step 12")
+}
+
+// fragmentsByHand trains an affine model on one device for each of two
+// workers, on their halves of the global batches, and after step n
+// synchronises fragment 0 (w) when n%4 == 2 and fragment 1 (b) when
+// n%4 == 0 with TensorFlow's momentum update computed here; it returns
+// each model's w and b.
+func fragmentsByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) [2][][]float32 {
+	ctx := context.Background()
+	var models [2]*affine
+	var strategies [2]*onedevice.Strategy
+	for w := range models {
+		s, err := onedevice.New()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		strategies[w] = s
+		models[w], err = newAffine(s)
+		require.NoError(t, err)
+	}
+	vars := func(m *affine) []strategy.Variable { return []strategy.Variable{m.w, m.b} }
+	anchors, err := floatValues(ctx, strategies[0], vars(models[0])...)
+	require.NoError(t, err)
+	accum := [][]float32{make([]float32, 3), make([]float32, 1)}
+	lr, mu := float32(cfg.OuterRate), float32(cfg.OuterMomentum)
+	per := elasticGlobal / 2
+	for step := 1; step <= steps; step++ {
+		for w, m := range models {
+			require.NoError(t, m.run(ctx, (step-1)*elasticGlobal+w*per, per))
+		}
+		f := map[int]int{2: 0, 0: 1}[step%4]
+		if step%2 != 0 {
+			continue
+		}
+		var ws [2][]float32
+		for w, m := range models {
+			vals, err := floatValues(ctx, strategies[w], vars(m)[f])
+			require.NoError(t, err)
+			ws[w] = vals[0]
+		}
+		a := anchors[f]
+		for i := range a {
+			g := (a[i] - ws[0][i] + (a[i] - ws[1][i])) / 2
+			accum[f][i] = accum[f][i]*mu + g
+			a[i] -= g*lr + accum[f][i]*mu*lr
+		}
+		for w, m := range models {
+			x, err := tf.NewTensor(a)
+			require.NoError(t, err)
+			require.NoError(t, strategies[w].Assign(ctx, vars(m)[f], x))
+		}
+	}
+	var out [2][][]float32
+	for w, m := range models {
+		out[w], err = floatValues(ctx, strategies[w], vars(m)...)
+		require.NoError(t, err)
+	}
+	return out
+}
+
+// floatValues reads the float32 variables vs of e.
+func floatValues(ctx context.Context, e strategy.ValueReader, vs ...strategy.Variable) ([][]float32, error) {
+	out := make([][]float32, len(vs))
+	for i, v := range vs {
+		t, err := e.Value(ctx, v)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = append([]float32(nil), t.Value().([]float32)...)
+	}
+	return out, nil
 }

@@ -188,6 +188,15 @@ func NewKerasMomentum(lr Schedule, m float32, nesterov bool) *Momentum {
 	return &Momentum{base: base{name: "KerasMomentum", lr: scheduleOr(lr, 0.01)}, momentum: m, nesterov: nesterov, keras: true}
 }
 
+// Named returns o under name, which names its slots and its step count
+// ("<name>/iterations") in place of "Momentum" or "KerasMomentum": two
+// optimizers of one strategy need two names, or they share a step count.
+func (o *Momentum) Named(name string) *Momentum {
+	c := *o
+	c.name = name
+	return &c
+}
+
 // Apply implements strategy.Optimizer.
 func (o *Momentum) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strategy.Variable) (*tf.Operation, error) {
 	return o.apply(ac, grads, vars, between("momentum", o.momentum, 0, 1), func(u update) varUpdate {

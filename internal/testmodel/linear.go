@@ -62,7 +62,12 @@ func NewLinearWith(e Engine, opt strategy.Optimizer, opts ...strategy.MinimizeOp
 // Run runs the step on the n examples from lo, split evenly among the
 // local replicas of an engine that runs every replica.
 func (l *Linear) Run(ctx context.Context, lo, n int) (strategy.Result, error) {
-	reps := l.e.NumLocalReplicas()
+	return RunLinear(ctx, l.e, l.Step, lo, n)
+}
+
+// RunLinear runs step, of LinearSpec's inputs, as Linear.Run runs its own.
+func RunLinear(ctx context.Context, e Engine, step strategy.Step, lo, n int) (strategy.Result, error) {
+	reps := e.NumLocalReplicas()
 	if n%reps != 0 {
 		return nil, fmt.Errorf("%d examples for %d replicas", n, reps)
 	}
@@ -85,7 +90,7 @@ func (l *Linear) Run(ctx context.Context, lo, n int) (strategy.Result, error) {
 		}
 		feeds[r] = map[string]*tf.Tensor{"x": xt, "y": yt}
 	}
-	return l.e.RunReplicas(ctx, l.Step, feeds, n)
+	return e.RunReplicas(ctx, step, feeds, n)
 }
 
 // Weights returns w.
