@@ -303,13 +303,11 @@ var syncSpec = strategy.InputSpec{"tfdist_local_sgd_none": {DType: tf.Float, Sha
 func (l *localSGD) buildSync(s *Strategy, idx []int) (strategy.Step, error) {
 	local := s.engine.NumLocalReplicas()
 	return s.engine.Build(syncSpec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
-		r := rc.ReplicaID() % local
-		grads := make([]tf.Output, len(idx))
+		ds := make([]tf.Output, len(idx))
 		anchors := make([]strategy.Variable, len(idx))
 		for k, i := range idx {
-			v := l.vars[i]
 			anchors[k] = l.anchors[i]
-			x, err := rc.Read(v)
+			x, err := rc.Read(l.vars[i])
 			if err != nil {
 				return nil, err
 			}
@@ -317,22 +315,59 @@ func (l *localSGD) buildSync(s *Strategy, idx []int) (strategy.Step, error) {
 			if err != nil {
 				return nil, err
 			}
-			sc := rc.Scope().SubScope(fmt.Sprintf("local_sgd_%d", i))
-			d := op.Sub(sc, a, x)
-			if l.group != "" {
-				name := fmt.Sprintf("tfdist_local_sgd/%d", i)
-				if d, err = onceAWorker(rc, sc, d, r, local, func(sc *op.Scope, d tf.Output) tf.Output {
-					return engineops.AllReduce(sc, d, l.group, name, collective.Sum, l.cfg.Compression.wire())
-				}); err != nil {
-					return nil, err
-				}
+			ds[k] = op.Sub(rc.Scope().SubScope(fmt.Sprintf("local_sgd_%d", i)), a, x)
+		}
+		if l.group != "" {
+			var err error
+			if ds, err = l.exchange(rc, rc.Scope().SubScope("local_sgd_exchange"), ds, idx, local); err != nil {
+				return nil, err
 			}
-			// The mean over the workers, shared among the local replicas,
-			// whose gradients ApplyGradients sums.
-			grads[k] = op.Mul(sc.SubScope("mean"), d, op.Const(sc.SubScope("share"), float32(1)/float32(l.workers*local)))
+		}
+		// The mean over the workers, shared among the local replicas,
+		// whose gradients ApplyGradients sums.
+		grads := make([]tf.Output, len(ds))
+		for k, d := range ds {
+			sc := rc.Scope().SubScope(fmt.Sprintf("local_sgd_mean_%d", idx[k]))
+			grads[k] = op.Mul(sc, d, op.Const(sc.SubScope("share"), float32(1)/float32(l.workers*local)))
 		}
 		return strategy.Outputs{}, rc.ApplyGradients(l.outer(), grads, anchors)
 	})
+}
+
+// exchange sums ds, the outer gradient of the variables idx, over the
+// workers (local replicas a worker) as one flat buffer: one all-reduce a synchronisation (of a
+// fragment), which above the engine's direct size goes along the ring,
+// 2(n-1)/n of the buffer sent a worker, not (n-1) times each small
+// variable.
+func (l *localSGD) exchange(rc strategy.Replica, sc *op.Scope, ds []tf.Output, idx []int, local int) ([]tf.Output, error) {
+	flat := make([]tf.Output, len(ds))
+	sizes := make([]int64, len(ds))
+	minusOne := op.Const(sc.SubScope("minus_one"), []int32{-1})
+	for k, d := range ds {
+		flat[k] = op.Reshape(sc.SubScope(fmt.Sprintf("flat_%d", k)), d, minusOne)
+		sizes[k] = tensorutil.NumElements(l.vars[idx[k]].Shape())
+	}
+	axis := op.Const(sc.SubScope("axis"), int32(0))
+	packed := flat[0]
+	if len(flat) > 1 {
+		packed = op.ConcatV2(sc.SubScope("pack"), flat, axis)
+	}
+	name := fmt.Sprintf("tfdist_local_sgd/%d", idx[0])
+	sum, err := onceAWorker(rc, sc, packed, rc.ReplicaID()%local, local, func(sc *op.Scope, d tf.Output) tf.Output {
+		return engineops.AllReduce(sc, d, l.group, name, collective.Sum, l.cfg.Compression.wire())
+	})
+	if err != nil {
+		return nil, err
+	}
+	parts := []tf.Output{sum}
+	if len(ds) > 1 {
+		parts = op.SplitV(sc.SubScope("unpack"), sum, op.Const(sc.SubScope("sizes"), sizes), axis, int64(len(ds)))
+	}
+	out := make([]tf.Output, len(ds))
+	for k := range ds {
+		out[k] = op.Reshape(sc.SubScope(fmt.Sprintf("shape_%d", k)), parts[k], op.Shape(sc.SubScope(fmt.Sprintf("of_%d", k)), ds[k]))
+	}
+	return out, sc.Err()
 }
 
 // onceAWorker returns what exchange, an op of the engine's group, makes

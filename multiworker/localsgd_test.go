@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tfdist/tfdist/checkpoint"
+	"github.com/tfdist/tfdist/collective"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/onedevice"
@@ -31,10 +32,11 @@ func localSGDSteps(t *testing.T, steps int, cfg multiworker.LocalSGD, opts ...mu
 	return got
 }
 
-// localSGDRun is localSGDSteps, which also returns the bytes worker 0 sent.
-func localSGDRun(t *testing.T, steps int, cfg multiworker.LocalSGD, opts ...multiworker.Option) ([2][]float32, int64) {
+// localSGDRun is localSGDSteps, which also returns worker 0's collective
+// stats.
+func localSGDRun(t *testing.T, steps int, cfg multiworker.LocalSGD, opts ...multiworker.Option) ([2][]float32, collective.Stats) {
 	var got [2][]float32
-	var sent int64
+	var sent collective.Stats
 	errs := onWorkers(loopbackSpec(t, 2), append([]multiworker.Option{multiworker.WithLocalSGD(cfg),
 		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)}, opts...),
 		func(w int, s *multiworker.Strategy) error {
@@ -50,7 +52,7 @@ func localSGDRun(t *testing.T, steps int, cfg multiworker.LocalSGD, opts ...mult
 			}
 			got[w], err = l.Weights(context.Background())
 			if w == 0 {
-				sent = s.CollectiveStats().BytesSent
+				sent = s.CollectiveStats()
 			}
 			return err
 		})
@@ -84,7 +86,9 @@ func TestDiLoCoEqualsItsDefinition(t *testing.T) {
 	var sent [3]int64
 	for _, replicas := range []int{1, 2} {
 		var got [2][]float32
-		got, sent[replicas] = localSGDRun(t, steps, cfg, multiworker.WithLogicalCPUs(replicas))
+		var stats collective.Stats
+		got, stats = localSGDRun(t, steps, cfg, multiworker.WithLogicalCPUs(replicas))
+		sent[replicas] = stats.BytesSent
 		for w := range got {
 			assert.InDeltaSlice(t, want, got[w], 1e-5, "worker %d of %d replicas", w, replicas)
 		}
@@ -447,4 +451,34 @@ func floatValues(ctx context.Context, e strategy.ValueReader, vs ...strategy.Var
 		out[i] = append([]float32(nil), t.Value().([]float32)...)
 	}
 	return out, nil
+}
+
+// A synchronisation all-reduces the outer gradients of all its variables
+// as one buffer: one all-reduce each, which above the engine's direct
+// size takes the ring's bytes, not every variable's own all-reduce.
+func TestLocalSGDSynchronisesInOneAllReduce(t *testing.T) {
+	const steps = 6
+	var stats collective.Stats
+	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 2}),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+		func(w int, s *multiworker.Strategy) error {
+			m, err := newAffine(s)
+			if err != nil {
+				return err
+			}
+			per := elasticGlobal / 2
+			for step := range steps {
+				if err := m.run(context.Background(), step*elasticGlobal+w*per, per); err != nil {
+					return err
+				}
+			}
+			if w == 0 {
+				stats = s.CollectiveStats()
+			}
+			return nil
+		})
+	for w, err := range errs {
+		require.NoError(t, err, "worker %d", w)
+	}
+	assert.Equal(t, int64(steps/2), stats.AllReduces, "one all-reduce a synchronisation, of w and b at once")
 }
