@@ -354,26 +354,7 @@ func TestLocalSGDFragmentsSynchroniseInTurn(t *testing.T) {
 	const steps = 14
 	cfg := multiworker.LocalSGD{Steps: 4, Fragments: 2, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}
 	want := fragmentsByHand(t, steps, cfg)
-	var got [2][][]float32
-	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLocalSGD(cfg),
-		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
-		func(w int, s *multiworker.Strategy) error {
-			m, err := newAffine(s)
-			if err != nil {
-				return err
-			}
-			per := elasticGlobal / 2
-			for step := range steps {
-				if err := m.run(context.Background(), step*elasticGlobal+w*per, per); err != nil {
-					return err
-				}
-			}
-			got[w], err = floatValues(context.Background(), s, m.w, m.b)
-			return err
-		})
-	for w, err := range errs {
-		require.NoError(t, err, "worker %d", w)
-	}
+	got, _ := affineRun(t, steps, cfg)
 	for w := range got {
 		for i, name := range []string{"w", "b"} {
 			assert.InDeltaSlice(t, want[w][i], got[w][i], 1e-5, "worker %d: %s", w, name)
@@ -458,8 +439,17 @@ func floatValues(ctx context.Context, e strategy.ValueReader, vs ...strategy.Var
 // size takes the ring's bytes, not every variable's own all-reduce.
 func TestLocalSGDSynchronisesInOneAllReduce(t *testing.T) {
 	const steps = 6
+	_, stats := affineRun(t, steps, multiworker.LocalSGD{Steps: 2})
+	assert.Equal(t, int64(steps/2), stats.AllReduces, "one all-reduce a synchronisation, of w and b at once")
+}
+
+// affineRun trains an affine model on 2 workers under cfg, each worker on
+// its half of every global batch, and returns each worker's w and b, and
+// worker 0's collective stats.
+func affineRun(t *testing.T, steps int, cfg multiworker.LocalSGD) ([2][][]float32, collective.Stats) {
+	var got [2][][]float32
 	var stats collective.Stats
-	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 2}),
+	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLocalSGD(cfg),
 		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
 		func(w int, s *multiworker.Strategy) error {
 			m, err := newAffine(s)
@@ -475,10 +465,11 @@ func TestLocalSGDSynchronisesInOneAllReduce(t *testing.T) {
 			if w == 0 {
 				stats = s.CollectiveStats()
 			}
-			return nil
+			got[w], err = floatValues(context.Background(), s, m.w, m.b)
+			return err
 		})
 	for w, err := range errs {
 		require.NoError(t, err, "worker %d", w)
 	}
-	assert.Equal(t, int64(steps/2), stats.AllReduces, "one all-reduce a synchronisation, of w and b at once")
+	return got, stats
 }
