@@ -67,6 +67,8 @@ type Config struct {
 	// travel between workers (multiworker.WithCompression), or with
 	// LocalSGD the outer gradient (LocalSGD.Compression).
 	Compression multiworker.Compression
+
+	localSGDWarmup int // -local-sgd-warmup, applied by check
 }
 
 // Names lists the strategies Open makes; New makes all but "ps", and Run
@@ -88,6 +90,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("local-sgd", "under multiworker or elastic, synchronise every `H` training steps by averaging the workers' parameters (local SGD)", c.localSGDFlag("local-sgd", multiworker.LocalSGD{}))
 	fs.Func("diloco", "under multiworker or elastic, synchronise every `H` training steps with DiLoCo's outer Nesterov momentum (rate 0.7, momentum 0.9)",
 		c.localSGDFlag("diloco", multiworker.LocalSGD{OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}))
+	fs.Func("local-sgd-warmup", "with -local-sgd or -diloco, synchronise after each of the first `N` training steps, then every H (post-local SGD's warm-up)",
+		func(v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return fmt.Errorf("-local-sgd-warmup %q: expected a number of training steps, 0 or more", v)
+			}
+			c.localSGDWarmup = n
+			return nil
+		})
 	fs.Func("compression", "under multiworker or elastic, how gradients travel between workers: none, fp16, bf16 or topk(`ratio`); with -local-sgd or -diloco, the outer gradient: none, fp16 or bf16",
 		func(v string) (err error) {
 			c.Compression, err = multiworker.ParseCompression(v)
@@ -211,6 +222,9 @@ func (c Config) check() error {
 	if c.Compression != multiworker.None && !multi {
 		return fmt.Errorf("distribute: Compression %v (-compression) under strategy %q: expected multiworker or elastic, whose gradients cross between workers", c.Compression, c.Strategy)
 	}
+	if c.localSGDWarmup > 0 && c.LocalSGD == nil {
+		return fmt.Errorf("distribute: -local-sgd-warmup %d without -local-sgd or -diloco: expected one of them, whose synchronisations it starts with", c.localSGDWarmup)
+	}
 	if c.Devices < 0 {
 		return fmt.Errorf("distribute: Devices %d, expected 0 or more", c.Devices)
 	}
@@ -231,6 +245,9 @@ func multiworkerOptions(c Config) []multiworker.Option {
 		l := *c.LocalSGD
 		if c.Compression != multiworker.None {
 			l.Compression = c.Compression
+		}
+		if c.localSGDWarmup > 0 {
+			l.WarmupSteps = c.localSGDWarmup
 		}
 		opts = append(opts, multiworker.WithLocalSGD(l))
 	case c.Compression != multiworker.None:
