@@ -176,6 +176,8 @@ func checkElastic(opts []Option) (config, error) {
 	switch {
 	case c.comm != Auto && c.comm != Engine:
 		return c, fmt.Errorf("multiworker: RunElastic: WithCommunication(%v): an elastic job runs on tfdist's engine (Auto or Engine)", c.comm)
+	case c.localSGD != nil && c.localSGD.Overlap > 0:
+		return c, fmt.Errorf("multiworker: RunElastic: WithLocalSGD with Overlap %d: an elastic job synchronises between two steps (Overlap 0)", c.localSGD.Overlap)
 	case c.resolver != nil:
 		return c, errors.New("multiworker: RunElastic: WithResolver: an elastic job's membership comes from its rendezvous, not a cluster spec")
 	}

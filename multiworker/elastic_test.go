@@ -501,6 +501,7 @@ func TestElasticBadInput(t *testing.T) {
 		{multiworker.WithCommunication(multiworker.Ring), "RunElastic: WithCommunication(ring): an elastic job runs on tfdist's engine"},
 		{multiworker.RequireTLS(), "TLS is required (RequireTLS or TFDIST_REQUIRE_TLS) but no certificate is configured"},
 		{multiworker.WithResolver(resolver(t)), "RunElastic: WithResolver: an elastic job's membership comes from its rendezvous"},
+		{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 4, Overlap: 1}), "RunElastic: WithLocalSGD with Overlap 1: an elastic job synchronises between two steps"},
 	} {
 		m, err := elastic.Join(ctx, srv.Addr(), elastic.Hello{Job: "j", Name: "w"})
 		require.NoError(t, err)

@@ -56,6 +56,17 @@ type LocalSGD struct {
 	// Fragments-th of it at a time. 0 or 1 synchronises them all at once;
 	// Steps must be a multiple of Fragments.
 	Fragments int
+	// Overlap is the training steps that a fragment's outer gradient
+	// travels while the worker trains on (Streaming DiLoCo's τ), less
+	// than Steps/Fragments: it is taken after the step whose turn it is,
+	// all-reduced in the background, and lands Overlap steps later. 0
+	// synchronises at once, between two steps.
+	Overlap int
+	// Mix is the share of its own parameters that a worker keeps where a
+	// synchronisation lands (Streaming DiLoCo's α), in [0, 1): each of
+	// the fragment's parameters becomes Mix·own + (1-Mix)·anchor. 0 takes
+	// the anchors.
+	Mix float64
 }
 
 // WithLocalSGD trains with local SGD or DiLoCo (see LocalSGD) on tfdist's
@@ -87,6 +98,10 @@ func (c config) checkLocalSGD() error {
 		return fmt.Errorf("multiworker: WithLocalSGD: WarmupSteps %d: expected 0 or more", l.WarmupSteps)
 	case l.Fragments < 0 || l.Fragments > 1 && l.Steps%l.Fragments != 0:
 		return fmt.Errorf("multiworker: WithLocalSGD: Fragments %d: expected 0, 1 or a divisor of Steps %d", l.Fragments, l.Steps)
+	case l.Overlap < 0 || l.Overlap >= l.Steps/max(1, l.Fragments):
+		return fmt.Errorf("multiworker: WithLocalSGD: Overlap %d: expected 0 or more, less than Steps/Fragments = %d", l.Overlap, l.Steps/max(1, l.Fragments))
+	case l.Mix < 0 || l.Mix >= 1:
+		return fmt.Errorf("multiworker: WithLocalSGD: Mix %v: expected a share in [0, 1)", l.Mix)
 	case l.Compression != None && l.Compression.wire() == 0:
 		return fmt.Errorf("multiworker: WithLocalSGD: Compression %v: expected none, fp16 or bf16", l.Compression)
 	case c.comm != Auto && c.comm != Engine:
@@ -119,7 +134,8 @@ type localSGD struct {
 	anchors []strategy.Variable
 	frags   [][]int         // the indices in vars of each fragment's variables
 	syncs   []strategy.Step // each fragment's outer update of its anchors
-	resets  []strategy.Step // each fragment's parameters take its anchors
+	resets  []strategy.Step // each fragment's parameters take its anchors (mixed)
+	overlap *overlap        // with Overlap: the outer gradients in flight
 }
 
 // due returns the fragments that synchronise after training step n, in
@@ -241,13 +257,12 @@ func (l *localSGD) buildSteps(s *Strategy) (start strategy.Step, err error) {
 		if l.syncs[f], err = l.buildSync(s, idx); err != nil {
 			return nil, err
 		}
-		if l.resets[f], err = l.each(s, idx, func(rc *ingraph.ReplicaContext, _ *op.Scope, i int) error {
-			a, err := rc.Read(l.anchors[i])
-			if err != nil {
-				return err
-			}
-			return rc.Overwrite(l.vars[i], a)
-		}); err != nil {
+		if l.resets[f], err = l.each(s, idx, l.reset); err != nil {
+			return nil, err
+		}
+	}
+	if l.cfg.Overlap > 0 {
+		if l.overlap, err = l.buildOverlap(s); err != nil {
 			return nil, err
 		}
 	}
@@ -267,6 +282,26 @@ func (l *localSGD) buildSteps(s *Strategy) (start strategy.Step, err error) {
 		}
 		return errors.Join(rc.Overwrite(l.vars[i], x), rc.Overwrite(l.anchors[i], x))
 	})
+}
+
+// reset builds variable i's taking of its anchor, mixed with the
+// worker's own value by Mix.
+func (l *localSGD) reset(rc *ingraph.ReplicaContext, sc *op.Scope, i int) error {
+	a, err := rc.Read(l.anchors[i])
+	if err != nil {
+		return err
+	}
+	if l.cfg.Mix == 0 {
+		return rc.Overwrite(l.vars[i], a)
+	}
+	x, err := rc.Read(l.vars[i])
+	if err != nil {
+		return err
+	}
+	mix := float32(l.cfg.Mix)
+	own := op.Mul(sc.SubScope("own"), x, op.Const(sc.SubScope("mix"), mix))
+	anchor := op.Mul(sc.SubScope("anchor"), a, op.Const(sc.SubScope("rest"), 1-mix))
+	return rc.Overwrite(l.vars[i], op.AddV2(sc.SubScope("mixed"), own, anchor))
 }
 
 // each builds a step that calls fn for every synchronised variable i of
@@ -302,72 +337,100 @@ var syncSpec = strategy.InputSpec{"tfdist_local_sgd_none": {DType: tf.Float, Sha
 // takes the outer update of the workers' mean of (anchor - parameters).
 func (l *localSGD) buildSync(s *Strategy, idx []int) (strategy.Step, error) {
 	local := s.engine.NumLocalReplicas()
-	return s.engine.Build(syncSpec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
-		ds := make([]tf.Output, len(idx))
-		anchors := make([]strategy.Variable, len(idx))
-		for k, i := range idx {
-			anchors[k] = l.anchors[i]
-			x, err := rc.Read(l.vars[i])
-			if err != nil {
-				return nil, err
-			}
-			a, err := rc.Read(l.anchors[i])
-			if err != nil {
-				return nil, err
-			}
-			ds[k] = op.Sub(rc.Scope().SubScope(fmt.Sprintf("local_sgd_%d", i)), a, x)
+	return l.buildOuter(s, idx, func(rc *ingraph.ReplicaContext) ([]tf.Output, error) {
+		ds, err := l.deltas(rc, idx)
+		if err != nil || l.group == "" {
+			return ds, err
 		}
-		if l.group != "" {
-			var err error
-			if ds, err = l.exchange(rc, rc.Scope().SubScope("local_sgd_exchange"), ds, idx, local); err != nil {
-				return nil, err
-			}
+		return l.exchange(rc, rc.Scope().SubScope("local_sgd_exchange"), ds, idx, local)
+	})
+}
+
+// buildOuter builds a step that gives the anchors of the variables idx
+// the outer update of sums, the sum over the workers of each one's
+// (anchor - parameters), which each replica builds.
+func (l *localSGD) buildOuter(s *Strategy, idx []int, sums func(rc *ingraph.ReplicaContext) ([]tf.Output, error)) (strategy.Step, error) {
+	local := s.engine.NumLocalReplicas()
+	return s.engine.Build(syncSpec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
+		ds, err := sums(rc.(*ingraph.ReplicaContext))
+		if err != nil {
+			return nil, err
 		}
 		// The mean over the workers, shared among the local replicas,
 		// whose gradients ApplyGradients sums.
 		grads := make([]tf.Output, len(ds))
+		anchors := make([]strategy.Variable, len(ds))
 		for k, d := range ds {
 			sc := rc.Scope().SubScope(fmt.Sprintf("local_sgd_mean_%d", idx[k]))
 			grads[k] = op.Mul(sc, d, op.Const(sc.SubScope("share"), float32(1)/float32(l.workers*local)))
+			anchors[k] = l.anchors[idx[k]]
 		}
 		return strategy.Outputs{}, rc.ApplyGradients(l.outer(), grads, anchors)
 	})
 }
 
+// deltas builds this worker's (anchor - parameters) of the variables idx.
+func (l *localSGD) deltas(rc *ingraph.ReplicaContext, idx []int) ([]tf.Output, error) {
+	ds := make([]tf.Output, len(idx))
+	for k, i := range idx {
+		x, err := rc.Read(l.vars[i])
+		if err != nil {
+			return nil, err
+		}
+		a, err := rc.Read(l.anchors[i])
+		if err != nil {
+			return nil, err
+		}
+		ds[k] = op.Sub(rc.Scope().SubScope(fmt.Sprintf("local_sgd_%d", i)), a, x)
+	}
+	return ds, nil
+}
+
 // exchange sums ds, the outer gradient of the variables idx, over the
-// workers (local replicas a worker) as one flat buffer: one all-reduce a synchronisation (of a
-// fragment), which above the engine's direct size goes along the ring,
-// 2(n-1)/n of the buffer sent a worker, not (n-1) times each small
-// variable.
+// workers (local replicas a worker) as one flat buffer: one all-reduce a
+// synchronisation (of a fragment), which above the engine's direct size
+// goes along the ring, 2(n-1)/n of the buffer sent a worker, not (n-1)
+// times each small variable.
 func (l *localSGD) exchange(rc strategy.Replica, sc *op.Scope, ds []tf.Output, idx []int, local int) ([]tf.Output, error) {
-	flat := make([]tf.Output, len(ds))
-	sizes := make([]int64, len(ds))
-	minusOne := op.Const(sc.SubScope("minus_one"), []int32{-1})
-	for k, d := range ds {
-		flat[k] = op.Reshape(sc.SubScope(fmt.Sprintf("flat_%d", k)), d, minusOne)
-		sizes[k] = tensorutil.NumElements(l.vars[idx[k]].Shape())
-	}
-	axis := op.Const(sc.SubScope("axis"), int32(0))
-	packed := flat[0]
-	if len(flat) > 1 {
-		packed = op.ConcatV2(sc.SubScope("pack"), flat, axis)
-	}
 	name := fmt.Sprintf("tfdist_local_sgd/%d", idx[0])
-	sum, err := onceAWorker(rc, sc, packed, rc.ReplicaID()%local, local, func(sc *op.Scope, d tf.Output) tf.Output {
+	sum, err := onceAWorker(rc, sc, l.pack(sc, ds), rc.ReplicaID()%local, local, func(sc *op.Scope, d tf.Output) tf.Output {
 		return engineops.AllReduce(sc, d, l.group, name, collective.Sum, l.cfg.Compression.wire())
 	})
 	if err != nil {
 		return nil, err
 	}
-	parts := []tf.Output{sum}
-	if len(ds) > 1 {
-		parts = op.SplitV(sc.SubScope("unpack"), sum, op.Const(sc.SubScope("sizes"), sizes), axis, int64(len(ds)))
+	return l.unpack(sc, sum, idx), sc.Err()
+}
+
+// pack flattens ds into one vector, in order.
+func (l *localSGD) pack(sc *op.Scope, ds []tf.Output) tf.Output {
+	minusOne := op.Const(sc.SubScope("minus_one"), []int32{-1})
+	flat := make([]tf.Output, len(ds))
+	for k, d := range ds {
+		flat[k] = op.Reshape(sc.SubScope(fmt.Sprintf("flat_%d", k)), d, minusOne)
 	}
-	out := make([]tf.Output, len(ds))
-	for k := range ds {
-		out[k] = op.Reshape(sc.SubScope(fmt.Sprintf("shape_%d", k)), parts[k], op.Shape(sc.SubScope(fmt.Sprintf("of_%d", k)), ds[k]))
+	if len(flat) == 1 {
+		return flat[0]
 	}
-	return out, sc.Err()
+	return op.ConcatV2(sc.SubScope("pack"), flat, op.Const(sc.SubScope("axis"), int32(0)))
+}
+
+// unpack cuts a vector that pack made of the variables idx back into
+// tensors of their shapes.
+func (l *localSGD) unpack(sc *op.Scope, flat tf.Output, idx []int) []tf.Output {
+	sizes := make([]int64, len(idx))
+	for k, i := range idx {
+		sizes[k] = tensorutil.NumElements(l.vars[i].Shape())
+	}
+	parts := []tf.Output{flat}
+	if len(idx) > 1 {
+		parts = op.SplitV(sc.SubScope("unpack"), flat, op.Const(sc.SubScope("sizes"), sizes), op.Const(sc.SubScope("axis"), int32(0)), int64(len(idx)))
+	}
+	out := make([]tf.Output, len(idx))
+	for k, i := range idx {
+		out[k] = op.Reshape(sc.SubScope(fmt.Sprintf("shape_%d", k)), parts[k], op.Const(sc.SubScope(fmt.Sprintf("of_%d", k)), l.vars[i].Shape()))
+	}
+	return out
 }
 
 // onceAWorker returns what exchange, an op of the engine's group, makes
@@ -422,6 +485,9 @@ func (l *localSGD) steps(ctx context.Context, s *Strategy) (int64, error) {
 // fragment's anchors take the outer update, and its parameters the
 // anchors.
 func (l *localSGD) synchronise(ctx context.Context, s *Strategy, n int64) error {
+	if l.overlap != nil && n > int64(l.cfg.WarmupSteps) {
+		return l.overlap.after(ctx, s, l, n)
+	}
 	for _, f := range l.due(n) {
 		begin := time.Now()
 		err := l.run(ctx, s, l.syncs[f])
@@ -431,16 +497,24 @@ func (l *localSGD) synchronise(ctx context.Context, s *Strategy, n int64) error 
 		if err != nil {
 			return fmt.Errorf("multiworker: local SGD: synchronise fragment %d after step %d: %w", f, n, err)
 		}
-		if o := s.obs; o != nil {
-			if o.rec != nil {
-				o.rec.Add(timeline.Span{Phase: timeline.Sync, Name: fmt.Sprintf("synchronise fragment %d after step %d", f, n), Start: begin, End: time.Now()})
-			}
-			if o.m != nil {
-				o.m.Syncs.Inc()
-			}
-		}
+		l.observe(s, f, n, begin)
 	}
 	return nil
+}
+
+// observe records the synchronisation of fragment f that began at begin
+// and ended after step n in the timeline and the metrics.
+func (l *localSGD) observe(s *Strategy, f int, n int64, begin time.Time) {
+	o := s.obs
+	if o == nil {
+		return
+	}
+	if o.rec != nil {
+		o.rec.Add(timeline.Span{Phase: timeline.Sync, Name: fmt.Sprintf("synchronise fragment %d after step %d", f, n), Start: begin, End: time.Now()})
+	}
+	if o.m != nil {
+		o.m.Syncs.Inc()
+	}
 }
 
 // after takes the count of training steps out of a step's result and

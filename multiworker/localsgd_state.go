@@ -95,7 +95,7 @@ func (s *Strategy) gatherRows(name string, read func(*op.Scope) (tf.Output, erro
 // before its first, which may follow a restore).
 func (l *localSGD) synced() map[strategy.Variable]bool {
 	n := l.trained.Load()
-	if n <= 0 {
+	if n <= 0 || l.cfg.Overlap > 0 || l.cfg.Mix > 0 { // what lands is mixed with each worker's own
 		return nil
 	}
 	l.mu.Lock()

@@ -156,6 +156,9 @@ func TestLocalSGDBadInput(t *testing.T) {
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, Compression: multiworker.TopK(0.1)})}, "Compression topk(0.1): expected none, fp16 or bf16"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, Fragments: 2})}, "Fragments 2: expected 0, 1 or a divisor of Steps 5"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 4, Fragments: -1})}, "Fragments -1: expected 0, 1 or a divisor of Steps 4"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 4, Fragments: 2, Overlap: 2})}, "Overlap 2: expected 0 or more, less than Steps/Fragments = 2"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 4, Overlap: -1})}, "Overlap -1: expected 0 or more, less than Steps/Fragments = 4"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 4, Mix: 1})}, "Mix 1: expected a share in [0, 1)"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithCommunication(multiworker.Ring)}, "WithLocalSGD with WithCommunication(ring)"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithCompression(multiworker.FP16)}, "a local step all-reduces no gradient"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithDeterministic(2)}, "WithLocalSGD with WithDeterministic"},
@@ -188,14 +191,19 @@ func TestLocalSGDRefusesMoreFragmentsThanVariables(t *testing.T) {
 // A checkpoint saved between two synchronisations holds every worker's
 // parameters and Adam slots, besides local SGD's outer state: workers
 // restored from it go on as the job that saved it did, bit for bit, every
-// variable of every worker, with one replica a worker and with two. Saved
-// right after a synchronisation, it holds the parameters' value alone,
-// alike on every worker, and the slots' copies.
+// variable of every worker, with one replica a worker and with two, and
+// with an outer gradient in flight (Overlap), which the restored workers
+// all-reduce again from their stages. Saved right after a
+// synchronisation, it holds the parameters' value alone, alike on every
+// worker, and the slots' copies.
 func TestLocalSGDResumesBetweenSynchronisations(t *testing.T) {
 	const steps = 13 // synchronisations after steps 5 and 10
-	cfg := multiworker.LocalSGD{Steps: 5, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}
-	for _, c := range []struct{ saved, replicas int }{{8, 1}, {8, 2}, {10, 1}} {
+	for _, c := range []struct{ saved, replicas, overlap int }{{8, 1, 0}, {8, 2, 0}, {10, 1, 0}, {11, 1, 2}} {
 		saved, replicas := c.saved, c.replicas
+		cfg := multiworker.LocalSGD{Steps: 5, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}
+		if c.overlap > 0 { // taken after step 10, in flight when saved, lands after step 12
+			cfg.Overlap, cfg.Mix = c.overlap, 0.25
+		}
 		dir := t.TempDir()
 		prefix := func(w int) string { return filepath.Join(dir, fmt.Sprintf("worker_%d", w), "ckpt") }
 		want := localSGDCheckpointRun(t, cfg, replicas, 0, steps, func(w int, s *multiworker.Strategy, step int) error {
@@ -218,7 +226,7 @@ func TestLocalSGDResumesBetweenSynchronisations(t *testing.T) {
 			}
 		}
 		assert.Subset(t, copies, []string{"w/Adam/m", "w/Adam/v"}, "every worker's Adam slots")
-		if saved%cfg.Steps == 0 {
+		if saved%cfg.Steps == 0 && c.overlap == 0 {
 			assert.NotContains(t, copies, "w", "saved after a synchronisation")
 		} else {
 			assert.Contains(t, copies, "w", "saved between two synchronisations")
@@ -235,7 +243,7 @@ func TestLocalSGDResumesBetweenSynchronisations(t *testing.T) {
 			return err
 		})
 		for w := range want {
-			assert.Equal(t, want[w], got[w], "worker %d of %d replicas: every variable as the uninterrupted job's", w, replicas)
+			assert.Equal(t, want[w], got[w], "worker %d of %d replicas, saved after step %d: every variable as the uninterrupted job's", w, replicas, saved)
 		}
 	}
 }
@@ -365,10 +373,12 @@ func TestLocalSGDFragmentsSynchroniseInTurn(t *testing.T) {
 }
 
 // fragmentsByHand trains an affine model on one device for each of two
-// workers, on their halves of the global batches, and after step n
-// synchronises fragment 0 (w) when n%4 == 2 and fragment 1 (b) when
-// n%4 == 0 with TensorFlow's momentum update computed here; it returns
-// each model's w and b.
+// workers, on their halves of the global batches, and synchronises
+// fragment 0 (w) after each step n with n%4 == 2 and fragment 1 (b) after
+// n%4 == 0, with TensorFlow's momentum update computed here: each worker's
+// outer gradient is taken after that step and lands cfg.Overlap steps
+// later, each parameter becoming cfg.Mix of its own and the rest of the
+// anchor's. It returns each model's w and b.
 func fragmentsByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) [2][][]float32 {
 	ctx := context.Background()
 	var models [2]*affine
@@ -382,35 +392,56 @@ func fragmentsByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) [2][][]f
 		require.NoError(t, err)
 	}
 	vars := func(m *affine) []strategy.Variable { return []strategy.Variable{m.w, m.b} }
+	read := func(w, f int) []float32 {
+		vals, err := floatValues(ctx, strategies[w], vars(models[w])[f])
+		require.NoError(t, err)
+		return vals[0]
+	}
 	anchors, err := floatValues(ctx, strategies[0], vars(models[0])...)
 	require.NoError(t, err)
 	accum := [][]float32{make([]float32, 3), make([]float32, 1)}
-	lr, mu := float32(cfg.OuterRate), float32(cfg.OuterMomentum)
+	taken := map[int][2][]float32{} // by fragment: each worker's anchor - parameters
+	lr, mu, mix := float32(cfg.OuterRate), float32(cfg.OuterMomentum), float32(cfg.Mix)
+	land := func(f int) {
+		a, d := anchors[f], taken[f]
+		for i := range a {
+			g := (d[0][i] + d[1][i]) / 2
+			accum[f][i] = accum[f][i]*mu + g
+			a[i] -= g*lr + accum[f][i]*mu*lr
+		}
+		for w, m := range models {
+			own := read(w, f)
+			for i := range own {
+				own[i] = mix*own[i] + (1-mix)*a[i]
+			}
+			x, err := tf.NewTensor(own)
+			require.NoError(t, err)
+			require.NoError(t, strategies[w].Assign(ctx, vars(m)[f], x))
+		}
+	}
+	turn := func(n int) int { return map[int]int{2: 0, 0: 1, 1: -1, 3: -1}[n%4] }
 	per := elasticGlobal / 2
 	for step := 1; step <= steps; step++ {
 		for w, m := range models {
 			require.NoError(t, m.run(ctx, (step-1)*elasticGlobal+w*per, per))
 		}
-		f := map[int]int{2: 0, 0: 1}[step%4]
-		if step%2 != 0 {
-			continue
+		if cfg.Overlap > 0 && step > cfg.Overlap {
+			if f := turn(step - cfg.Overlap); f >= 0 {
+				land(f)
+			}
 		}
-		var ws [2][]float32
-		for w, m := range models {
-			vals, err := floatValues(ctx, strategies[w], vars(m)[f])
-			require.NoError(t, err)
-			ws[w] = vals[0]
-		}
-		a := anchors[f]
-		for i := range a {
-			g := (a[i] - ws[0][i] + (a[i] - ws[1][i])) / 2
-			accum[f][i] = accum[f][i]*mu + g
-			a[i] -= g*lr + accum[f][i]*mu*lr
-		}
-		for w, m := range models {
-			x, err := tf.NewTensor(a)
-			require.NoError(t, err)
-			require.NoError(t, strategies[w].Assign(ctx, vars(m)[f], x))
+		if f := turn(step); f >= 0 {
+			var d [2][]float32
+			for w := range models {
+				d[w] = read(w, f)
+				for i := range d[w] {
+					d[w][i] = anchors[f][i] - d[w][i]
+				}
+			}
+			taken[f] = d
+			if cfg.Overlap == 0 {
+				land(f)
+			}
 		}
 	}
 	var out [2][][]float32
@@ -434,6 +465,28 @@ func floatValues(ctx context.Context, e strategy.ValueReader, vs ...strategy.Var
 	return out, nil
 }
 
+// Streaming DiLoCo's overlap: each fragment's outer gradient, taken after
+// its turn, lands a step later, a quarter of each parameter the worker's own
+// each worker trained meanwhile: every worker ends with the parameters of
+// its model in two models synchronised so by hand, with one replica a
+// worker and with two.
+func TestLocalSGDOverlapLandsLater(t *testing.T) {
+	const steps = 15
+	cfg := multiworker.LocalSGD{Steps: 4, Fragments: 2, Overlap: 1, Mix: 0.25, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}
+	want := fragmentsByHand(t, steps, cfg)
+	for _, replicas := range []int{1, 2} {
+		got, _ := affineRun(t, steps, cfg, multiworker.WithLogicalCPUs(replicas))
+		for w := range got {
+			for i, name := range []string{"w", "b"} {
+				assert.InDeltaSlice(t, want[w][i], got[w][i], 1e-5, "worker %d of %d replicas: %s", w, replicas, name)
+			}
+		}
+	}
+	noOverlap := cfg
+	noOverlap.Overlap, noOverlap.Mix = 0, 0
+	assert.NotEqual(t, fragmentsByHand(t, steps, noOverlap), want, "the overlap trains another model")
+}
+
 // A synchronisation all-reduces the outer gradients of all its variables
 // as one buffer: one all-reduce each, which above the engine's direct
 // size takes the ring's bytes, not every variable's own all-reduce.
@@ -443,14 +496,14 @@ func TestLocalSGDSynchronisesInOneAllReduce(t *testing.T) {
 	assert.Equal(t, int64(steps/2), stats.AllReduces, "one all-reduce a synchronisation, of w and b at once")
 }
 
-// affineRun trains an affine model on 2 workers under cfg, each worker on
+// affineRun trains an affine model on 2 workers under cfg and opts, each worker on
 // its half of every global batch, and returns each worker's w and b, and
 // worker 0's collective stats.
-func affineRun(t *testing.T, steps int, cfg multiworker.LocalSGD) ([2][][]float32, collective.Stats) {
+func affineRun(t *testing.T, steps int, cfg multiworker.LocalSGD, opts ...multiworker.Option) ([2][][]float32, collective.Stats) {
 	var got [2][][]float32
 	var stats collective.Stats
-	errs := onWorkers(loopbackSpec(t, 2), []multiworker.Option{multiworker.WithLocalSGD(cfg),
-		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)},
+	errs := onWorkers(loopbackSpec(t, 2), append([]multiworker.Option{multiworker.WithLocalSGD(cfg),
+		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)}, opts...),
 		func(w int, s *multiworker.Strategy) error {
 			m, err := newAffine(s)
 			if err != nil {
