@@ -68,7 +68,28 @@ type Config struct {
 	// LocalSGD the outer gradient (LocalSGD.Compression).
 	Compression multiworker.Compression
 
-	localSGDWarmup int // -local-sgd-warmup, applied by check
+	localSGDFlags []localSGDFlag // -local-sgd-warmup, -fragments, -overlap
+}
+
+// localSGDFlag is a flag that sets a LocalSGD field, applied once every
+// flag is parsed, whatever their order.
+type localSGDFlag struct {
+	name string
+	n    int
+	set  func(*multiworker.LocalSGD, int)
+}
+
+// localSGDInt returns the Func of flag name, a count of steps or
+// fragments, 0 or more, that set applies to the LocalSGD options.
+func (c *Config) localSGDInt(name string, set func(*multiworker.LocalSGD, int)) func(string) error {
+	return func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("-%s %q: expected a whole number, 0 or more", name, v)
+		}
+		c.localSGDFlags = append(c.localSGDFlags, localSGDFlag{name: name, n: n, set: set})
+		return nil
+	}
 }
 
 // Names lists the strategies Open makes; New makes all but "ps", and Run
@@ -91,14 +112,16 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("diloco", "under multiworker or elastic, synchronise every `H` training steps with DiLoCo's outer Nesterov momentum (rate 0.7, momentum 0.9)",
 		c.localSGDFlag("diloco", multiworker.LocalSGD{OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}))
 	fs.Func("local-sgd-warmup", "with -local-sgd or -diloco, synchronise after each of the first `N` training steps, then every H (post-local SGD's warm-up)",
-		func(v string) error {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return fmt.Errorf("-local-sgd-warmup %q: expected a number of training steps, 0 or more", v)
+		c.localSGDInt("local-sgd-warmup", func(l *multiworker.LocalSGD, n int) { l.WarmupSteps = n }))
+	fs.Func("fragments", "with -local-sgd or -diloco, synchronise the parameters in `P` fragments in turn (Streaming DiLoCo)",
+		c.localSGDInt("fragments", func(l *multiworker.LocalSGD, n int) { l.Fragments = n }))
+	fs.Func("overlap", "with -local-sgd or -diloco, all-reduce each synchronisation while training `T` more steps (Streaming DiLoCo's overlap; its parameters then mixed half and half with the workers' own)",
+		c.localSGDInt("overlap", func(l *multiworker.LocalSGD, n int) {
+			l.Overlap = n
+			if n > 0 {
+				l.Mix = 0.5
 			}
-			c.localSGDWarmup = n
-			return nil
-		})
+		}))
 	fs.Func("compression", "under multiworker or elastic, how gradients travel between workers: none, fp16, bf16 or topk(`ratio`); with -local-sgd or -diloco, the outer gradient: none, fp16 or bf16",
 		func(v string) (err error) {
 			c.Compression, err = multiworker.ParseCompression(v)
@@ -222,8 +245,9 @@ func (c Config) check() error {
 	if c.Compression != multiworker.None && !multi {
 		return fmt.Errorf("distribute: Compression %v (-compression) under strategy %q: expected multiworker or elastic, whose gradients cross between workers", c.Compression, c.Strategy)
 	}
-	if c.localSGDWarmup > 0 && c.LocalSGD == nil {
-		return fmt.Errorf("distribute: -local-sgd-warmup %d without -local-sgd or -diloco: expected one of them, whose synchronisations it starts with", c.localSGDWarmup)
+	if len(c.localSGDFlags) > 0 && c.LocalSGD == nil {
+		f := c.localSGDFlags[0]
+		return fmt.Errorf("distribute: -%s %d without -local-sgd or -diloco: expected one of them, whose synchronisations it sets", f.name, f.n)
 	}
 	if c.Devices < 0 {
 		return fmt.Errorf("distribute: Devices %d, expected 0 or more", c.Devices)
@@ -246,8 +270,8 @@ func multiworkerOptions(c Config) []multiworker.Option {
 		if c.Compression != multiworker.None {
 			l.Compression = c.Compression
 		}
-		if c.localSGDWarmup > 0 {
-			l.WarmupSteps = c.localSGDWarmup
+		for _, f := range c.localSGDFlags {
+			f.set(&l, f.n)
 		}
 		opts = append(opts, multiworker.WithLocalSGD(l))
 	case c.Compression != multiworker.None:
