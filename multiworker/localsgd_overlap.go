@@ -17,11 +17,12 @@ import (
 )
 
 // overlap is Streaming DiLoCo's overlap of the outer all-reduce with the
-// inner steps (LocalSGD.Overlap): after the step whose turn a fragment's
-// is, the worker takes the fragment's outer gradient into a variable of
+// inner steps (LocalSGD.Overlap): after each step that is a fragment's
+// turn, the worker takes the fragment's outer gradient into a variable of
 // its own (a stage), the strategy all-reduces it in the background on the
-// engine's group, and Overlap steps later writes the sum into the stage
-// and runs the fragment's outer update from it, then its reset.
+// engine's group (bounded by the group's collective timeout), and Overlap
+// steps later writes the sum into the stage and runs the fragment's outer
+// update from it, then its reset.
 type overlap struct {
 	stages []strategy.Variable // each fragment's outer gradient, flat: this worker's, then the sum
 	takes  []strategy.Step     // stage = (anchors - parameters), packed
