@@ -96,11 +96,14 @@ func TestTLSAndPlaintextDoNotMix(t *testing.T) {
 
 // TestTLSChecksTheTaskAtEachAddress: the worker's server checks that the
 // server it reaches for a task of the plan has that task's certificate: a
-// plan that gives ps:0 the address of ps:1 fails, naming ps:0.
+// plan that gives ps:0 the address of ps:1 fails, naming ps:0. (The
+// variables are initialised first, so that ps:1's part of the plan, run
+// at the same time, succeeds: the refusal is the plan's only error.)
 func TestTLSChecksTheTaskAtEachAddress(t *testing.T) {
 	cfgs := tlsConfigs(t, "job-a")
 	s := newServers(t, func(task string) []taskserver.Option { return []taskserver.Option{taskserver.WithTLS(cfgs[task])} })
 	m := partitiontest.NewModel(t)
+	s.run(s.install(m.InitPlan(t)), nil)
 	p := m.ReadPlan(t)
 	ctx := context.Background()
 	for task, frag := range p.Fragments {
