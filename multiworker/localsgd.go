@@ -42,7 +42,9 @@ type LocalSGD struct {
 	// Nesterov takes Nesterov's momentum (DiLoCo's).
 	Nesterov bool
 	// WarmupSteps synchronises after each of the first WarmupSteps training
-	// steps before every Steps (post-local SGD's warm-up).
+	// steps before every Steps (post-local SGD's warm-up), by averaging the
+	// workers' parameters: the outer update, and its momentum, begin after
+	// the warm-up.
 	WarmupSteps int
 	// Compression sends the outer gradient over the wire as FP16 or BF16;
 	// None (the default) as float32.
@@ -135,6 +137,7 @@ type localSGD struct {
 	frags   [][]int         // the indices in vars of each fragment's variables
 	syncs   []strategy.Step // each fragment's outer update of its anchors
 	resets  []strategy.Step // each fragment's parameters take its anchors (mixed)
+	average strategy.Step   // in the warm-up: parameters and anchors take the workers' mean
 	overlap *overlap        // with Overlap: the outer gradients in flight
 }
 
@@ -261,6 +264,9 @@ func (l *localSGD) buildSteps(s *Strategy) (start strategy.Step, err error) {
 			return nil, err
 		}
 	}
+	if l.average, err = l.buildAverage(s); err != nil {
+		return nil, err
+	}
 	if l.cfg.Overlap > 0 {
 		if l.overlap, err = l.buildOverlap(s); err != nil {
 			return nil, err
@@ -343,6 +349,35 @@ func (l *localSGD) buildSync(s *Strategy, idx []int) (strategy.Step, error) {
 			return ds, err
 		}
 		return l.exchange(rc, rc.Scope().SubScope("local_sgd_exchange"), ds, idx, local)
+	})
+}
+
+// buildAverage builds the warm-up's synchronisation: every parameter and
+// its anchor take the workers' mean of the parameter.
+func (l *localSGD) buildAverage(s *Strategy) (strategy.Step, error) {
+	local := s.engine.NumLocalReplicas()
+	idx := allIndices(len(l.vars))
+	return s.engine.Build(syncSpec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
+		irc := rc.(*ingraph.ReplicaContext)
+		ds, err := l.deltas(irc, idx)
+		if err == nil && l.group != "" {
+			ds, err = l.exchange(rc, rc.Scope().SubScope("local_sgd_exchange"), ds, idx, local)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for k, d := range ds {
+			sc := rc.Scope().SubScope(fmt.Sprintf("local_sgd_average_%d", k))
+			a, err := rc.Read(l.anchors[k])
+			if err != nil {
+				return nil, err
+			}
+			mean := op.Sub(sc, a, op.Mul(sc.SubScope("mean"), d, op.Const(sc.SubScope("share"), float32(1)/float32(l.workers))))
+			if err := errors.Join(irc.Overwrite(l.anchors[k], mean), irc.Overwrite(l.vars[k], mean)); err != nil {
+				return nil, err
+			}
+		}
+		return strategy.Outputs{}, nil
 	})
 }
 
@@ -485,7 +520,15 @@ func (l *localSGD) steps(ctx context.Context, s *Strategy) (int64, error) {
 // fragment's anchors take the outer update, and its parameters the
 // anchors.
 func (l *localSGD) synchronise(ctx context.Context, s *Strategy, n int64) error {
-	if l.overlap != nil && n > int64(l.cfg.WarmupSteps) {
+	if n <= int64(l.cfg.WarmupSteps) {
+		begin := time.Now()
+		if err := l.run(ctx, s, l.average); err != nil {
+			return fmt.Errorf("multiworker: local SGD: average after warm-up step %d: %w", n, err)
+		}
+		l.observe(s, 0, n, begin)
+		return nil
+	}
+	if l.overlap != nil {
 		return l.overlap.after(ctx, s, l, n)
 	}
 	for _, f := range l.due(n) {

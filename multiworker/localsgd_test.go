@@ -75,8 +75,8 @@ func TestLocalSGDEveryStepIsSynchronous(t *testing.T) {
 }
 
 // DiLoCo's outer update, Nesterov momentum on the workers' mean parameter
-// change every 5 steps, after a warm-up of 2 steps synchronised every
-// step, gives every worker the parameters that two independent models,
+// change every 5 steps, after a warm-up of 2 steps each followed by the
+// workers' mean, gives every worker the parameters that two independent models,
 // synchronised the same way by hand, end with; so it does with two
 // replicas on each worker.
 func TestDiLoCoEqualsItsDefinition(t *testing.T) {
@@ -129,6 +129,10 @@ func diLoCoByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) []float32 {
 			continue
 		}
 		for i := range anchor {
+			if step <= cfg.WarmupSteps { // the warm-up averages
+				anchor[i] = (ws[0][i] + ws[1][i]) / 2
+				continue
+			}
 			g := (anchor[i] - ws[0][i] + (anchor[i] - ws[1][i])) / 2
 			accum[i] = accum[i]*mu + g
 			anchor[i] -= g*lr + accum[i]*mu*lr
