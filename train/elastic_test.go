@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -238,15 +239,7 @@ func fitJob(t *testing.T, opts ...elastic.Option) (addr, dir string) {
 func TestElasticFitPerReplicaBatch(t *testing.T) {
 	env := elasticPerReplicaEnv + "=8"
 	var log syncbuf.Buffer
-	addr, dir := fitJob(t, elastic.WithMembers(1, 2), elastic.WithLog(&log))
-	ws := []*elasticWorker{startElasticWorker(t, addr, dir, "worker:0", 0, env), startElasticWorker(t, addr, dir, "worker:1", 0, env)}
-	victim, at := rand.IntN(2), int64(5+rand.IntN(25))
-	require.Eventually(t, func() bool { return ws[victim].steps.Load() >= at }, 2*time.Minute, time.Millisecond)
-	require.NoError(t, ws[victim].cmd.Process.Kill())
-	killed := ws[victim].steps.Load()
-	require.Eventually(t, func() bool { return ws[1-victim].steps.Load() >= killed+3 }, 2*time.Minute, time.Millisecond, "the survivor trains alone")
-	finishers := []*elasticWorker{ws[1-victim], startElasticWorker(t, addr, dir, ws[victim].name, 0, env)}
-	what := fmt.Sprintf("%s killed after step %d", ws[victim].name, killed)
+	finishers, what := killOneOfTwo(t, &log, 5+rand.IntN(25), env)
 	var run jobResult
 	for i, w := range finishers {
 		got := w.result(t)
@@ -269,29 +262,45 @@ func TestElasticFitPerReplicaBatch(t *testing.T) {
 	}
 	last := len(entries[len(entries)-1].Members)
 	assert.InDelta(t, 0.05*float64(last), run.LearningRate, 1e-7, "%s: the rate of %d replicas", what, last)
+	replayEndsWith(t, entries, finishers, run, what, env)
+}
 
-	addr, dir = fitJob(t, elastic.WithReplay(entries))
+// killOneOfTwo starts a job of two workers (of one at least) with env,
+// writing its membership log to log, SIGKILLs one of them, at random,
+// once it has completed at least at steps, waits for the survivor to
+// train 3 steps alone, and starts a replacement. It returns the survivor
+// and the replacement, and what befell the victim.
+func killOneOfTwo(t *testing.T, log io.Writer, at int, env string) ([]*elasticWorker, string) {
+	addr, dir := fitJob(t, elastic.WithMembers(1, 2), elastic.WithLog(log))
+	ws := []*elasticWorker{startElasticWorker(t, addr, dir, "worker:0", 0, env), startElasticWorker(t, addr, dir, "worker:1", 0, env)}
+	victim := rand.IntN(2)
+	require.Eventually(t, func() bool { return ws[victim].steps.Load() >= int64(at) }, 2*time.Minute, time.Millisecond)
+	require.NoError(t, ws[victim].cmd.Process.Kill())
+	killed := ws[victim].steps.Load()
+	require.Eventually(t, func() bool { return ws[1-victim].steps.Load() >= killed+3 }, 2*time.Minute, time.Millisecond, "the survivor trains alone")
+	return []*elasticWorker{ws[1-victim], startElasticWorker(t, addr, dir, ws[victim].name, 0, env)}, fmt.Sprintf("%s killed after step %d", ws[victim].name, killed)
+}
+
+// replayEndsWith replays the job of entries with the workers finishers
+// (a survivor, then a replacement) and env, and checks that the survivor
+// ends with run's variables, bit for bit.
+func replayEndsWith(t *testing.T, entries []elastic.LogEntry, finishers []*elasticWorker, run jobResult, what, env string) {
+	addr, dir := fitJob(t, elastic.WithReplay(entries))
 	survivor := startElasticWorker(t, addr, dir, finishers[0].name, 0, env)
-	startElasticWorker(t, addr, dir, ws[victim].name, 0, env)
+	startElasticWorker(t, addr, dir, finishers[1].name, 0, env)
 	diff, name, j := strategy.MaxDiff(run.Vals, survivor.result(t).Vals)
 	assert.Zero(t, diff, "%s: the replay: %s[%d]", what, name, j)
 }
 
 // Fit under DiLoCo (a synchronisation every 5 steps) on an elastic job
 // whose worker is SIGKILLed at a random step, and replaced: the survivor
-// goes on from the last step both completed, the replacement joins at a
-// synchronisation, both end with one model (their optimizer slots are
+// goes on from the last step both completed, trains alone, the
+// replacement joins at a synchronisation, both end with one model (their optimizer slots are
 // their own), and a replay of the membership log ends with the same bits.
 func TestElasticFitDiLoCo(t *testing.T) {
 	env := elasticDiLoCoEnv + "=5"
 	var log syncbuf.Buffer
-	addr, dir := fitJob(t, elastic.WithMembers(1, 2), elastic.WithLog(&log))
-	ws := []*elasticWorker{startElasticWorker(t, addr, dir, "worker:0", 0, env), startElasticWorker(t, addr, dir, "worker:1", 0, env)}
-	victim, at := rand.IntN(2), int64(3+rand.IntN(30))
-	require.Eventually(t, func() bool { return ws[victim].steps.Load() >= at }, 2*time.Minute, time.Millisecond)
-	require.NoError(t, ws[victim].cmd.Process.Kill())
-	what := fmt.Sprintf("%s killed after step %d", ws[victim].name, ws[victim].steps.Load())
-	finishers := []*elasticWorker{ws[1-victim], startElasticWorker(t, addr, dir, ws[victim].name, 0, env)}
+	finishers, what := killOneOfTwo(t, &log, 3+rand.IntN(30), env)
 	run := finishers[0].result(t)
 	diff, name, j := strategy.MaxDiff(withoutSlots(run.Vals), withoutSlots(finishers[1].result(t).Vals))
 	assert.Zero(t, diff, "%s: after the last synchronisation: %s[%d]", what, name, j)
@@ -299,12 +308,7 @@ func TestElasticFitDiLoCo(t *testing.T) {
 	entries, err := elastic.ReadLog(strings.NewReader(log.String()))
 	require.NoError(t, err)
 	t.Logf("%s: memberships %+v", what, entries)
-
-	addr, dir = fitJob(t, elastic.WithReplay(entries))
-	survivor := startElasticWorker(t, addr, dir, finishers[0].name, 0, env)
-	startElasticWorker(t, addr, dir, ws[victim].name, 0, env)
-	diff, name, j = strategy.MaxDiff(run.Vals, survivor.result(t).Vals)
-	assert.Zero(t, diff, "%s: the replay: %s[%d]", what, name, j)
+	replayEndsWith(t, entries, finishers, run, what, env)
 }
 
 // withoutSlots returns the variables of vs but the optimizer's slots.
