@@ -147,11 +147,7 @@ func (l *localSGD) due(n int64) []int {
 	p := max(1, l.cfg.Fragments)
 	w := int64(l.cfg.WarmupSteps)
 	if n <= w {
-		all := make([]int, p)
-		for f := range all {
-			all[f] = f
-		}
-		return all
+		return allIndices(p)
 	}
 	every := int64(l.cfg.Steps / p)
 	r := (n - w) % int64(l.cfg.Steps)
@@ -229,10 +225,11 @@ func (l *localSGD) prepare(ctx context.Context, s *Strategy) error {
 			l.vars = append(l.vars, v)
 		}
 	}
-	if p := max(1, l.cfg.Fragments); p > len(l.vars) {
+	p := max(1, l.cfg.Fragments)
+	if p > len(l.vars) {
 		return fmt.Errorf("multiworker: WithLocalSGD: Fragments %d: expected at most %d, the float32 trainable variables to split", p, len(l.vars))
 	}
-	l.frags = fragments(l.vars, max(1, l.cfg.Fragments))
+	l.frags = fragments(l.vars, p)
 	if err := s.engine.Scope(func(sc strategy.Scope) error {
 		for _, v := range l.vars {
 			a, err := sc.Variable("tfdist_local_sgd/anchor/"+v.Name(), v.DType(), v.Shape(), strategy.Zeros(), strategy.Trainable(false))
@@ -344,12 +341,18 @@ var syncSpec = strategy.InputSpec{"tfdist_local_sgd_none": {DType: tf.Float, Sha
 func (l *localSGD) buildSync(s *Strategy, idx []int) (strategy.Step, error) {
 	local := s.engine.NumLocalReplicas()
 	return l.buildOuter(s, idx, func(rc *ingraph.ReplicaContext) ([]tf.Output, error) {
-		ds, err := l.deltas(rc, idx)
-		if err != nil || l.group == "" {
-			return ds, err
-		}
-		return l.exchange(rc, rc.Scope().SubScope("local_sgd_exchange"), ds, idx, local)
+		return l.summed(rc, idx, local)
 	})
+}
+
+// summed builds the sum over the workers (local replicas a worker) of
+// each one's (anchor - parameters) of the variables idx.
+func (l *localSGD) summed(rc *ingraph.ReplicaContext, idx []int, local int) ([]tf.Output, error) {
+	ds, err := l.deltas(rc, idx)
+	if err != nil || l.group == "" {
+		return ds, err
+	}
+	return l.exchange(rc, rc.Scope().SubScope("local_sgd_exchange"), ds, idx, local)
 }
 
 // buildAverage builds the warm-up's synchronisation: every parameter and
@@ -359,10 +362,7 @@ func (l *localSGD) buildAverage(s *Strategy) (strategy.Step, error) {
 	idx := allIndices(len(l.vars))
 	return s.engine.Build(syncSpec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
 		irc := rc.(*ingraph.ReplicaContext)
-		ds, err := l.deltas(irc, idx)
-		if err == nil && l.group != "" {
-			ds, err = l.exchange(rc, rc.Scope().SubScope("local_sgd_exchange"), ds, idx, local)
-		}
+		ds, err := l.summed(irc, idx, local)
 		if err != nil {
 			return nil, err
 		}
@@ -525,7 +525,7 @@ func (l *localSGD) synchronise(ctx context.Context, s *Strategy, n int64) error 
 		if err := l.run(ctx, s, l.average); err != nil {
 			return fmt.Errorf("multiworker: local SGD: average after warm-up step %d: %w", n, err)
 		}
-		l.observe(s, 0, n, begin)
+		l.observe(s, fmt.Sprintf("average after warm-up step %d", n), begin)
 		return nil
 	}
 	if l.overlap != nil {
@@ -533,27 +533,32 @@ func (l *localSGD) synchronise(ctx context.Context, s *Strategy, n int64) error 
 	}
 	for _, f := range l.due(n) {
 		begin := time.Now()
-		err := l.run(ctx, s, l.syncs[f])
-		if err == nil {
-			err = l.run(ctx, s, l.resets[f])
-		}
-		if err != nil {
+		if err := l.update(ctx, s, l.syncs[f], f); err != nil {
 			return fmt.Errorf("multiworker: local SGD: synchronise fragment %d after step %d: %w", f, n, err)
 		}
-		l.observe(s, f, n, begin)
+		l.observe(s, fmt.Sprintf("synchronise fragment %d after step %d", f, n), begin)
 	}
 	return nil
 }
 
-// observe records the synchronisation of fragment f that began at begin
-// and ended after step n in the timeline and the metrics.
-func (l *localSGD) observe(s *Strategy, f int, n int64, begin time.Time) {
+// update runs outer, an outer update of fragment f's anchors, then the
+// fragment's reset.
+func (l *localSGD) update(ctx context.Context, s *Strategy, outer strategy.Step, f int) error {
+	if err := l.run(ctx, s, outer); err != nil {
+		return err
+	}
+	return l.run(ctx, s, l.resets[f])
+}
+
+// observe records the synchronisation name that began at begin, and ends
+// now, in the timeline and the metrics.
+func (l *localSGD) observe(s *Strategy, name string, begin time.Time) {
 	o := s.obs
 	if o == nil {
 		return
 	}
 	if o.rec != nil {
-		o.rec.Add(timeline.Span{Phase: timeline.Sync, Name: fmt.Sprintf("synchronise fragment %d after step %d", f, n), Start: begin, End: time.Now()})
+		o.rec.Add(timeline.Span{Phase: timeline.Sync, Name: name, Start: begin, End: time.Now()})
 	}
 	if o.m != nil {
 		o.m.Syncs.Inc()

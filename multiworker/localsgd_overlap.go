@@ -104,7 +104,7 @@ func (o *overlap) after(ctx context.Context, s *Strategy, l *localSGD, n int64) 
 		if err != nil {
 			return fmt.Errorf("multiworker: local SGD: land fragment %d after step %d: %w", f, n, err)
 		}
-		l.observe(s, f, n, begin)
+		l.observe(s, fmt.Sprintf("synchronise fragment %d after step %d", f, n), begin)
 	}
 	for _, f := range l.due(n) {
 		if err := o.take(ctx, s, l, f); err != nil {
@@ -120,23 +120,27 @@ func (o *overlap) take(ctx context.Context, s *Strategy, l *localSGD, f int) err
 	if err := l.run(ctx, s, o.takes[f]); err != nil {
 		return err
 	}
-	fl := &flight{begin: time.Now(), done: make(chan flown, 1)}
-	o.mu.Lock()
-	o.flights[f] = fl
-	o.mu.Unlock()
-	return o.send(ctx, s, l, f, fl)
-}
-
-// send reads fragment f's stage and all-reduces it in the background into
-// fl.
-func (o *overlap) send(ctx context.Context, s *Strategy, l *localSGD, f int, fl *flight) error {
-	t, err := s.engine.Value(ctx, o.stages[f])
+	fl, err := o.send(ctx, s, l, f)
 	if err != nil {
 		return err
 	}
+	o.mu.Lock()
+	o.flights[f] = fl
+	o.mu.Unlock()
+	return nil
+}
+
+// send reads fragment f's stage and starts its all-reduce in the
+// background, whose flight it returns.
+func (o *overlap) send(ctx context.Context, s *Strategy, l *localSGD, f int) (*flight, error) {
+	fl := &flight{begin: time.Now(), done: make(chan flown, 1)}
+	t, err := s.engine.Value(ctx, o.stages[f])
+	if err != nil {
+		return nil, err
+	}
 	var buf bytes.Buffer
 	if _, err := t.WriteContentsTo(&buf); err != nil {
-		return err
+		return nil, err
 	}
 	data := buf.Bytes()
 	var opts []collective.CallOption
@@ -145,13 +149,13 @@ func (o *overlap) send(ctx context.Context, s *Strategy, l *localSGD, f int, fl 
 	}
 	if s.group == nil { // one worker: its own is the sum
 		fl.done <- flown{sum: data}
-		return nil
+		return fl, nil
 	}
 	go func() {
 		err := s.group.AllReduce(context.Background(), fmt.Sprintf("tfdist_local_sgd/stage/%d", f), collective.Sum, collective.Float32, data, opts...)
 		fl.done <- flown{sum: data, err: err}
 	}()
-	return nil
+	return fl, nil
 }
 
 // land waits for fragment f's all-reduce, writes the sum into its stage
@@ -165,9 +169,9 @@ func (o *overlap) land(ctx context.Context, s *Strategy, l *localSGD, f int) (ti
 	delete(o.flights, f)
 	o.mu.Unlock()
 	if fl == nil {
-		fl = &flight{begin: time.Now(), done: make(chan flown, 1)}
-		if err := o.send(ctx, s, l, f, fl); err != nil {
-			return fl.begin, err
+		var err error
+		if fl, err = o.send(ctx, s, l, f); err != nil {
+			return time.Now(), err
 		}
 	}
 	var got flown
@@ -184,10 +188,7 @@ func (o *overlap) land(ctx context.Context, s *Strategy, l *localSGD, f int) (ti
 		err = s.engine.Assign(ctx, o.stages[f], sum)
 	}
 	if err == nil {
-		err = l.run(ctx, s, o.lands[f])
-	}
-	if err == nil {
-		err = l.run(ctx, s, l.resets[f])
+		err = l.update(ctx, s, o.lands[f], f)
 	}
 	return fl.begin, err
 }
