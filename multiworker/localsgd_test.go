@@ -102,16 +102,7 @@ func TestDiLoCoEqualsItsDefinition(t *testing.T) {
 // says, with TensorFlow's momentum update computed here.
 func diLoCoByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) []float32 {
 	ctx := context.Background()
-	var models [2]*testmodel.Linear
-	var strategies [2]*onedevice.Strategy
-	for w := range models {
-		s, err := onedevice.New()
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		strategies[w] = s
-		models[w], err = testmodel.NewLinear(s, elasticLR)
-		require.NoError(t, err)
-	}
+	strategies, models := twoOnOneDevice(t, func(e testmodel.Engine) (*testmodel.Linear, error) { return testmodel.NewLinear(e, elasticLR) })
 	anchor, err := models[0].Weights(ctx)
 	require.NoError(t, err)
 	accum := make([]float32, len(anchor))
@@ -385,16 +376,7 @@ func TestLocalSGDFragmentsSynchroniseInTurn(t *testing.T) {
 // anchor's. It returns each model's w and b.
 func fragmentsByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) [2][][]float32 {
 	ctx := context.Background()
-	var models [2]*affine
-	var strategies [2]*onedevice.Strategy
-	for w := range models {
-		s, err := onedevice.New()
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		strategies[w] = s
-		models[w], err = newAffine(s)
-		require.NoError(t, err)
-	}
+	strategies, models := twoOnOneDevice(t, newAffine)
 	vars := func(m *affine) []strategy.Variable { return []strategy.Variable{m.w, m.b} }
 	read := func(w, f int) []float32 {
 		vals, err := floatValues(ctx, strategies[w], vars(models[w])[f])
@@ -454,6 +436,22 @@ func fragmentsByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) [2][][]f
 		require.NoError(t, err)
 	}
 	return out
+}
+
+// twoOnOneDevice builds two models by build, each on a device of its own:
+// two workers' models, for a test to synchronise by hand.
+func twoOnOneDevice[M any](t *testing.T, build func(testmodel.Engine) (M, error)) ([2]*onedevice.Strategy, [2]M) {
+	var strategies [2]*onedevice.Strategy
+	var models [2]M
+	for w := range models {
+		s, err := onedevice.New()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		strategies[w] = s
+		models[w], err = build(s)
+		require.NoError(t, err)
+	}
+	return strategies, models
 }
 
 // floatValues reads the float32 variables vs of e.
