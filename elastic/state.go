@@ -143,6 +143,7 @@ func (st *state) admit(p *peer, now time.Time) {
 	}
 	st.waiting = append(st.waiting, p)
 	st.send(p, message{Kind: kindAccepted})
+	st.cfg.log.Info("admitted a worker", zap.String("worker", p.hello.Name))
 }
 
 // refusal says why a worker cannot join, or "".

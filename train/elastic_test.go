@@ -19,6 +19,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tfdist/tfdist/distribute"
 	"github.com/tfdist/tfdist/elastic"
@@ -39,6 +41,7 @@ const (
 	elasticShardsEnv     = "TRAIN_TEST_ELASTIC_SHARDS"
 	elasticPerReplicaEnv = "TRAIN_TEST_ELASTIC_PER_REPLICA"
 	elasticDiLoCoEnv     = "TRAIN_TEST_ELASTIC_DILOCO" // H: DiLoCo, synchronising every H steps
+	elasticHoldEnv       = "TRAIN_TEST_ELASTIC_HOLD"   // a file: while it holds a step count N, the worker waits after its steps from N on
 )
 
 // elasticWorkerMain is a worker of an elastic job, as a user writes one:
@@ -110,12 +113,23 @@ func fitMLP(ctx context.Context, s train.Strategy, perReplica int, cbs ...train.
 }
 
 // stepPrinter prints "step N" after every step, N the steps Fit has
-// trained, and slows the steps so that a kill lands inside the run.
+// trained, and slows the steps so that a kill lands inside the run. While
+// the file elasticHoldEnv names holds a count no more than N, it waits
+// (up to a minute): the test holds the job so that a replacement joins
+// before it ends.
 type stepPrinter struct{ train.BaseCallback }
 
-func (stepPrinter) OnBatchEnd(_ context.Context, r *train.Run, _ int, _ train.Logs) error {
+func (stepPrinter) OnBatchEnd(ctx context.Context, r *train.Run, _ int, _ train.Logs) error {
 	fmt.Println("step", r.Steps())
 	time.Sleep(20 * time.Millisecond)
+	held := func() bool {
+		b, err := os.ReadFile(os.Getenv(elasticHoldEnv))
+		n, perr := strconv.ParseInt(string(b), 10, 64)
+		return err == nil && perr == nil && n <= r.Steps()
+	}
+	for start := time.Now(); held() && time.Since(start) < time.Minute && ctx.Err() == nil; {
+		time.Sleep(5 * time.Millisecond)
+	}
 	return nil
 }
 
@@ -128,14 +142,13 @@ type elasticWorker struct {
 	err       error
 }
 
-// startElasticWorker starts a worker named name of the job whose
-// rendezvous is at addr, writing its result into dir, with env added to
-// its environment.
-func startElasticWorker(t *testing.T, addr, dir, name string, shards int, env ...string) *elasticWorker {
-	w := &elasticWorker{name: name, out: filepath.Join(dir, fmt.Sprintf("%s-%d.json", strings.ReplaceAll(name, ":", "-"), time.Now().UnixNano())), exited: make(chan struct{})}
+// startElasticWorker starts a worker named name of job, writing its
+// result into the job's directory, with env added to its environment.
+func startElasticWorker(t *testing.T, job *fitJob, name string, shards int, env ...string) *elasticWorker {
+	w := &elasticWorker{name: name, out: filepath.Join(job.dir, fmt.Sprintf("%s-%d.json", strings.ReplaceAll(name, ":", "-"), time.Now().UnixNano())), exited: make(chan struct{})}
 	w.cmd = exec.Command(os.Args[0], "-test.run", "^$")
-	w.cmd.Env = append(os.Environ(), elasticOutEnv+"="+w.out, elasticShardsEnv+"="+strconv.Itoa(shards),
-		elastic.EnvRendezvous+"="+addr, elastic.EnvJob+"=fit-test", elastic.EnvName+"="+name)
+	w.cmd.Env = append(os.Environ(), elasticOutEnv+"="+w.out, elasticShardsEnv+"="+strconv.Itoa(shards), elasticHoldEnv+"="+job.hold(),
+		elastic.EnvRendezvous+"="+job.addr, elastic.EnvJob+"=fit-test", elastic.EnvName+"="+name)
 	w.cmd.Env = append(w.cmd.Env, env...)
 	w.cmd.Stderr = os.Stderr
 	stdout, err := w.cmd.StdoutPipe()
@@ -187,20 +200,13 @@ func TestElasticFitSurvivesAKill(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, s.Close())
 
-			srv, err := elastic.Listen("127.0.0.1:0", elastic.WithJob("fit-test"), elastic.WithMembers(1, 2))
-			require.NoError(t, err)
-			ctx, cancel := context.WithCancel(context.Background())
-			served := make(chan struct{})
-			go func() { _ = srv.Serve(ctx); close(served) }()
-			defer func() { cancel(); <-served }()
-
-			dir := t.TempDir()
-			ws := []*elasticWorker{startElasticWorker(t, srv.Addr(), dir, "worker:0", shards), startElasticWorker(t, srv.Addr(), dir, "worker:1", shards)}
+			job := startFitJob(t, elastic.WithMembers(1, 2))
+			ws := []*elasticWorker{startElasticWorker(t, job, "worker:0", shards), startElasticWorker(t, job, "worker:1", shards)}
 			victim, at := rand.IntN(2), int64(5+rand.IntN(backupEpochs*10-15))
 			require.Eventually(t, func() bool { return ws[victim].steps.Load() >= at }, 2*time.Minute, time.Millisecond)
-			require.NoError(t, ws[victim].cmd.Process.Kill())
-			finishers := []*elasticWorker{ws[1-victim], startElasticWorker(t, srv.Addr(), dir, ws[victim].name, shards)}
-			t.Logf("killed %s after step %d", ws[victim].name, ws[victim].steps.Load())
+			killed := job.kill(t, ws[victim], 1)
+			finishers := []*elasticWorker{ws[1-victim], job.replace(t, ws[victim].name, shards)}
+			t.Logf("killed %s after step %d", ws[victim].name, killed)
 			for _, w := range finishers {
 				got := w.result(t)
 				t.Logf("%s: steps %d", w.name, w.steps.Load())
@@ -219,16 +225,49 @@ func TestElasticFitSurvivesAKill(t *testing.T) {
 	}
 }
 
-// fitJob serves a rendezvous of opts until the test ends, and returns its
-// address and a directory for its workers' results.
-func fitJob(t *testing.T, opts ...elastic.Option) (addr, dir string) {
-	srv, err := elastic.Listen("127.0.0.1:0", append([]elastic.Option{elastic.WithJob("fit-test")}, opts...)...)
+// fitJob is an elastic job whose rendezvous the test serves.
+type fitJob struct {
+	addr, dir string
+	logs      *observer.ObservedLogs // the rendezvous's
+}
+
+// startFitJob serves a rendezvous of opts until the test ends.
+func startFitJob(t *testing.T, opts ...elastic.Option) *fitJob {
+	core, logs := observer.New(zap.InfoLevel)
+	opts = append([]elastic.Option{elastic.WithJob("fit-test"), elastic.WithLogger(zap.New(core))}, opts...)
+	srv, err := elastic.Listen("127.0.0.1:0", opts...)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
 	go func() { _ = srv.Serve(ctx); close(served) }()
 	t.Cleanup(func() { cancel(); <-served })
-	return srv.Addr(), t.TempDir()
+	return &fitJob{addr: srv.Addr(), dir: t.TempDir(), logs: logs}
+}
+
+// hold is the file that holds the job's workers (elasticHoldEnv).
+func (j *fitJob) hold() string { return filepath.Join(j.dir, "hold") }
+
+// kill SIGKILLs w and has the job's other workers wait after their
+// steps from after more steps than w completed; it returns w's steps.
+func (j *fitJob) kill(t *testing.T, w *elasticWorker, after int64) int64 {
+	require.NoError(t, w.cmd.Process.Kill())
+	killed := w.steps.Load()
+	require.NoError(t, os.WriteFile(j.hold(), []byte(strconv.FormatInt(killed+after, 10)), 0o644))
+	return killed
+}
+
+// replace starts a worker named name, with env, once its predecessor
+// was killed, and releases the job's workers once the rendezvous
+// admitted it: the job cannot end before the replacement joins.
+func (j *fitJob) replace(t *testing.T, name string, shards int, env ...string) *elasticWorker {
+	admitted := func() int {
+		return j.logs.FilterMessage("admitted a worker").FilterField(zap.String("worker", name)).Len()
+	}
+	before := admitted()
+	w := startElasticWorker(t, j, name, shards, env...)
+	require.Eventually(t, func() bool { return admitted() > before }, time.Minute, time.Millisecond, "%s is admitted", name)
+	require.NoError(t, os.Remove(j.hold()))
+	return w
 }
 
 // Fit with PerReplicaBatch(8) on an elastic job whose worker is SIGKILLed
@@ -271,23 +310,22 @@ func TestElasticFitPerReplicaBatch(t *testing.T) {
 // train 3 steps alone, and starts a replacement. It returns the survivor
 // and the replacement, and what befell the victim.
 func killOneOfTwo(t *testing.T, log io.Writer, at int, env string) ([]*elasticWorker, string) {
-	addr, dir := fitJob(t, elastic.WithMembers(1, 2), elastic.WithLog(log))
-	ws := []*elasticWorker{startElasticWorker(t, addr, dir, "worker:0", 0, env), startElasticWorker(t, addr, dir, "worker:1", 0, env)}
+	job := startFitJob(t, elastic.WithMembers(1, 2), elastic.WithLog(log))
+	ws := []*elasticWorker{startElasticWorker(t, job, "worker:0", 0, env), startElasticWorker(t, job, "worker:1", 0, env)}
 	victim := rand.IntN(2)
 	require.Eventually(t, func() bool { return ws[victim].steps.Load() >= int64(at) }, 2*time.Minute, time.Millisecond)
-	require.NoError(t, ws[victim].cmd.Process.Kill())
-	killed := ws[victim].steps.Load()
+	killed := job.kill(t, ws[victim], 3)
 	require.Eventually(t, func() bool { return ws[1-victim].steps.Load() >= killed+3 }, 2*time.Minute, time.Millisecond, "the survivor trains alone")
-	return []*elasticWorker{ws[1-victim], startElasticWorker(t, addr, dir, ws[victim].name, 0, env)}, fmt.Sprintf("%s killed after step %d", ws[victim].name, killed)
+	return []*elasticWorker{ws[1-victim], job.replace(t, ws[victim].name, 0, env)}, fmt.Sprintf("%s killed after step %d", ws[victim].name, killed)
 }
 
 // replayEndsWith replays the job of entries with the workers finishers
 // (a survivor, then a replacement) and env, and checks that the survivor
 // ends with run's variables, bit for bit.
 func replayEndsWith(t *testing.T, entries []elastic.LogEntry, finishers []*elasticWorker, run jobResult, what, env string) {
-	addr, dir := fitJob(t, elastic.WithReplay(entries))
-	survivor := startElasticWorker(t, addr, dir, finishers[0].name, 0, env)
-	startElasticWorker(t, addr, dir, finishers[1].name, 0, env)
+	job := startFitJob(t, elastic.WithReplay(entries))
+	survivor := startElasticWorker(t, job, finishers[0].name, 0, env)
+	startElasticWorker(t, job, finishers[1].name, 0, env)
 	diff, name, j := strategy.MaxDiff(run.Vals, survivor.result(t).Vals)
 	assert.Zero(t, diff, "%s: the replay: %s[%d]", what, name, j)
 }
@@ -300,7 +338,7 @@ func replayEndsWith(t *testing.T, entries []elastic.LogEntry, finishers []*elast
 func TestElasticFitDiLoCo(t *testing.T) {
 	env := elasticDiLoCoEnv + "=5"
 	var log syncbuf.Buffer
-	finishers, what := killOneOfTwo(t, &log, 3+rand.IntN(30), env)
+	finishers, what := killOneOfTwo(t, &log, 3+rand.IntN(20), env)
 	run := finishers[0].result(t)
 	diff, name, j := strategy.MaxDiff(withoutSlots(run.Vals), withoutSlots(finishers[1].result(t).Vals))
 	assert.Zero(t, diff, "%s: after the last synchronisation: %s[%d]", what, name, j)
