@@ -28,7 +28,7 @@ import (
 // over Keras's in each pair. Run with -benchtime 1x.
 func BenchmarkAgainstKeras(b *testing.B) {
 	const replicas = 2
-	o := options{globalBatch: 64, filters: 16, lr: 0.05, seed: 1}
+	o := options{epochs: 10, stepsPerEpoch: 100, globalBatch: 64, filters: 16, lr: 0.05, seed: 1}
 	intra, inter, err := tfrt.DefaultThreads()
 	require.NoError(b, err)
 	s, err := mirrored.New(mirrored.WithLogicalCPUs(replicas), mirrored.WithThreads(intra, inter))
@@ -45,7 +45,7 @@ func BenchmarkAgainstKeras(b *testing.B) {
 	kerasbench.WriteRaw(b, filepath.Join(dir, "y"), trainSet.Y)
 	setup := map[string]any{
 		"replicas": replicas, "intra_op": intra, "inter_op": inter,
-		"global_batch": o.globalBatch, "filters": o.filters, "lr": o.lr, "seed": o.seed,
+		"global_batch": o.globalBatch, "filters": o.filters, "lr": o.lr, "decay_steps": o.epochs * o.stepsPerEpoch, "seed": o.seed,
 		"x": filepath.Join(dir, "x"), "y": filepath.Join(dir, "y"), "n": trainSet.Len(),
 	}
 	for range b.N {

@@ -85,7 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.stepsPerEpoch, "steps-per-epoch", 100, "training steps of each epoch")
 	fs.IntVar(&o.globalBatch, "global-batch", 64, "examples per step, across every replica")
 	fs.IntVar(&o.filters, "filters", 16, "convolution filters of every layer")
-	fs.Float64Var(&o.lr, "lr", 0.05, "learning rate of SGD with momentum 0.9")
+	fs.Float64Var(&o.lr, "lr", 0.05, "initial learning rate of SGD with momentum 0.9, decayed to 0 along a half cosine over the run")
 	fs.Int64Var(&o.seed, "seed", 1, "seed of the initial values and the data order")
 	fs.Var(&o.policy, "mixed-precision", "mixed-precision policy: float32, mixed_bfloat16 or mixed_float16 (with loss scaling)")
 	fs.BoolVar(&o.json, "json", false, "print the result as one JSON line too")
@@ -175,7 +175,8 @@ func compile(s distribute.Strategy, o options) (*train.Trainer, error) {
 	if err != nil {
 		return nil, err
 	}
-	var opt strategy.Optimizer = optimizer.NewKerasMomentum(optimizer.Constant(o.lr), 0.9, false)
+	lr := optimizer.CosineDecay{Initial: float32(o.lr), DecaySteps: int64(o.epochs * o.stepsPerEpoch)}
+	var opt strategy.Optimizer = optimizer.NewKerasMomentum(lr, 0.9, false)
 	if o.policy == nn.MixedFloat16 {
 		if opt, err = optimizer.NewLossScale(opt); err != nil {
 			return nil, err

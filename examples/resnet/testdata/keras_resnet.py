@@ -5,7 +5,8 @@ Reads one JSON line on stdin:
 
   {"replicas": 2,                 # logical CPUs, one replica each
    "intra_op": 2, "inter_op": 2,  # TensorFlow's thread pools
-   "global_batch": 64, "filters": 16, "lr": 0.05, "seed": 1,
+   "global_batch": 64, "filters": 16, "lr": 0.05, "decay_steps": 1000,
+   "seed": 1,
    "x": path, "y": path, "n": examples}  # float32 [n, 64], int32 [n], raw
 
 builds and compiles the model and starts model.fit; after its first step
@@ -51,7 +52,9 @@ def resnet(filters):
 with strategy.scope():
     model = resnet(cfg["filters"])
     model.compile(
-        optimizer=keras.optimizers.SGD(cfg["lr"], momentum=0.9),
+        optimizer=keras.optimizers.SGD(
+            keras.optimizers.schedules.CosineDecay(cfg["lr"], cfg["decay_steps"]),
+            momentum=0.9),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
 
