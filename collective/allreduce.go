@@ -41,6 +41,9 @@ func (g *Group) AllReduceTo(ctx context.Context, name string, red Reduction, dt 
 	if h.wire != 0 && !(aligned(dst, 4) && aligned(src, 4)) {
 		return g.allReduceAligned(ctx, name, red, dst, src, opts)
 	}
+	if h.wire == Int8 {
+		return g.allReduceInt8(ctx, name, red, dst, src, opts)
+	}
 	o, err := g.start(ctx, name, h)
 	if err != nil {
 		return err

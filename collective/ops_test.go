@@ -159,6 +159,8 @@ func checkReduced(t *testing.T, c reduceCase, outs [][]byte) {
 		require.Equal(t, intReference(c.red, typed[int32](c.ins)), view[int32](outs[0]), c.name)
 	case Int64:
 		require.Equal(t, intReference(c.red, typed[int64](c.ins)), view[int64](outs[0]), c.name)
+	case Int8:
+		require.Equal(t, intReference(c.red, typed[int8](c.ins)), view[int8](outs[0]), c.name)
 	default:
 		var ins [][]float64
 		for _, in := range c.ins {
@@ -174,7 +176,7 @@ func checkReduced(t *testing.T, c reduceCase, outs [][]byte) {
 	}
 }
 
-func typed[T int32 | int64](bs [][]byte) [][]T {
+func typed[T int8 | int32 | int64](bs [][]byte) [][]T {
 	var out [][]T
 	for _, b := range bs {
 		out = append(out, append([]T{}, view[T](b)...))

@@ -8,7 +8,7 @@ import (
 // little-endian on every member (TensorFlow's layout on amd64 and arm64).
 
 type number interface {
-	~float32 | ~float64 | ~int32 | ~int64
+	~float32 | ~float64 | ~int32 | ~int64 | ~int8
 }
 
 // view returns b as a []T; b must be aligned for T.
@@ -19,6 +19,11 @@ func view[T number | uint16](b []byte) []T {
 		return nil
 	}
 	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)
+}
+
+// bytesOf returns the bytes of f, sharing its memory.
+func bytesOf(f []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
 }
 
 // bits32 returns the bits of f's elements, sharing its memory.
@@ -50,6 +55,8 @@ func reduceInto(red Reduction, dt DType, dst, src []byte) {
 		reduceTyped(red, view[int32](dst), view[int32](src))
 	case Int64:
 		reduceTyped(red, view[int64](dst), view[int64](src))
+	case Int8:
+		reduceTyped(red, view[int8](dst), view[int8](src))
 	case Float16, BFloat16:
 		reduceHalf(red, dt, view[uint16](dst), view[uint16](src))
 	}
@@ -223,6 +230,8 @@ func scale(dt DType, buf []byte, n int) {
 		divide(view[int32](buf), int32(n))
 	case Int64:
 		divide(view[int64](buf), int64(n))
+	case Int8:
+		divide(view[int8](buf), int8(n))
 	case Float16, BFloat16:
 		divideHalf(dt, view[uint16](buf), float32(n))
 	}

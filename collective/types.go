@@ -13,6 +13,9 @@ const (
 	BFloat16
 	Int32
 	Int64
+	// Int8 sums wrap around on overflow, as Go's int8 does. As a wire type
+	// (Compress), it quantizes a float32 sum or mean.
+	Int8
 )
 
 // Size returns the bytes of one element (0 for an unknown type).
@@ -24,6 +27,8 @@ func (d DType) Size() int {
 		return 8
 	case Float16, BFloat16:
 		return 2
+	case Int8:
+		return 1
 	}
 	return 0
 }
@@ -43,6 +48,8 @@ func (d DType) String() string {
 		return "int32"
 	case Int64:
 		return "int64"
+	case Int8:
+		return "int8"
 	}
 	return fmt.Sprintf("dtype(%d)", uint8(d))
 }
@@ -114,6 +121,17 @@ func Shape(dims ...int64) CallOption {
 // as it is. Where the members' results lie in memory they all map (see
 // "Pushed results" in the package doc), nothing crosses a wire and the
 // call moves float32: its result is exact.
+//
+// Compress(Int8) sends a Float32 Sum or Mean as int8, a quarter of its
+// bytes. Each block of 256 elements is scaled by the largest magnitude
+// any member has in it, which a first all-reduce of the blocks' maxima (a
+// 256th of float32's bytes) agrees on; each member rounds its block to
+// the nearest of ±127/n levels (n members), so the int8 sum of all of
+// them is exact and every member ends with the same bits. An element of
+// the sum is within n/2 levels, (n/2)·max/(127/n), of the exact one. A
+// block whose maximum is not finite sums to NaN. Groups of more than 127
+// members, whose members would have no level, are refused. Unlike the
+// 16-bit types, Int8 quantizes where memory is shared too.
 func Compress(wire DType) CallOption { return func(h *header) { h.wire = wire } }
 
 // orderTree is header.order for InTreeOrder.
@@ -151,8 +169,8 @@ func withOptions(h header, opts []CallOption) (header, error) {
 	if h.order == orderTree && (h.op != opAllReduce || h.wire != 0) {
 		return h, fmt.Errorf("InTreeOrder: only uncompressed all-reduces combine in tree order")
 	}
-	if h.wire != 0 && (h.op != opAllReduce || h.dtype != Float32 || h.wire.Size() != 2) {
-		return h, fmt.Errorf("cannot compress %v to %v: only float32 all-reduces compress, to float16 or bfloat16", h.dtype, h.wire)
+	if h.wire != 0 && (h.op != opAllReduce || h.dtype != Float32 || !(h.wire.Size() == 2 || h.wire == Int8 && (h.red == Sum || h.red == Mean))) {
+		return h, fmt.Errorf("cannot compress %v to %v: only float32 all-reduces compress, to float16 or bfloat16, or, summing or averaging, to int8", h.dtype, h.wire)
 	}
 	return h, nil
 }

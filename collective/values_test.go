@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 )
 
-var allDTypes = []DType{Float32, Float64, Float16, BFloat16, Int32, Int64}
+var allDTypes = []DType{Float32, Float64, Float16, BFloat16, Int32, Int64, Int8}
 var allReductions = []Reduction{Sum, Mean, Min, Max}
 
 // randomBuffer returns n random elements of dt: integers over their whole
@@ -26,6 +26,8 @@ func randomBuffer(rng *rand.Rand, dt DType, n int) []byte {
 			view[int32](b)[i] = int32(rng.Uint32())
 		case Int64:
 			view[int64](b)[i] = int64(rng.Uint64())
+		case Int8:
+			view[int8](b)[i] = int8(rng.Uint32())
 		}
 	}
 	return b
@@ -63,7 +65,7 @@ func epsilon(dt DType) float64 {
 }
 
 // intReference reduces integer inputs exactly, wrapping like the engine.
-func intReference[T int32 | int64](red Reduction, ins [][]T) []T {
+func intReference[T int8 | int32 | int64](red Reduction, ins [][]T) []T {
 	out := append([]T(nil), ins[0]...)
 	for _, in := range ins[1:] {
 		for i, v := range in {

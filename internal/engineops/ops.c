@@ -133,7 +133,7 @@ static void tfdist_register(const char* name, const char* extra_attr,
 
 void tfdist_register_ops(TF_Status* st) {
   tfdist_register("TfdistAllReduce", "reduction: {'sum', 'min', 'max', 'sum_in_tree_order'}",
-                  "wire: {'none', 'float16', 'bfloat16'} = 'none'", 1,
+                  "wire: {'none', 'float16', 'bfloat16', 'int8'} = 'none'", 1,
                   tfdist_create_allreduce, st);
   if (TF_GetCode(st) != TF_OK) return;
   tfdist_register("TfdistAllGather", NULL, NULL, 0, tfdist_create_allgather, st);

@@ -100,8 +100,8 @@ func addCollective(s *op.Scope, typ string, in tf.Output, attrs map[string]any) 
 
 // AllReduce adds an op that reduces in across the group registered as
 // group, matched on every member by name. red is collective.Sum, Min or
-// Max. wire, when not 0, is the 16-bit type a float32 in travels as
-// (collective.Compress).
+// Max. wire, when not 0, is the type a float32 in travels as
+// (collective.Compress: Float16, BFloat16, or for a sum Int8).
 func AllReduce(s *op.Scope, in tf.Output, group, name string, red collective.Reduction, wire collective.DType) tf.Output {
 	w := "none"
 	if wire != 0 {
@@ -174,7 +174,7 @@ type kernel struct {
 
 var (
 	reductions = map[string]collective.Reduction{"sum": collective.Sum, "min": collective.Min, "max": collective.Max, treeSum: collective.Sum}
-	wires      = map[string]collective.DType{"none": 0, "float16": collective.Float16, "bfloat16": collective.BFloat16}
+	wires      = map[string]collective.DType{"none": 0, "float16": collective.Float16, "bfloat16": collective.BFloat16, "int8": collective.Int8}
 )
 
 //export tfdistKernelCreate

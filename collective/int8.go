@@ -1,0 +1,95 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"math"
+)
+
+// int8Block is how many elements share a scale under Compress(Int8).
+const int8Block = 256
+
+// int8Levels is the largest magnitude each of n members rounds its
+// elements to under Compress(Int8): the sum of n of them fits an int8.
+func int8Levels(n int) int { return 127 / n }
+
+// allReduceInt8 is AllReduceTo of float32 src into dst, summed or averaged
+// (red), compressed to int8 (Compress): one all-reduce agrees on each
+// block's largest magnitude, a second sums the members' blocks rounded to
+// int8Levels levels of it, exactly. opts are the call's, whose Shape the
+// int8 sum keeps.
+func (g *Group) allReduceInt8(ctx context.Context, name string, red Reduction, dst, src []byte, opts []CallOption) error {
+	n := len(g.members)
+	if int8Levels(n) == 0 {
+		return fmt.Errorf("collective: all-reduce %q: cannot compress to int8 in a group of %d members: each would have no level (at most 127 members)", name, n)
+	}
+	x := view[float32](src)
+	maxima := make([]float32, (len(x)+int8Block-1)/int8Block)
+	blockMaxima(maxima, x)
+	if err := g.AllReduce(ctx, name, Max, Float32, bytesOf(maxima)); err != nil {
+		return fmt.Errorf("collective: all-reduce %q compressed to int8 agrees first on the maxima of its %d blocks: %w", name, len(maxima), err)
+	}
+	q := getBuf(len(x))
+	defer putBuf(q)
+	levels := float32(int8Levels(n))
+	quantize(view[int8](*q), x, maxima, levels)
+	if err := g.AllReduce(ctx, name, Sum, Int8, *q, append(opts[:len(opts):len(opts)], Compress(0))...); err != nil {
+		return err
+	}
+	if red == Mean {
+		levels *= float32(n)
+	}
+	dequantize(view[float32](dst), view[int8](*q), maxima, levels)
+	return nil
+}
+
+// blockMaxima sets maxima[b] to the largest magnitude of x's block b
+// (NaN if the block holds one).
+func blockMaxima(maxima, x []float32) {
+	for b := range maxima {
+		var m float32
+		for _, v := range x[b*int8Block : min(len(x), (b+1)*int8Block)] {
+			a := float32(math.Abs(float64(v)))
+			if a > m || a != a {
+				m = a
+			}
+			if m != m {
+				break
+			}
+		}
+		maxima[b] = m
+	}
+}
+
+// quantize rounds each element of x to the nearest multiple of its
+// block's maximum over levels, in units of it: at most levels in
+// magnitude. A block whose maximum is 0 or not finite is all zeros.
+func quantize(q []int8, x, maxima []float32, levels float32) {
+	for b, m := range maxima {
+		lo, hi := b*int8Block, min(len(x), (b+1)*int8Block)
+		if !(m > 0 && m <= math.MaxFloat32) {
+			clear(q[lo:hi])
+			continue
+		}
+		s := levels / m
+		for i := lo; i < hi; i++ {
+			v := math.RoundToEven(float64(x[i] * s))
+			q[i] = int8(max(-float64(levels), min(float64(levels), v)))
+		}
+	}
+}
+
+// dequantize sets dst to the sums q in units of their block's maximum
+// over levels; a block whose maximum is not finite is NaN.
+func dequantize(dst []float32, q []int8, maxima []float32, levels float32) {
+	for b, m := range maxima {
+		lo, hi := b*int8Block, min(len(dst), (b+1)*int8Block)
+		s := m / levels
+		if !(m <= math.MaxFloat32) {
+			s = float32(math.NaN())
+		}
+		for i := lo; i < hi; i++ {
+			dst[i] = float32(q[i]) * s
+		}
+	}
+}
