@@ -122,7 +122,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 				l.Mix = 0.5
 			}
 		}))
-	fs.Func("compression", "under multiworker or elastic, how gradients travel between workers: none, fp16, bf16 or topk(`ratio`); with -local-sgd or -diloco, the outer gradient: none, fp16 or bf16",
+	fs.Func("compression", "under multiworker or elastic, how gradients travel between workers: none, fp16, bf16, int8 or topk(`ratio`); with -local-sgd or -diloco, the outer gradient: none, fp16, bf16 or int8",
 		func(v string) (err error) {
 			c.Compression, err = multiworker.ParseCompression(v)
 			return err

@@ -66,7 +66,7 @@ func TestBadConfig(t *testing.T) {
 		`-diloco "0": expected a number of training steps, 1 or more`:                     {"-diloco", "0"},
 		"-diloco: give -local-sgd or -diloco, once":                                       {"-local-sgd", "5", "-diloco", "5"},
 		`local SGD (-local-sgd, -diloco) under strategy "mirrored": expected multiworker`: {"-strategy", "mirrored", "-local-sgd", "5"},
-		`compression "int4": expected none, fp16, bf16 or topk(ratio)`:                    {"-strategy", "multiworker", "-compression", "int4"},
+		`compression "int4": expected none, fp16, bf16, int8 or topk(ratio)`:              {"-strategy", "multiworker", "-compression", "int4"},
 		`Compression fp16 (-compression) under strategy "mirrored": expected multiworker`: {"-strategy", "mirrored", "-compression", "fp16"},
 		`-local-sgd-warmup "-1": expected a whole number, 0 or more`:                      {"-strategy", "multiworker", "-diloco", "5", "-local-sgd-warmup", "-1"},
 		"-local-sgd-warmup 5 without -local-sgd or -diloco":                               {"-strategy", "multiworker", "-local-sgd-warmup", "5"},
@@ -74,7 +74,7 @@ func TestBadConfig(t *testing.T) {
 		// The flags reach WithLocalSGD's checks.
 		"WithLocalSGD: Fragments 3: expected 0, 1 or a divisor of Steps 10": {"-strategy", "multiworker", "-fragments", "3", "-diloco", "10"},
 		// With local SGD the compression is the outer gradient's.
-		"WithLocalSGD: Compression topk(0.1): expected none, fp16 or bf16": {"-strategy", "multiworker", "-diloco", "5", "-compression", "topk(0.1)"},
+		"WithLocalSGD: Compression topk(0.1): expected none, fp16, bf16 or int8": {"-strategy", "multiworker", "-diloco", "5", "-compression", "topk(0.1)"},
 	} {
 		var c distribute.Config
 		fs := flag.NewFlagSet("test", flag.ContinueOnError)

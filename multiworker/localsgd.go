@@ -46,8 +46,8 @@ type LocalSGD struct {
 	// workers' parameters: the outer update, and its momentum, begin after
 	// the warm-up.
 	WarmupSteps int
-	// Compression sends the outer gradient over the wire as FP16 or BF16;
-	// None (the default) as float32.
+	// Compression sends the outer gradient over the wire as FP16, BF16 or
+	// INT8; None (the default) as float32.
 	Compression Compression
 	// Fragments splits the synchronised parameters into this many
 	// fragments, consecutive in the variables' order and about equal in
@@ -105,7 +105,7 @@ func (c config) checkLocalSGD() error {
 	case l.Mix < 0 || l.Mix >= 1:
 		return fmt.Errorf("multiworker: WithLocalSGD: Mix %v: expected a share in [0, 1)", l.Mix)
 	case l.Compression != None && l.Compression.wire() == 0:
-		return fmt.Errorf("multiworker: WithLocalSGD: Compression %v: expected none, fp16 or bf16", l.Compression)
+		return fmt.Errorf("multiworker: WithLocalSGD: Compression %v: expected none, fp16, bf16 or int8", l.Compression)
 	case c.comm != Auto && c.comm != Engine:
 		return fmt.Errorf("multiworker: WithLocalSGD with WithCommunication(%v): local SGD synchronises on tfdist's engine", c.comm)
 	case c.compression != None || c.aggregation != nil:

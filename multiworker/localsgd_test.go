@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -97,6 +98,24 @@ func TestDiLoCoEqualsItsDefinition(t *testing.T) {
 	assert.NotEqual(t, linearOnOneDevice(t, steps), want, "the outer update trains another model than synchronous SGD")
 }
 
+// DiLoCo whose outer gradient travels as int8 gives every worker the
+// parameters of its definition by hand, each worker's change rounded to
+// 63 levels (127/2) of the largest on either worker, on 1 and 2 replicas
+// a worker; the rounding changes the model.
+func TestDiLoCoInt8EqualsItsDefinition(t *testing.T) {
+	const steps = 27
+	cfg := multiworker.LocalSGD{Steps: 5, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true, WarmupSteps: 2, Compression: multiworker.INT8}
+	want := diLoCoByHand(t, steps, cfg)
+	for _, replicas := range []int{1, 2} {
+		got := localSGDSteps(t, steps, cfg, multiworker.WithLogicalCPUs(replicas))
+		for w := range got {
+			assert.InDeltaSlice(t, want, got[w], 1e-6, "worker %d of %d replicas", w, replicas)
+		}
+	}
+	cfg.Compression = multiworker.None
+	assert.NotEqual(t, diLoCoByHand(t, steps, cfg), want, "int8 rounds the outer gradient")
+}
+
 // diLoCoByHand trains two testmodel.Linear on one device each, on the
 // workers' halves of the global batches, and synchronises them as cfg
 // says, with TensorFlow's momentum update computed here.
@@ -119,12 +138,18 @@ func diLoCoByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) []float32 {
 		if step > cfg.WarmupSteps && (step-cfg.WarmupSteps)%cfg.Steps != 0 {
 			continue
 		}
+		mean := make([]float32, len(anchor)) // the workers' mean of (anchor - parameters)
 		for i := range anchor {
+			mean[i] = (anchor[i] - ws[0][i] + (anchor[i] - ws[1][i])) / 2
+			if cfg.Compression == multiworker.INT8 {
+				mean[i] = int8Mean(anchor, ws, i)
+			}
+		}
+		for i, g := range mean {
 			if step <= cfg.WarmupSteps { // the warm-up averages
-				anchor[i] = (ws[0][i] + ws[1][i]) / 2
+				anchor[i] -= g
 				continue
 			}
-			g := (anchor[i] - ws[0][i] + (anchor[i] - ws[1][i])) / 2
 			accum[i] = accum[i]*mu + g
 			anchor[i] -= g*lr + accum[i]*mu*lr
 		}
@@ -135,6 +160,27 @@ func diLoCoByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) []float32 {
 		}
 	}
 	return anchor
+}
+
+// int8Mean is the mean of the workers' (anchor - ws[w])[i] compressed to
+// int8: each rounded to 63 levels of the largest magnitude of either
+// worker's change (one block: the model has fewer than 256 weights), the
+// levels summed exactly.
+func int8Mean(anchor []float32, ws [2][]float32, i int) float32 {
+	var m float32
+	for _, w := range ws {
+		for k := range anchor {
+			m = max(m, float32(math.Abs(float64(anchor[k]-w[k]))))
+		}
+	}
+	if m == 0 {
+		return 0
+	}
+	var sum float32
+	for _, w := range ws {
+		sum += float32(math.RoundToEven(float64((anchor[i] - w[i]) * (63 / m))))
+	}
+	return sum * (m / 63) * (float32(1) / 2)
 }
 
 // Settings out of range, and options local SGD cannot go with, are errors
@@ -148,7 +194,7 @@ func TestLocalSGDBadInput(t *testing.T) {
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, OuterRate: 3})}, "OuterRate 3: expected a learning rate in (0, 2]"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, OuterMomentum: 1})}, "OuterMomentum 1: expected a momentum in [0, 1)"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, WarmupSteps: -1})}, "WarmupSteps -1: expected 0 or more"},
-		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, Compression: multiworker.TopK(0.1)})}, "Compression topk(0.1): expected none, fp16 or bf16"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, Compression: multiworker.TopK(0.1)})}, "Compression topk(0.1): expected none, fp16, bf16 or int8"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, Fragments: 2})}, "Fragments 2: expected 0, 1 or a divisor of Steps 5"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 4, Fragments: -1})}, "Fragments -1: expected 0, 1 or a divisor of Steps 4"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 4, Fragments: 2, Overlap: 2})}, "Overlap 2: expected 0 or more, less than Steps/Fragments = 2"},

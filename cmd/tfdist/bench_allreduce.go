@@ -58,8 +58,8 @@ namespace, as root) whose link to the others has the bandwidth, latency,
 jitter and loss that RATE[,DELAY[,JITTER[,LOSS]]] gives, e.g. 1gbit,0.2ms
 or 100mbit,20ms: the traffic between workers crosses that link instead
 of shared memory or loopback, and the table gives the bus bandwidth as a
-ratio of the link's rate. --compression fp16 or bf16 sends the
-all-reduced floats over the wire in 16 bits (as multiworker's
+ratio of the link's rate. --compression fp16, bf16 or int8 sends the
+all-reduced floats over the wire in 16 or 8 bits (as multiworker's
 WithCompression sends gradients) and measures float32 too, in the same
 run: the table adds float32's time per all-reduce and the speed-up.
 
@@ -88,7 +88,7 @@ Examples
 		tcpOnly := fs.Bool("tcp", false, "keep the traffic between workers on one host on loopback TCP instead of shared memory (tfdist's engine only)")
 		worker := fs.Bool("worker", false, "join the cluster TF_CONFIG describes as one of its workers instead of starting local ones")
 		link := fs.String("link", "", "run each worker on an emulated host whose link is `RATE[,DELAY[,JITTER[,LOSS]]]`, e.g. 1gbit,0.2ms (as root)")
-		compression := fs.String("compression", "", "send the all-reduced floats as `fp16` or bf16, and compare with float32 in the same run (tfdist's engine only)")
+		compression := fs.String("compression", "", "send the all-reduced floats as `fp16`, bf16 or int8, and compare with float32 in the same run (tfdist's engine only)")
 		return func(e *env, args []string) int {
 			usage := func(format string, a ...any) int {
 				fmt.Fprintf(e.stderr, "tfdist bench allreduce: "+format+"\nRun 'tfdist bench allreduce -h' for help.\n", a...)

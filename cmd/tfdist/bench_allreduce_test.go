@@ -147,10 +147,10 @@ func TestBenchAllReduceOverEmulatedLinks(t *testing.T) {
 	assert.NotContains(t, string(list), fmt.Sprintf("tfdist-net-%d-", os.Getpid()), "a host's namespace was left behind")
 
 	for args, want := range map[string][]string{
-		"--link: link \"fast\"":                        {"--link", "fast"},
-		"--tls with --compression":                     {"--tls", "--compression", "fp16"},
-		`compression "zip": expected none`:             {"--compression", "zip"},
-		"compression topk(0.1): expected fp16 or bf16": {"--compression", "topk(0.1)"},
+		"--link: link \"fast\"":                              {"--link", "fast"},
+		"--tls with --compression":                           {"--tls", "--compression", "fp16"},
+		`compression "zip": expected none`:                   {"--compression", "zip"},
+		"compression topk(0.1): expected fp16, bf16 or int8": {"--compression", "topk(0.1)"},
 	} {
 		code, _, errOut := runHere(nil, "", append([]string{"bench", "allreduce"}, want...)...)
 		assert.Equal(t, exitUsage, code, args)

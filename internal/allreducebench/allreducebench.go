@@ -108,7 +108,7 @@ type Config struct {
 	Model        []int `json:"model,omitempty"`
 	Batch        int   `json:"batch,omitempty"`
 	BytesPerPack int64 `json:"bytes_per_pack,omitempty"`
-	// Compression, when set (fp16 or bf16, as multiworker.ParseCompression
+	// Compression, when set (fp16, bf16 or int8, as multiworker.ParseCompression
 	// reads them), sends the all-reduced floats over the wire compressed:
 	// they are all-reduced as gradients, the only tensors compressed.
 	Compression string `json:"compression,omitempty"`
@@ -117,8 +117,8 @@ type Config struct {
 // compression returns c's compression.
 func (c Config) compression() (multiworker.Compression, error) {
 	comp, err := multiworker.ParseCompression(c.Compression)
-	if err == nil && comp != multiworker.None && comp != multiworker.FP16 && comp != multiworker.BF16 {
-		err = fmt.Errorf("compression %s: expected fp16 or bf16, which compress every all-reduce alike", comp)
+	if err == nil && comp != multiworker.None && comp != multiworker.FP16 && comp != multiworker.BF16 && comp != multiworker.INT8 {
+		err = fmt.Errorf("compression %s: expected fp16, bf16 or int8, which compress every all-reduce alike", comp)
 	}
 	return comp, err
 }

@@ -11,7 +11,7 @@ import (
 
 func registerRobustFlags(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.Aggregation, "aggregation", "", "multiworker, mirrored: combine the workers' (replicas') gradients with `RULE` instead of summing them: mean, median, trimmed_mean(f), krum(f), multi_krum(f,m) or centered_clip(tau,iterations)")
-	fs.StringVar(&o.Compression, "compression", "none", "multiworker: send gradients between workers as `C`: none, fp16 or bf16 (summed in float32 at every hop), or topk(ratio) (the largest ratio of each gradient's elements, the rest fed back into the next step)")
+	fs.StringVar(&o.Compression, "compression", "none", "multiworker: send gradients between workers as `C`: none, fp16 or bf16 (summed in float32 at every hop), int8 (summed exactly in 256-element blocks of a shared scale), or topk(ratio) (the largest ratio of each gradient's elements, the rest fed back into the next step)")
 }
 
 // compression returns the compression of -compression.

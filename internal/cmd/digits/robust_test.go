@@ -103,7 +103,7 @@ func TestAggregationFlagErrors(t *testing.T) {
 		{"-strategy=ps -aggregation=krum(1)", "-strategy ps cannot honour it"},
 		{"-strategy=multiworker -aggregation=krum(-1)", "f must be >= 0"},
 		{"-strategy=multiworker -aggregation=bogus", `-aggregation: `},
-		{"-strategy=multiworker -compression=fp8", `-compression: compression "fp8": expected none, fp16, bf16 or topk(ratio)`},
+		{"-strategy=multiworker -compression=fp8", `-compression: compression "fp8": expected none, fp16, bf16, int8 or topk(ratio)`},
 		{"-strategy=mirrored -compression=fp16", "-compression fp16: only -strategy multiworker sends gradients between workers"},
 	} {
 		_, err := classifier.ParseFlags(strings.Fields(c[0]), io.Discard)
