@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // int8Block is how many elements share a scale under Compress(Int8).
@@ -29,17 +30,16 @@ func (g *Group) allReduceInt8(ctx context.Context, name string, red Reduction, d
 	if err := g.AllReduce(ctx, name, Max, Float32, bytesOf(maxima)); err != nil {
 		return fmt.Errorf("collective: all-reduce %q compressed to int8 agrees first on the maxima of its %d blocks: %w", name, len(maxima), err)
 	}
-	q := getBuf(len(x))
-	defer putBuf(q)
+	q := make([]int8, len(x)) // larger than a pooled payload, for a buffer of more than 4 MiB
 	levels := float32(int8Levels(n))
-	quantize(view[int8](*q), x, maxima, levels)
-	if err := g.AllReduce(ctx, name, Sum, Int8, *q, append(opts[:len(opts):len(opts)], Compress(0))...); err != nil {
+	quantize(q, x, maxima, levels)
+	if err := g.AllReduce(ctx, name, Sum, Int8, int8Bytes(q), append(opts[:len(opts):len(opts)], Compress(0))...); err != nil {
 		return err
 	}
 	if red == Mean {
 		levels *= float32(n)
 	}
-	dequantize(view[float32](dst), view[int8](*q), maxima, levels)
+	dequantize(view[float32](dst), q, maxima, levels)
 	return nil
 }
 
@@ -92,4 +92,9 @@ func dequantize(dst []float32, q []int8, maxima []float32, levels float32) {
 			dst[i] = float32(q[i]) * s
 		}
 	}
+}
+
+// int8Bytes returns the bytes of q, sharing its memory.
+func int8Bytes(q []int8) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(q))), len(q))
 }

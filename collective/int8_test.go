@@ -97,6 +97,25 @@ func int8Reference(c reduceCase, n int) (want, bound []float64) {
 	return want, bound
 }
 
+// A buffer larger than the engine's largest pooled payload (4 MiB of
+// int8) goes through as any other.
+func TestInt8AllReduceLargeBuffer(t *testing.T) {
+	gs := newGroups(t, 2)
+	c := reduceCase{name: "large", dt: Float32, red: Mean, wire: Int8}
+	rng := rand.New(rand.NewPCG(5, 5))
+	for range gs {
+		c.ins = append(c.ins, randomBuffer(rng, Float32, 4<<20+5))
+	}
+	outs := runConcurrently(t, gs, []reduceCase{c})
+	require.Equal(t, outs[0][0], outs[0][1], "both members hold the same bits")
+	want, bound := int8Reference(c, 2)
+	for k, got := range view[float32](outs[0][0]) {
+		if math.Abs(want[k]-float64(got)) > bound[k] {
+			require.InDelta(t, want[k], float64(got), bound[k], "element %d", k)
+		}
+	}
+}
+
 // A block holding a NaN on any member, or an infinity, sums to NaN on
 // every member; a block of zeros sums to zeros; the other blocks are
 // untouched by them.
