@@ -10,6 +10,9 @@ import (
 // int8Block is how many elements share a scale under Compress(Int8).
 const int8Block = 256
 
+// roundMagic is 1.5·2²³: see quantize.
+const roundMagic float32 = 1 << 23 * 1.5
+
 // int8Levels is the largest magnitude each of n members rounds its
 // elements to under Compress(Int8): the sum of n of them fits an int8.
 func int8Levels(n int) int { return 127 / n }
@@ -43,27 +46,24 @@ func (g *Group) allReduceInt8(ctx context.Context, name string, red Reduction, d
 	return nil
 }
 
-// blockMaxima sets maxima[b] to the largest magnitude of x's block b
-// (NaN if the block holds one).
+// blockMaxima sets maxima[b] to the largest magnitude of x's block b, or
+// a NaN of it: as bits with the sign cleared, the magnitudes order as
+// their floats do, and a NaN's lie above every number's.
 func blockMaxima(maxima, x []float32) {
+	bits := bits32(x)
 	for b := range maxima {
-		var m float32
-		for _, v := range x[b*int8Block : min(len(x), (b+1)*int8Block)] {
-			a := float32(math.Abs(float64(v)))
-			if a > m || a != a {
-				m = a
-			}
-			if m != m {
-				break
-			}
+		var m uint32
+		for _, u := range bits[b*int8Block : min(len(x), (b+1)*int8Block)] {
+			m = max(m, u&^(1<<31))
 		}
-		maxima[b] = m
+		maxima[b] = math.Float32frombits(m)
 	}
 }
 
-// quantize rounds each element of x to the nearest multiple of its
-// block's maximum over levels, in units of it: at most levels in
-// magnitude. A block whose maximum is 0 or not finite is all zeros.
+// quantize rounds each element of x to the nearest multiple (ties to
+// even) of its block's maximum over levels, in units of it: at most
+// levels in magnitude, since no element exceeds its block's maximum. A
+// block whose maximum is 0 or not finite is all zeros.
 func quantize(q []int8, x, maxima []float32, levels float32) {
 	for b, m := range maxima {
 		lo, hi := b*int8Block, min(len(x), (b+1)*int8Block)
@@ -72,9 +72,11 @@ func quantize(q []int8, x, maxima []float32, levels float32) {
 			continue
 		}
 		s := levels / m
-		for i := lo; i < hi; i++ {
-			v := math.RoundToEven(float64(x[i] * s))
-			q[i] = int8(max(-float64(levels), min(float64(levels), v)))
+		for i, v := range x[lo:hi] {
+			// Adding and taking away 1.5·2²³ rounds a float32 of magnitude
+			// under 2²² to an integer, to nearest, ties to even; the
+			// conversion keeps the product from fusing with the sum.
+			q[lo+i] = int8(float32(v*s) + roundMagic - roundMagic)
 		}
 	}
 }
@@ -88,8 +90,8 @@ func dequantize(dst []float32, q []int8, maxima []float32, levels float32) {
 		if !(m <= math.MaxFloat32) {
 			s = float32(math.NaN())
 		}
-		for i := lo; i < hi; i++ {
-			dst[i] = float32(q[i]) * s
+		for i, v := range q[lo:hi] {
+			dst[lo+i] = float32(v) * s
 		}
 	}
 }
