@@ -25,21 +25,28 @@ var wireTypes = []DType{Float16, BFloat16}
 // 16-bit rounding of the exact result and, for all but the shortest,
 // outside float32 rounding of it: the data did travel compressed.
 func TestCompressedAllReduce(t *testing.T) {
+	onEachPath(t, func(t *testing.T, gs []*Group) {
+		cases := compressedCases(rand.New(rand.NewPCG(uint64(len(gs)), 11)), len(gs))
+		outs := runConcurrently(t, gs, cases)
+		for i, c := range cases {
+			checkReduced(t, c, outs[i])
+			if len(c.ins[0]) >= 4*7 {
+				assert.True(t, beyondFloat32(c, outs[i][0]), "%s: result within float32 rounding: not compressed", c.name)
+			}
+		}
+	})
+}
+
+// onEachPath runs test on groups of 2, 3 and 5 members, whose all-reduces
+// go by the direct path, then around the ring.
+func onEachPath(t *testing.T, test func(t *testing.T, gs []*Group)) {
 	for _, n := range []int{2, 3, 5} {
 		for _, path := range []struct {
 			name string
 			tune func(*config)
 		}{{"direct", nil}, {"ring", ringOnly}} {
 			t.Run(fmt.Sprintf("members=%d/%s", n, path.name), func(t *testing.T) {
-				gs := newGroups(t, n, optional(path.tune)...)
-				cases := compressedCases(rand.New(rand.NewPCG(uint64(n), 11)), n)
-				outs := runConcurrently(t, gs, cases)
-				for i, c := range cases {
-					checkReduced(t, c, outs[i])
-					if len(c.ins[0]) >= 4*7 {
-						assert.True(t, beyondFloat32(c, outs[i][0]), "%s: result within float32 rounding: not compressed", c.name)
-					}
-				}
+				test(t, newGroups(t, n, optional(path.tune)...))
 			})
 		}
 	}

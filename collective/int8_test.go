@@ -37,33 +37,26 @@ func int8Cases(rng *rand.Rand, n int) []reduceCase {
 // max/(127/n), of the exact sum (for a mean, that over n), whatever the
 // blocks' scales; and it is not exact: the data did travel as int8.
 func TestInt8AllReduce(t *testing.T) {
-	for _, n := range []int{2, 3, 5} {
-		for _, path := range []struct {
-			name string
-			tune func(*config)
-		}{{"direct", nil}, {"ring", ringOnly}} {
-			t.Run(fmt.Sprintf("members=%d/%s", n, path.name), func(t *testing.T) {
-				gs := newGroups(t, n, optional(path.tune)...)
-				cases := int8Cases(rand.New(rand.NewPCG(uint64(n), 13)), n)
-				outs := runConcurrently(t, gs, cases)
-				for i, c := range cases {
-					for m := range n {
-						require.Equal(t, outs[i][0], outs[i][m], "%s: member %d differs from member 0", c.name, m)
-					}
-					want, bound := int8Reference(c, n)
-					got := view[float32](outs[i][0])
-					exact := true
-					for k := range want {
-						require.InDelta(t, want[k], float64(got[k]), bound[k], "%s element %d", c.name, k)
-						exact = exact && math.Abs(want[k]-float64(got[k])) <= 1e-6*math.Abs(want[k])
-					}
-					if len(want) >= int8Block {
-						assert.False(t, exact, "%s: exact to float32: not quantized", c.name)
-					}
-				}
-			})
+	onEachPath(t, func(t *testing.T, gs []*Group) {
+		n := len(gs)
+		cases := int8Cases(rand.New(rand.NewPCG(uint64(n), 13)), n)
+		outs := runConcurrently(t, gs, cases)
+		for i, c := range cases {
+			for m := range n {
+				require.Equal(t, outs[i][0], outs[i][m], "%s: member %d differs from member 0", c.name, m)
+			}
+			want, bound := int8Reference(c, n)
+			got := view[float32](outs[i][0])
+			exact := true
+			for k := range want {
+				require.InDelta(t, want[k], float64(got[k]), bound[k], "%s element %d", c.name, k)
+				exact = exact && math.Abs(want[k]-float64(got[k])) <= 1e-6*math.Abs(want[k])
+			}
+			if len(want) >= int8Block {
+				assert.False(t, exact, "%s: exact to float32: not quantized", c.name)
+			}
 		}
-	}
+	})
 }
 
 // int8Reference returns the exact sum or mean of c's inputs and the bound
