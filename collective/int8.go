@@ -14,26 +14,59 @@ const int8Block = 256
 const roundMagic float32 = 1 << 23 * 1.5
 
 // int8Levels is the largest magnitude each of n members rounds its
-// elements to under Compress(Int8): the sum of n of them fits an int8.
+// elements to when their int8 levels are summed: the sum of n of them
+// fits an int8.
 func int8Levels(n int) int { return 127 / n }
 
 // allReduceInt8 is AllReduceTo of float32 src into dst, summed or averaged
-// (red), compressed to int8 (Compress): one all-reduce agrees on each
-// block's largest magnitude, a second sums the members' blocks rounded to
-// int8Levels levels of it, exactly. opts are the call's, whose Shape the
-// int8 sum keeps.
+// (red), compressed to int8 (Compress): up to the direct path's size by
+// gatherInt8, larger around the ring by sumInt8. opts are the call's.
 func (g *Group) allReduceInt8(ctx context.Context, name string, red Reduction, dst, src []byte, opts []CallOption) error {
-	n := len(g.members)
-	if int8Levels(n) == 0 {
-		return fmt.Errorf("collective: all-reduce %q: cannot compress to int8 in a group of %d members: each would have no level (at most 127 members)", name, n)
-	}
 	x := view[float32](src)
 	maxima := make([]float32, (len(x)+int8Block-1)/int8Block)
 	blockMaxima(maxima, x)
+	q := make([]int8, len(x)) // larger than a pooled payload, for a buffer of more than 4 MiB
+	if len(q) <= g.cfg.directMax {
+		return g.gatherInt8(ctx, name, red, view[float32](dst), x, maxima, q)
+	}
+	return g.sumInt8(ctx, name, red, view[float32](dst), x, maxima, q, opts)
+}
+
+// gatherInt8 sends every member this member's blocks of x rounded to ±127
+// levels of their own maxima, with the maxima, in one all-gather, and
+// adds all members' in rank order: one round trip, and each member's
+// values to 127 levels.
+func (g *Group) gatherInt8(ctx context.Context, name string, red Reduction, dst, x, maxima []float32, q []int8) error {
+	quantize(q, x, maxima, 127)
+	parts, err := g.AllGather(ctx, name, Int8, append(bytesOf(maxima), int8Bytes(q)...))
+	if err != nil {
+		return fmt.Errorf("collective: all-reduce %q compressed to int8 gathers every member's levels: %w", name, err)
+	}
+	for p, part := range parts {
+		if len(part) != 4*len(maxima)+len(q) {
+			return fmt.Errorf("collective: all-reduce %q compressed to int8: %s sent %d bytes of levels and maxima, expected %d", name, g.members[p], len(part), 4*len(maxima)+len(q))
+		}
+		theirs := view[float32](alignedCopy(part[:4*len(maxima)]))
+		dequantize(dst, view[int8](part[4*len(maxima):]), theirs, 127, p > 0)
+	}
+	if red == Mean {
+		divide(dst, float32(len(g.members)))
+	}
+	return nil
+}
+
+// sumInt8 agrees with the other members on each block's largest
+// magnitude in one all-reduce, and sums the members' blocks rounded to
+// int8Levels levels of it in a second, exactly; opts's Shape goes with
+// the sum.
+func (g *Group) sumInt8(ctx context.Context, name string, red Reduction, dst, x, maxima []float32, q []int8, opts []CallOption) error {
+	n := len(g.members)
+	if int8Levels(n) == 0 {
+		return fmt.Errorf("collective: all-reduce %q: cannot compress %d elements to int8 in a group of %d members: each would have no level (at most 127 members, or at most %d elements)", name, len(x), n, g.cfg.directMax)
+	}
 	if err := g.AllReduce(ctx, name, Max, Float32, bytesOf(maxima)); err != nil {
 		return fmt.Errorf("collective: all-reduce %q compressed to int8 agrees first on the maxima of its %d blocks: %w", name, len(maxima), err)
 	}
-	q := make([]int8, len(x)) // larger than a pooled payload, for a buffer of more than 4 MiB
 	levels := float32(int8Levels(n))
 	quantize(q, x, maxima, levels)
 	if err := g.AllReduce(ctx, name, Sum, Int8, int8Bytes(q), append(opts[:len(opts):len(opts)], Compress(0))...); err != nil {
@@ -42,7 +75,7 @@ func (g *Group) allReduceInt8(ctx context.Context, name string, red Reduction, d
 	if red == Mean {
 		levels *= float32(n)
 	}
-	dequantize(view[float32](dst), q, maxima, levels)
+	dequantize(dst, q, maxima, levels, false)
 	return nil
 }
 
@@ -81,14 +114,21 @@ func quantize(q []int8, x, maxima []float32, levels float32) {
 	}
 }
 
-// dequantize sets dst to the sums q in units of their block's maximum
-// over levels; a block whose maximum is not finite is NaN.
-func dequantize(dst []float32, q []int8, maxima []float32, levels float32) {
+// dequantize sets dst, or with add adds to it, the levels q in units of
+// their block's maximum over levels; a block whose maximum is not finite
+// is NaN.
+func dequantize(dst []float32, q []int8, maxima []float32, levels float32, add bool) {
 	for b, m := range maxima {
 		lo, hi := b*int8Block, min(len(dst), (b+1)*int8Block)
 		s := m / levels
 		if !(m <= math.MaxFloat32) {
 			s = float32(math.NaN())
+		}
+		if add {
+			for i, v := range q[lo:hi] {
+				dst[lo+i] += float32(float32(v) * s) // not fused: the same bits on every processor
+			}
+			continue
 		}
 		for i, v := range q[lo:hi] {
 			dst[lo+i] = float32(v) * s

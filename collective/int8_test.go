@@ -33,9 +33,10 @@ func int8Cases(rng *rand.Rand, n int) []reduceCase {
 }
 
 // An all-reduce compressed to int8 gives every member the same bits, each
-// element within half a level of each member's block maximum, (n/2)·
-// max/(127/n), of the exact sum (for a mean, that over n), whatever the
-// blocks' scales; and it is not exact: the data did travel as int8.
+// element within half a level of each member's block maximum of the exact
+// sum (for a mean, that over n), whatever the blocks' scales: (n/2)·
+// max/127 on the direct path, (n/2)·max/(127/n) around the ring; and it
+// is not exact: the data did travel as int8.
 func TestInt8AllReduce(t *testing.T) {
 	onEachPath(t, func(t *testing.T, gs []*Group) {
 		n := len(gs)
@@ -45,7 +46,11 @@ func TestInt8AllReduce(t *testing.T) {
 			for m := range n {
 				require.Equal(t, outs[i][0], outs[i][m], "%s: member %d differs from member 0", c.name, m)
 			}
-			want, bound := int8Reference(c, n)
+			levels := 127
+			if gs[0].cfg.directMax == 0 {
+				levels = int8Levels(n)
+			}
+			want, bound := int8Reference(c, n, levels)
 			got := view[float32](outs[i][0])
 			exact := true
 			for k := range want {
@@ -60,8 +65,9 @@ func TestInt8AllReduce(t *testing.T) {
 }
 
 // int8Reference returns the exact sum or mean of c's inputs and the bound
-// of its error under Compress(Int8) in a group of n.
-func int8Reference(c reduceCase, n int) (want, bound []float64) {
+// of its error under Compress(Int8) in a group of n whose members round
+// to levels levels.
+func int8Reference(c reduceCase, n, levels int) (want, bound []float64) {
 	ins := make([][]float64, n)
 	for m := range n {
 		ins[m] = floats(Float32, c.ins[m])
@@ -80,7 +86,7 @@ func int8Reference(c reduceCase, n int) (want, bound []float64) {
 			}
 			// n roundings of half a level, and float32's rounding of
 			// the levels' sum times the scale.
-			bound[k] = float64(n)/2*mx/float64(int8Levels(n)) + 1e-6*mx*float64(n)
+			bound[k] = float64(n)/2*mx/float64(levels) + 1e-6*mx*float64(n)
 			if c.red == Mean {
 				want[k] /= float64(n)
 				bound[k] /= float64(n)
@@ -101,7 +107,7 @@ func TestInt8AllReduceLargeBuffer(t *testing.T) {
 	}
 	outs := runConcurrently(t, gs, []reduceCase{c})
 	require.Equal(t, outs[0][0], outs[0][1], "both members hold the same bits")
-	want, bound := int8Reference(c, 2)
+	want, bound := int8Reference(c, 2, int8Levels(2))
 	for k, got := range view[float32](outs[0][0]) {
 		if math.Abs(want[k]-float64(got)) > bound[k] {
 			require.InDelta(t, want[k], float64(got), bound[k], "element %d", k)
@@ -111,33 +117,35 @@ func TestInt8AllReduceLargeBuffer(t *testing.T) {
 
 // A block holding a NaN on any member, or an infinity, sums to NaN on
 // every member; a block of zeros sums to zeros; the other blocks are
-// untouched by them.
+// untouched by them; on either path.
 func TestInt8AllReduceNonFinite(t *testing.T) {
-	gs := newGroups(t, 3, ringOnly)
-	outs := make([][]float32, len(gs))
-	errs := onAll(gs, func(i int, g *Group) error {
-		x := make([]float32, 4*int8Block)
-		for k := range x {
-			x[k] = float32(k%int8Block + 1)
+	for levels, tune := range map[int]func(*config){127: nil, int8Levels(3): ringOnly} {
+		gs := newGroups(t, 3, optional(tune)...)
+		outs := make([][]float32, len(gs))
+		errs := onAll(gs, func(i int, g *Group) error {
+			x := make([]float32, 4*int8Block)
+			for k := range x {
+				x[k] = float32(k%int8Block + 1)
+			}
+			clear(x[int8Block : 2*int8Block])
+			x[2*int8Block+5] = [...]float32{1, float32(math.NaN()), 1}[i]
+			x[3*int8Block+9] = [...]float32{float32(math.Inf(-1)), 1, 1}[i]
+			outs[i] = x
+			return g.AllReduce(context.Background(), "x", Sum, Float32, bytesOf(x), Compress(Int8))
+		})
+		requireAllOK(t, errs)
+		for i, out := range outs {
+			require.Equal(t, bytesOf(outs[0]), bytesOf(out), "member %d", i)
 		}
-		clear(x[int8Block : 2*int8Block])
-		x[2*int8Block+5] = [...]float32{1, float32(math.NaN()), 1}[i]
-		x[3*int8Block+9] = [...]float32{float32(math.Inf(-1)), 1, 1}[i]
-		outs[i] = x
-		return g.AllReduce(context.Background(), "x", Sum, Float32, bytesOf(x), Compress(Int8))
-	})
-	requireAllOK(t, errs)
-	for i, out := range outs {
-		require.Equal(t, bytesOf(outs[0]), bytesOf(out), "member %d", i)
-	}
-	for k, v := range outs[0] {
-		switch k / int8Block {
-		case 0:
-			assert.InDelta(t, 3*float64(k+1), v, 1.5*int8Block/float64(int8Levels(3))*(1+1e-5), "element %d", k)
-		case 1:
-			assert.Zero(t, v, "element %d", k)
-		default:
-			assert.True(t, math.IsNaN(float64(v)), "element %d: %v", k, v)
+		for k, v := range outs[0] {
+			switch k / int8Block {
+			case 0:
+				assert.InDelta(t, 3*float64(k+1), v, 1.5*int8Block/float64(levels)*(1+1e-5), "%d levels: element %d", levels, k)
+			case 1:
+				assert.Zero(t, v, "%d levels: element %d", levels, k)
+			default:
+				assert.True(t, math.IsNaN(float64(v)), "%d levels: element %d: %v", levels, k, v)
+			}
 		}
 	}
 }
@@ -158,28 +166,34 @@ func TestInt8AllReduceSendsAQuarter(t *testing.T) {
 	assert.InDelta(t, 0.25+1.0/256, float64(int8)/float64(plain), 0.001, "%d bytes, float32 %d", int8, plain)
 }
 
-// A member that compresses to int8 and one that does not fail alike,
-// naming both calls; int8 takes only sums and means.
+// A member that compresses to int8 and one that does not fail alike, on
+// either path; int8 takes only sums and means.
 func TestInt8Mismatch(t *testing.T) {
-	gs := newGroups(t, 2)
-	errs := onAll(gs, func(i int, g *Group) error {
-		return g.AllReduce(context.Background(), "grads", Sum, Float32, make([]byte, 4000), Compress([...]DType{Int8, Float16}[i]))
-	})
-	for i, err := range errs {
-		var me *MismatchError
-		require.ErrorAs(t, err, &me, "member %d", i)
-		assert.Equal(t, "grads", me.Name, "member %d", i)
+	for want, tune := range map[string]func(*config){
+		"compressed to int8 gathers every member's levels":              nil,
+		"compressed to int8 agrees first on the maxima of its 4 blocks": ringOnly,
+	} {
+		gs := newGroups(t, 2, optional(tune)...)
+		errs := onAll(gs, func(i int, g *Group) error {
+			return g.AllReduce(context.Background(), "grads", Sum, Float32, make([]byte, 4000), Compress([...]DType{Int8, Float16}[i]))
+		})
+		for i, err := range errs {
+			var me *MismatchError
+			require.ErrorAs(t, err, &me, "member %d", i)
+			assert.Equal(t, "grads", me.Name, "member %d", i)
+		}
+		assert.ErrorContains(t, errs[0], want)
 	}
-	assert.ErrorContains(t, errs[0], "compressed to int8 agrees first on the maxima of its 4 blocks")
-	err := gs[0].AllReduce(context.Background(), "max", Max, Float32, make([]byte, 64), Compress(Int8))
+	err := newGroups(t, 2)[0].AllReduce(context.Background(), "max", Max, Float32, make([]byte, 64), Compress(Int8))
 	assert.ErrorContains(t, err, `all-reduce "max": cannot compress float32 to int8: only float32 all-reduces compress, to float16 or bfloat16, or, summing or averaging, to int8`)
 }
 
 // A group of more than 127 members cannot sum int8 levels without
-// overflow: the call is refused, naming the group's size.
+// overflow: a buffer past the direct path is refused, naming the group's
+// size.
 func TestInt8RefusesLargeGroups(t *testing.T) {
-	g := &Group{members: make([]Member, 128)}
+	g := &Group{members: make([]Member, 128), cfg: config{directMax: 8}}
 	x := make([]byte, 64)
 	err := g.allReduceInt8(context.Background(), "grads", Sum, x, x, nil)
-	assert.EqualError(t, err, `collective: all-reduce "grads": cannot compress to int8 in a group of 128 members: each would have no level (at most 127 members)`)
+	assert.EqualError(t, err, `collective: all-reduce "grads": cannot compress 16 elements to int8 in a group of 128 members: each would have no level (at most 127 members, or at most 8 elements)`)
 }

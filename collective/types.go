@@ -122,15 +122,20 @@ func Shape(dims ...int64) CallOption {
 // "Pushed results" in the package doc), nothing crosses a wire and the
 // call moves float32: its result is exact.
 //
-// Compress(Int8) sends a Float32 Sum or Mean as int8, a quarter of its
-// bytes. Each block of 256 elements is scaled by the largest magnitude
-// any member has in it, which a first all-reduce of the blocks' maxima (a
-// 256th of float32's bytes) agrees on; each member rounds its block to
-// the nearest of ±127/n levels (n members), so the int8 sum of all of
-// them is exact and every member ends with the same bits. An element of
-// the sum is within n/2 levels, (n/2)·max/(127/n), of the exact one. A
-// block whose maximum is not finite sums to NaN. Groups of more than 127
-// members, whose members would have no level, are refused. Unlike the
+// Compress(Int8) sends a Float32 Sum or Mean as int8, about a quarter
+// of its bytes, each block of 256 elements in units of a largest
+// magnitude in it. Up to the direct path's size (256 KiB of int8 by
+// default), one all-gather sends every member each member's blocks
+// rounded to ±127 levels of its own maxima, with them, and every member
+// adds them all in float32, in rank order: one round trip, and an element
+// of the sum within n/2 levels of the largest maximum (n members). A
+// larger buffer takes two all-reduces, one that agrees on each block's
+// maximum on any member (a 256th of float32's bytes), then the members'
+// blocks rounded to ±127/n levels of it summed around the ring in int8,
+// exactly: the ring's bytes, and an element within n/2 of those coarser
+// levels; groups of more than 127 members, whose members would have no
+// level there, are refused. Either way every member ends with the same
+// bits, and a block whose maximum is not finite sums to NaN. Unlike the
 // 16-bit types, Int8 quantizes where memory is shared too.
 func Compress(wire DType) CallOption { return func(h *header) { h.wire = wire } }
 

@@ -37,12 +37,13 @@ var (
 	FP16 = Compression{kind: fp16}
 	// BF16 sends float32 gradients as bfloat16.
 	BF16 = Compression{kind: bf16}
-	// INT8 sends float32 gradients as int8, a quarter of their bytes:
-	// each block of 256 elements in units of its largest magnitude on any
-	// worker, each worker's rounded to ±127/n levels (n workers) so that
-	// their sum is exact (collective.Compress). The error of a sum is at
-	// most n/2 levels: coarser the more workers, 31 levels a worker on 4,
-	// 7 on 16. Groups of at most 127 workers.
+	// INT8 sends float32 gradients as int8, about a quarter of their
+	// bytes, each block of 256 elements in units of a largest magnitude
+	// (collective.Compress): up to 256 KiB of int8, each worker's
+	// rounded to 127 levels of its own; larger, each worker's rounded to
+	// 127/n levels (n workers) of the largest on any, so that their sum
+	// around the ring is exact: coarser the more workers, 31 levels on 4,
+	// 7 on 16, and at most 127 workers.
 	INT8 = Compression{kind: int8}
 )
 

@@ -100,8 +100,8 @@ func TestDiLoCoEqualsItsDefinition(t *testing.T) {
 
 // DiLoCo whose outer gradient travels as int8 gives every worker the
 // parameters of its definition by hand, each worker's change rounded to
-// 63 levels (127/2) of the largest on either worker, on 1 and 2 replicas
-// a worker; the rounding changes the model.
+// 127 levels of its largest, on 1 and 2 replicas a worker; the rounding
+// changes the model.
 func TestDiLoCoInt8EqualsItsDefinition(t *testing.T) {
 	const steps = 27
 	cfg := multiworker.LocalSGD{Steps: 5, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true, WarmupSteps: 2, Compression: multiworker.INT8}
@@ -163,24 +163,21 @@ func diLoCoByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) []float32 {
 }
 
 // int8Mean is the mean of the workers' (anchor - ws[w])[i] compressed to
-// int8: each rounded to 63 levels of the largest magnitude of either
-// worker's change (one block: the model has fewer than 256 weights), the
-// levels summed exactly.
+// int8 as a small buffer is (the model has fewer than 256 weights, one
+// block): each worker's rounded to 127 levels of its own largest
+// magnitude, the workers' added in rank order.
 func int8Mean(anchor []float32, ws [2][]float32, i int) float32 {
-	var m float32
+	var sum float32
 	for _, w := range ws {
+		var m float32
 		for k := range anchor {
 			m = max(m, float32(math.Abs(float64(anchor[k]-w[k]))))
 		}
+		if m > 0 {
+			sum += float32(math.RoundToEven(float64((anchor[i]-w[i])*(127/m)))) * (m / 127)
+		}
 	}
-	if m == 0 {
-		return 0
-	}
-	var sum float32
-	for _, w := range ws {
-		sum += float32(math.RoundToEven(float64((anchor[i] - w[i]) * (63 / m))))
-	}
-	return sum * (m / 63) * (float32(1) / 2)
+	return sum * (float32(1) / 2)
 }
 
 // Settings out of range, and options local SGD cannot go with, are errors
