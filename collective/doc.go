@@ -22,7 +22,7 @@
 // on different members. Every member ends an all-reduce with the same bits.
 // [Shape] makes members check that they agree on a tensor's shape;
 // [Compress] sends a float32 all-reduce as 16-bit floats, summed in
-// float32 at every hop.
+// float32 at every hop, or as int8 in blocks of a shared scale.
 //
 // Errors name the members involved: a call the members disagree on fails
 // with a [*MismatchError]; a peer whose connection breaks fails the calls
