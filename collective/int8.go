@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"unsafe"
 )
 
 // int8Block is how many elements share a scale under Compress(Int8).
@@ -38,7 +37,7 @@ func (g *Group) allReduceInt8(ctx context.Context, name string, red Reduction, d
 // values to 127 levels.
 func (g *Group) gatherInt8(ctx context.Context, name string, red Reduction, dst, x, maxima []float32, q []int8) error {
 	quantize(q, x, maxima, 127)
-	parts, err := g.AllGather(ctx, name, Int8, append(bytesOf(maxima), int8Bytes(q)...))
+	parts, err := g.AllGather(ctx, name, Int8, append(bytesOf(maxima), bytesOf(q)...))
 	if err != nil {
 		return fmt.Errorf("collective: all-reduce %q compressed to int8 gathers every member's levels: %w", name, err)
 	}
@@ -69,7 +68,7 @@ func (g *Group) sumInt8(ctx context.Context, name string, red Reduction, dst, x,
 	}
 	levels := float32(int8Levels(n))
 	quantize(q, x, maxima, levels)
-	if err := g.AllReduce(ctx, name, Sum, Int8, int8Bytes(q), append(opts[:len(opts):len(opts)], Compress(0))...); err != nil {
+	if err := g.AllReduce(ctx, name, Sum, Int8, bytesOf(q), append(opts[:len(opts):len(opts)], Compress(0))...); err != nil {
 		return err
 	}
 	if red == Mean {
@@ -134,9 +133,4 @@ func dequantize(dst []float32, q []int8, maxima []float32, levels float32, add b
 			dst[lo+i] = float32(v) * s
 		}
 	}
-}
-
-// int8Bytes returns the bytes of q, sharing its memory.
-func int8Bytes(q []int8) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(q))), len(q))
 }

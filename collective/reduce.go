@@ -21,9 +21,10 @@ func view[T number | uint16](b []byte) []T {
 	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)
 }
 
-// bytesOf returns the bytes of f, sharing its memory.
-func bytesOf(f []float32) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
+// bytesOf returns the bytes of s, sharing its memory.
+func bytesOf[T number | uint64](s []T) []byte {
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), int(unsafe.Sizeof(z))*len(s))
 }
 
 // bits32 returns the bits of f's elements, sharing its memory.
@@ -125,8 +126,7 @@ func reduceUnaligned(red Reduction, dt DType, dst, src []byte) {
 }
 
 func alignedCopy(b []byte) []byte {
-	words := make([]uint64, (len(b)+7)/8)
-	c := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(b))
+	c := bytesOf(make([]uint64, (len(b)+7)/8))[:len(b)]
 	copy(c, b)
 	return c
 }

@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"runtime/debug"
 	"testing"
-	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -61,7 +60,7 @@ func TestTreeOrderIsTheSameForEveryNumberOfMembers(t *testing.T) {
 			stopGC := collectGarbage() // a buffer peers read by its address must stay alive
 			requireAllOK(t, onAll(gs, func(r int, g *Group) error {
 				got[r] = append([]float32(nil), blocks[r]...)
-				data := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(got[r]))), 4*n)
+				data := bytesOf(got[r][:n])
 				return g.AllReduce(context.Background(), "grad", Sum, Float32, data, InTreeOrder())
 			}))
 			stopGC()

@@ -143,16 +143,12 @@ func (o *overlap) send(ctx context.Context, s *Strategy, l *localSGD, f int) (*f
 		return nil, err
 	}
 	data := buf.Bytes()
-	var opts []collective.CallOption
-	if w := l.cfg.Compression.wire(); w != 0 {
-		opts = append(opts, collective.Compress(w))
-	}
 	if s.group == nil { // one worker: its own is the sum
 		fl.done <- flown{sum: data}
 		return fl, nil
 	}
 	go func() {
-		err := s.group.AllReduce(context.Background(), fmt.Sprintf("tfdist_local_sgd/stage/%d", f), collective.Sum, collective.Float32, data, opts...)
+		err := s.group.AllReduce(context.Background(), fmt.Sprintf("tfdist_local_sgd/stage/%d", f), collective.Sum, collective.Float32, data, collective.Compress(l.cfg.Compression.wire()))
 		fl.done <- flown{sum: data, err: err}
 	}()
 	return fl, nil
