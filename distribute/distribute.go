@@ -111,7 +111,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("local-sgd", "under multiworker or elastic, synchronise every `H` training steps by averaging the workers' parameters (local SGD)", c.localSGDFlag("local-sgd", multiworker.LocalSGD{}))
 	fs.Func("diloco", "under multiworker or elastic, synchronise every `H` training steps with DiLoCo's outer Nesterov momentum (rate 0.7, momentum 0.9)",
 		c.localSGDFlag("diloco", multiworker.LocalSGD{OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}))
-	fs.Func("local-sgd-warmup", "with -local-sgd or -diloco, synchronise after each of the first `N` training steps, then every H (post-local SGD's warm-up)",
+	fs.Func("local-sgd-warmup", "with -local-sgd or -diloco, make the first `N` training steps synchronous, then synchronise every H (post-local SGD's warm-up)",
 		c.localSGDInt("local-sgd-warmup", func(l *multiworker.LocalSGD, n int) { l.WarmupSteps = n }))
 	fs.Func("fragments", "with -local-sgd or -diloco, synchronise the parameters in `P` fragments in turn (Streaming DiLoCo)",
 		c.localSGDInt("fragments", func(l *multiworker.LocalSGD, n int) { l.Fragments = n }))

@@ -254,10 +254,15 @@ func (j *elasticJob) endWith(want []float32, ps ...*elasticProc) {
 // linearOnOneDevice trains testmodel.Linear on one device on every global
 // batch of steps: the model every elastic run must end with.
 func linearOnOneDevice(t *testing.T, steps int, opts ...onedevice.Option) []float32 {
+	return linearOnOneDeviceWith(t, linearSGD(), steps, opts...)
+}
+
+// linearOnOneDeviceWith is linearOnOneDevice minimised by opt.
+func linearOnOneDeviceWith(t *testing.T, opt strategy.Optimizer, steps int, opts ...onedevice.Option) []float32 {
 	s, err := onedevice.New(opts...)
 	require.NoError(t, err)
 	defer s.Close()
-	l, err := testmodel.NewLinear(s, elasticLR)
+	l, err := testmodel.NewLinearWith(s, opt)
 	require.NoError(t, err)
 	ctx := context.Background()
 	for step := range steps {

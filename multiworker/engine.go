@@ -226,7 +226,12 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	inSync := w.nLocal() * len(w.workers)
 	if c.localSGD != nil { // a step spans this worker's replicas
 		s.localSGD = &localSGD{cfg: *c.localSGD, group: id, workers: len(w.workers)}
-		cross, inSync = localCrossDeviceOps(devices), w.nLocal()
+		local := localCrossDeviceOps(devices)
+		if c.localSGD.WarmupSteps > 0 {
+			s.localSGD.warm = &warmup{local: local, cross: cross, workers: len(w.workers)}
+			reducer = s.localSGD.warm
+		}
+		cross, inSync = local, w.nLocal()
 	}
 	so, err := tfrt.SessionOptions("", w.sessionOptions(c, engineSessionOptions(c, w.nLocal())...)...)
 	var e *ingraph.Engine

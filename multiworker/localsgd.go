@@ -41,10 +41,12 @@ type LocalSGD struct {
 	OuterMomentum float64
 	// Nesterov takes Nesterov's momentum (DiLoCo's).
 	Nesterov bool
-	// WarmupSteps synchronises after each of the first WarmupSteps training
-	// steps before every Steps (post-local SGD's warm-up), by averaging the
-	// workers' parameters: the outer update, and its momentum, begin after
-	// the warm-up.
+	// WarmupSteps makes the first WarmupSteps training steps synchronous
+	// (post-local SGD's warm-up): each all-reduces its gradients across
+	// the workers, as without local SGD, so that every worker applies the
+	// same update to the same parameters and optimizer state. Local steps,
+	// and the outer update with its momentum, begin after the warm-up,
+	// from its parameters.
 	WarmupSteps int
 	// Compression sends the outer gradient over the wire as FP16, BF16 or
 	// INT8; None (the default) as float32.
@@ -109,7 +111,7 @@ func (c config) checkLocalSGD() error {
 	case c.comm != Auto && c.comm != Engine:
 		return fmt.Errorf("multiworker: WithLocalSGD with WithCommunication(%v): local SGD synchronises on tfdist's engine", c.comm)
 	case c.compression != None || c.aggregation != nil:
-		return errors.New("multiworker: WithLocalSGD with WithCompression or WithAggregation: a local step all-reduces no gradient (compress the outer gradient with LocalSGD.Compression)")
+		return errors.New("multiworker: WithLocalSGD with WithCompression or WithAggregation: a local step all-reduces no gradient, and the warm-up's travel as float32 (compress the outer gradient with LocalSGD.Compression)")
 	case c.shards > 0:
 		return errors.New("multiworker: WithLocalSGD with WithDeterministic: not supported, since the workers' steps do not meet")
 	}
@@ -137,7 +139,8 @@ type localSGD struct {
 	frags   [][]int         // the indices in vars of each fragment's variables
 	syncs   []strategy.Step // each fragment's outer update of its anchors
 	resets  []strategy.Step // each fragment's parameters take its anchors (mixed)
-	average strategy.Step   // in the warm-up: parameters and anchors take the workers' mean
+	settle  strategy.Step   // after the warm-up: the anchors take the parameters
+	warm    *warmup         // with WarmupSteps: the training steps' gradient reduction
 	overlap *overlap        // with Overlap: the outer gradients in flight
 }
 
@@ -171,16 +174,24 @@ func (s *Strategy) Build(spec strategy.InputSpec, fn strategy.ReplicaFn) (strate
 		return nil, err
 	}
 	st, err := s.engine.Build(spec, func(rc strategy.Replica, in strategy.Inputs) (strategy.Outputs, error) {
-		out, err := fn(rc, in)
 		irc, ok := rc.(*ingraph.ReplicaContext)
-		if err != nil || !ok || !irc.Trains() {
+		if !ok {
+			return fn(rc, in)
+		}
+		before, err := irc.Read(count)
+		if err != nil {
+			return nil, err
+		}
+		out, err := l.warm.building(irc, before, l.cfg.WarmupSteps, func() (strategy.Outputs, error) { return fn(rc, in) })
+		if err != nil || !irc.Trains() {
 			return out, err
 		}
 		if irc.Accumulates() {
 			return nil, errors.New("multiworker: WithLocalSGD: a step that accumulates gradients (WithAccumulation) would synchronise between its micro-steps; accumulate by a larger local batch instead")
 		}
-		n, err := irc.Increment(count)
-		if err != nil {
+		sc := rc.Scope().SubScope("local_sgd_count")
+		n := op.AddV2(sc, before, op.Const(sc.SubScope("one"), int64(1)))
+		if err := irc.Overwrite(count, n); err != nil {
 			return nil, err
 		}
 		if out == nil {
@@ -261,7 +272,7 @@ func (l *localSGD) buildSteps(s *Strategy) (start strategy.Step, err error) {
 			return nil, err
 		}
 	}
-	if l.average, err = l.buildAverage(s); err != nil {
+	if l.settle, err = l.each(s, nil, l.anchor); err != nil {
 		return nil, err
 	}
 	if l.cfg.Overlap > 0 {
@@ -355,30 +366,13 @@ func (l *localSGD) summed(rc *ingraph.ReplicaContext, idx []int, local int) ([]t
 	return l.exchange(rc, rc.Scope().SubScope("local_sgd_exchange"), ds, idx, local)
 }
 
-// buildAverage builds the warm-up's synchronisation: every parameter and
-// its anchor take the workers' mean of the parameter.
-func (l *localSGD) buildAverage(s *Strategy) (strategy.Step, error) {
-	local := s.engine.NumLocalReplicas()
-	idx := allIndices(len(l.vars))
-	return s.engine.Build(syncSpec, func(rc strategy.Replica, _ strategy.Inputs) (strategy.Outputs, error) {
-		irc := rc.(*ingraph.ReplicaContext)
-		ds, err := l.summed(irc, idx, local)
-		if err != nil {
-			return nil, err
-		}
-		for k, d := range ds {
-			sc := rc.Scope().SubScope(fmt.Sprintf("local_sgd_average_%d", k))
-			a, err := rc.Read(l.anchors[k])
-			if err != nil {
-				return nil, err
-			}
-			mean := op.Sub(sc, a, op.Mul(sc.SubScope("mean"), d, op.Const(sc.SubScope("share"), float32(1)/float32(l.workers))))
-			if err := errors.Join(irc.Overwrite(l.anchors[k], mean), irc.Overwrite(l.vars[k], mean)); err != nil {
-				return nil, err
-			}
-		}
-		return strategy.Outputs{}, nil
-	})
+// anchor builds variable i's anchor taking its value.
+func (l *localSGD) anchor(rc *ingraph.ReplicaContext, _ *op.Scope, i int) error {
+	x, err := rc.Read(l.vars[i])
+	if err != nil {
+		return err
+	}
+	return rc.Overwrite(l.anchors[i], x)
 }
 
 // buildOuter builds a step that gives the anchors of the variables idx
@@ -520,12 +514,13 @@ func (l *localSGD) steps(ctx context.Context, s *Strategy) (int64, error) {
 // fragment's anchors take the outer update, and its parameters the
 // anchors.
 func (l *localSGD) synchronise(ctx context.Context, s *Strategy, n int64) error {
-	if n <= int64(l.cfg.WarmupSteps) {
-		begin := time.Now()
-		if err := l.run(ctx, s, l.average); err != nil {
-			return fmt.Errorf("multiworker: local SGD: average after warm-up step %d: %w", n, err)
+	switch w := int64(l.cfg.WarmupSteps); {
+	case n < w: // the step all-reduced its gradients
+		return nil
+	case n == w:
+		if err := l.run(ctx, s, l.settle); err != nil {
+			return fmt.Errorf("multiworker: local SGD: anchor the parameters after the warm-up's last step %d: %w", n, err)
 		}
-		l.observe(s, fmt.Sprintf("average after warm-up step %d", n), begin)
 		return nil
 	}
 	if l.overlap != nil {

@@ -36,12 +36,20 @@ func localSGDSteps(t *testing.T, steps int, cfg multiworker.LocalSGD, opts ...mu
 // localSGDRun is localSGDSteps, which also returns worker 0's collective
 // stats.
 func localSGDRun(t *testing.T, steps int, cfg multiworker.LocalSGD, opts ...multiworker.Option) ([2][]float32, collective.Stats) {
+	return localSGDRunWith(t, linearSGD, steps, cfg, opts...)
+}
+
+// linearSGD is testmodel.Linear's optimizer in these tests.
+func linearSGD() strategy.Optimizer { return optimizer.NewSGD(optimizer.Constant(elasticLR)) }
+
+// localSGDRunWith is localSGDRun with the optimizer of newOpt.
+func localSGDRunWith(t *testing.T, newOpt func() strategy.Optimizer, steps int, cfg multiworker.LocalSGD, opts ...multiworker.Option) ([2][]float32, collective.Stats) {
 	var got [2][]float32
 	var sent collective.Stats
 	errs := onWorkers(loopbackSpec(t, 2), append([]multiworker.Option{multiworker.WithLocalSGD(cfg),
 		multiworker.WithStartupTimeout(30 * time.Second), multiworker.WithCollectiveTimeout(30 * time.Second)}, opts...),
 		func(w int, s *multiworker.Strategy) error {
-			l, err := testmodel.NewLinear(s, elasticLR)
+			l, err := testmodel.NewLinearWith(s, newOpt())
 			if err != nil {
 				return err
 			}
@@ -75,9 +83,27 @@ func TestLocalSGDEveryStepIsSynchronous(t *testing.T) {
 	}
 }
 
+// The warm-up's steps are synchronous: with Adam, whose moments a worker
+// alone would keep its own, both workers end the warm-up with the
+// parameters one device trains on the global batches, on 1 and 2 replicas
+// a worker; a local step after it moves them apart.
+func TestLocalSGDWarmupIsSynchronous(t *testing.T) {
+	const warm = 6
+	adam := func() strategy.Optimizer { return optimizer.NewAdam(optimizer.Constant(0.1)) }
+	want := linearOnOneDeviceWith(t, adam(), warm)
+	cfg := multiworker.LocalSGD{Steps: 5, WarmupSteps: warm}
+	for _, replicas := range []int{1, 2} {
+		got, _ := localSGDRunWith(t, adam, warm, cfg, multiworker.WithLogicalCPUs(replicas))
+		for w := range got {
+			assert.InDeltaSlice(t, want, got[w], 1e-6, "worker %d of %d replicas", w, replicas)
+		}
+	}
+	got, _ := localSGDRunWith(t, adam, warm+1, cfg)
+	assert.NotEqual(t, got[0], got[1], "after the warm-up each worker steps alone")
+}
+
 // DiLoCo's outer update, Nesterov momentum on the workers' mean parameter
-// change every 5 steps, after a warm-up of 2 steps each followed by the
-// workers' mean, gives every worker the parameters that two independent models,
+// change every 5 steps, after a synchronous warm-up of 2 steps, gives every worker the parameters that two independent models,
 // synchronised the same way by hand, end with; so it does with two
 // replicas on each worker.
 func TestDiLoCoEqualsItsDefinition(t *testing.T) {
@@ -141,12 +167,12 @@ func diLoCoByHand(t *testing.T, steps int, cfg multiworker.LocalSGD) []float32 {
 		mean := make([]float32, len(anchor)) // the workers' mean of (anchor - parameters)
 		for i := range anchor {
 			mean[i] = (anchor[i] - ws[0][i] + (anchor[i] - ws[1][i])) / 2
-			if cfg.Compression == multiworker.INT8 {
+			if cfg.Compression == multiworker.INT8 && step > cfg.WarmupSteps { // the warm-up's gradients travel as float32
 				mean[i] = int8Mean(anchor, ws, i)
 			}
 		}
 		for i, g := range mean {
-			if step <= cfg.WarmupSteps { // the warm-up averages
+			if step <= cfg.WarmupSteps { // SGD's synchronous step: the mean of the workers' steps
 				anchor[i] -= g
 				continue
 			}

@@ -402,28 +402,6 @@ func (rc *ReplicaContext) Trains() bool { return rc.trains }
 // micro-steps (WithAccumulation).
 func (rc *ReplicaContext) Accumulates() bool { return rc.acc != nil && rc.acc.accumulates() }
 
-// Increment adds one to this replica's copy of v, an int64 scalar, and
-// returns its value after the addition. Every replica incrementing its
-// own copy keeps the copies equal.
-func (rc *ReplicaContext) Increment(vv strategy.Variable) (tf.Output, error) {
-	v, err := rc.e.own(vv, "Increment")
-	if err != nil {
-		return tf.Output{}, err
-	}
-	if rc.e.cfg.VirtualShards > 0 {
-		return tf.Output{}, fmt.Errorf("Increment %q: virtual shards share their device's copies", v.name)
-	}
-	if v.dtype != tf.Int64 || len(v.shape) != 0 {
-		return tf.Output{}, fmt.Errorf("Increment %q: expected an int64 scalar, not %s %v", v.name, graphutil.DTypeName(v.dtype), v.shape)
-	}
-	s := rc.scope.SubScope("increment_" + sanitize(v.name))
-	h := v.handles[rc.local]
-	add := op.AssignAddVariableOp(s, h, op.Const(s.SubScope("one"), int64(1)))
-	out := op.ReadVariableOp(s.SubScope("read").WithControlDependencies(add), h, tf.Int64)
-	rc.targets = append(rc.targets, add)
-	return out, s.Err()
-}
-
 // Overwrite writes value to this replica's copy of v, whatever v's
 // aggregation: every replica writing the same value keeps the copies
 // equal.
