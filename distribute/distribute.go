@@ -65,7 +65,8 @@ type Config struct {
 	LocalSGD *multiworker.LocalSGD
 	// Compression, under multiworker or elastic, is how the gradients
 	// travel between workers (multiworker.WithCompression), or with
-	// LocalSGD the outer gradient (LocalSGD.Compression).
+	// LocalSGD the outer gradient (LocalSGD.Compression) and the warm-up's
+	// gradients.
 	Compression multiworker.Compression
 
 	localSGDFlags []localSGDFlag // -local-sgd-warmup, -fragments, -overlap
@@ -122,7 +123,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 				l.Mix = 0.5
 			}
 		}))
-	fs.Func("compression", "under multiworker or elastic, how gradients travel between workers: none, fp16, bf16, int8 or topk(`ratio`); with -local-sgd or -diloco, the outer gradient: none, fp16, bf16 or int8",
+	fs.Func("compression", "under multiworker or elastic, how gradients travel between workers: none, fp16, bf16, int8 or topk(`ratio`); with -local-sgd or -diloco, the outer gradient and the warm-up's gradients: none, fp16, bf16 or int8",
 		func(v string) (err error) {
 			c.Compression, err = multiworker.ParseCompression(v)
 			return err
@@ -274,6 +275,9 @@ func multiworkerOptions(c Config) []multiworker.Option {
 			f.set(&l, f.n)
 		}
 		opts = append(opts, multiworker.WithLocalSGD(l))
+		if c.Compression != multiworker.None && l.WarmupSteps > 0 { // the warm-up's gradients too
+			opts = append(opts, multiworker.WithCompression(c.Compression))
+		}
 	case c.Compression != multiworker.None:
 		opts = append(opts, multiworker.WithCompression(c.Compression))
 	}

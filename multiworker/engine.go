@@ -197,6 +197,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	cdo := &engineOps{group: id, host: strategy.LocalCPU(0), replicas: replicas, tree: c.shards > 0, names: &opNames{}}
 	cross := c.packed(cdo)
+	grads := cross // how a synchronous step's gradients are summed
 	s := &Strategy{resolver: c.resolver, task: w.task, workerID: w.workerID, workers: w.workers,
 		group: g, unregister: unregister, closeTimeout: c.closeTimeout(), log: w.log}
 	var reducer ingraph.GradientReducer
@@ -217,7 +218,8 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 			s.residuals = &residuals{group: id}
 			comp.residuals = s.residuals
 		}
-		reducer = compressed{c.packed(comp)}
+		grads = c.packed(comp)
+		reducer = compressed{grads}
 	}
 	var pendingInit func() ([]*tf.Operation, func())
 	if s.residuals != nil {
@@ -228,7 +230,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		s.localSGD = &localSGD{cfg: *c.localSGD, group: id, workers: len(w.workers)}
 		local := localCrossDeviceOps(devices)
 		if c.localSGD.WarmupSteps > 0 {
-			s.localSGD.warm = &warmup{local: local, cross: cross, workers: len(w.workers)}
+			s.localSGD.warm = &warmup{local: local, cross: grads, workers: len(w.workers)}
 			reducer = s.localSGD.warm
 		}
 		cross, inSync = local, w.nLocal()

@@ -43,10 +43,10 @@ type LocalSGD struct {
 	Nesterov bool
 	// WarmupSteps makes the first WarmupSteps training steps synchronous
 	// (post-local SGD's warm-up): each all-reduces its gradients across
-	// the workers, as without local SGD, so that every worker applies the
-	// same update to the same parameters and optimizer state. Local steps,
-	// and the outer update with its momentum, begin after the warm-up,
-	// from its parameters.
+	// the workers, as without local SGD (compressed by WithCompression, if
+	// given), so that every worker applies the same update to the same
+	// parameters and optimizer state. Local steps, and the outer update
+	// with its momentum, begin after the warm-up, from its parameters.
 	WarmupSteps int
 	// Compression sends the outer gradient over the wire as FP16, BF16 or
 	// INT8; None (the default) as float32.
@@ -110,8 +110,10 @@ func (c config) checkLocalSGD() error {
 		return fmt.Errorf("multiworker: WithLocalSGD: Compression %v: expected none, fp16, bf16 or int8", l.Compression)
 	case c.comm != Auto && c.comm != Engine:
 		return fmt.Errorf("multiworker: WithLocalSGD with WithCommunication(%v): local SGD synchronises on tfdist's engine", c.comm)
-	case c.compression != None || c.aggregation != nil:
-		return errors.New("multiworker: WithLocalSGD with WithCompression or WithAggregation: a local step all-reduces no gradient, and the warm-up's travel as float32 (compress the outer gradient with LocalSGD.Compression)")
+	case c.aggregation != nil:
+		return errors.New("multiworker: WithLocalSGD with WithAggregation: a local step all-reduces no gradient to vote on")
+	case c.compression != None && (l.WarmupSteps == 0 || c.compression.kind == topK):
+		return fmt.Errorf("multiworker: WithLocalSGD with WithCompression(%v): a local step all-reduces no gradient; expected fp16, bf16 or int8 with WarmupSteps, for the warm-up's gradients (compress the outer gradient with LocalSGD.Compression)", c.compression)
 	case c.shards > 0:
 		return errors.New("multiworker: WithLocalSGD with WithDeterministic: not supported, since the workers' steps do not meet")
 	}

@@ -89,7 +89,6 @@ func TestLocalSGDEveryStepIsSynchronous(t *testing.T) {
 // a worker; a local step after it moves them apart.
 func TestLocalSGDWarmupIsSynchronous(t *testing.T) {
 	const warm = 6
-	adam := func() strategy.Optimizer { return optimizer.NewAdam(optimizer.Constant(0.1)) }
 	want := linearOnOneDeviceWith(t, adam(), warm)
 	cfg := multiworker.LocalSGD{Steps: 5, WarmupSteps: warm}
 	for _, replicas := range []int{1, 2} {
@@ -100,6 +99,54 @@ func TestLocalSGDWarmupIsSynchronous(t *testing.T) {
 	}
 	got, _ := localSGDRunWith(t, adam, warm+1, cfg)
 	assert.NotEqual(t, got[0], got[1], "after the warm-up each worker steps alone")
+}
+
+// adam is an optimizer with state, which local steps would make each
+// worker's own.
+func adam() strategy.Optimizer { return optimizer.NewAdam(optimizer.Constant(0.1)) }
+
+// A warm-up as long as training trains the MLP on 2 workers of 2 replicas
+// as the default strategy does on the global batches: with Adam, whose
+// state every worker must keep alike, its gradients as float32; with SGD,
+// and WithCompression, as int8 (Adam's steps make the rounding of
+// gradients near 0 whole steps): fewer bytes, the same parameters on both
+// workers, near float32's.
+func TestLocalSGDWarmupTrainsTheSynchronousModel(t *testing.T) {
+	plan := testmodel.Plan{Model: "mlp", Steps: 30, MicroBatches: []int{32}}
+	var plain int64
+	for _, c := range []struct {
+		comp multiworker.Compression
+		opt  func() strategy.Optimizer
+		tol  float64
+	}{{multiworker.None, adam, 1e-5}, {multiworker.None, sgd, 1e-5}, {multiworker.INT8, sgd, 5e-2}} {
+		want, err := testmodel.TrainDefault(context.Background(), c.opt(), plan)
+		require.NoError(t, err)
+		opts := append([]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, WarmupSteps: plan.Steps})}, twoByTwo...)
+		if c.comp != multiworker.None {
+			opts = append(opts, multiworker.WithCompression(c.comp))
+		}
+		got := make([]testmodel.Outcome, 2)
+		sent := make([]int64, 2)
+		errs := onWorkers(loopbackSpec(t, 2), opts, func(w int, s *multiworker.Strategy) error {
+			p := plan
+			p.FirstReplica, p.Workers = 2*w, 2
+			var err error
+			got[w], err = testmodel.TrainPlan(context.Background(), s, c.opt(), p)
+			sent[w] = s.CollectiveStats().BytesSent
+			return err
+		})
+		require.NoError(t, errs[0])
+		require.NoError(t, errs[1])
+		assert.Equal(t, got[0].Params, got[1].Params, "%v: both workers hold the same bits", c.comp)
+		d, at := testmodel.MaxParamDiff(want, got[0])
+		assert.Less(t, d, c.tol, "%v: %s differs from the default strategy's by %v", c.comp, at, d)
+		if c.comp == multiworker.None {
+			plain = sent[0]
+			continue
+		}
+		assert.NotZero(t, d, "%v: the gradients were rounded on the wire", c.comp)
+		assert.Less(t, float64(sent[0]), 0.4*float64(plain), "%v: bytes sent, against %d uncompressed", c.comp, plain)
+	}
 }
 
 // DiLoCo's outer update, Nesterov momentum on the workers' mean parameter
@@ -225,6 +272,7 @@ func TestLocalSGDBadInput(t *testing.T) {
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 4, Mix: 1})}, "Mix 1: expected a share in [0, 1)"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithCommunication(multiworker.Ring)}, "WithLocalSGD with WithCommunication(ring)"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithCompression(multiworker.FP16)}, "a local step all-reduces no gradient"},
+		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, WarmupSteps: 2}), multiworker.WithCompression(multiworker.TopK(0.1))}, "expected fp16, bf16 or int8 with WarmupSteps"},
 		{[]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5}), multiworker.WithDeterministic(2)}, "WithLocalSGD with WithDeterministic"},
 	} {
 		_, err := multiworker.New(context.Background(), c.opts...)

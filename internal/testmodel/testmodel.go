@@ -80,6 +80,10 @@ type Plan struct {
 	// FirstReplica is the global id of the engine's first local replica:
 	// replica g of all replicas in sync takes slice g of each micro-batch.
 	FirstReplica int
+	// Workers, when more than 1, is the workers of an engine whose steps
+	// are each worker's own (local SGD): its replicas in sync are one
+	// worker's, and a run counts the worker's examples.
+	Workers int
 	// AfterRuns, when set, is called after Build and after every run with
 	// the number of runs done (from 0, Start's runs included): to save a
 	// checkpoint, or to restore one before the first run.
@@ -112,10 +116,10 @@ func TrainPlan(ctx context.Context, e Engine, opt strategy.Optimizer, p Plan) (O
 	if err != nil {
 		return Outcome{}, err
 	}
-	total := 0
+	total, workers := 0, max(1, p.Workers)
 	for _, mb := range p.MicroBatches {
-		if mb%e.NumReplicasInSync() != 0 {
-			return Outcome{}, fmt.Errorf("micro-batch %d does not divide by %d replicas", mb, e.NumReplicasInSync())
+		if mb%(e.NumReplicasInSync()*workers) != 0 {
+			return Outcome{}, fmt.Errorf("micro-batch %d does not divide by %d replicas", mb, e.NumReplicasInSync()*workers)
 		}
 		total += mb
 	}
@@ -132,7 +136,7 @@ func TrainPlan(ctx context.Context, e Engine, opt strategy.Optimizer, p Plan) (O
 	update := func(ctx context.Context) (res strategy.Result, err error) {
 		start := (k * total) % (d.Len() - total)
 		for j, mb := range p.MicroBatches {
-			if res, err = runMicroBatch(ctx, e, step, d, start, mb, p.FirstReplica); err != nil {
+			if res, err = runMicroBatch(ctx, e, step, d, start, mb, p.FirstReplica, workers); err != nil {
 				return nil, fmt.Errorf("run %d: %w", j, err)
 			}
 			if err := after(k*len(p.MicroBatches) + j + 1); err != nil {
@@ -153,9 +157,9 @@ func TrainPlan(ctx context.Context, e Engine, opt strategy.Optimizer, p Plan) (O
 }
 
 // runMicroBatch runs step on the mb examples from start, split evenly
-// among the replicas in sync.
-func runMicroBatch(ctx context.Context, e Engine, step strategy.Step, d digits.Data, start, mb, firstReplica int) (strategy.Result, error) {
-	per := mb / e.NumReplicasInSync()
+// among the replicas in sync of every one of workers.
+func runMicroBatch(ctx context.Context, e Engine, step strategy.Step, d digits.Data, start, mb, firstReplica, workers int) (strategy.Result, error) {
+	per := mb / (e.NumReplicasInSync() * workers)
 	feeds := make([]map[string]*tf.Tensor, e.NumLocalReplicas())
 	for r := range feeds {
 		lo := start + (firstReplica+r)*per
@@ -169,7 +173,7 @@ func runMicroBatch(ctx context.Context, e Engine, step strategy.Step, d digits.D
 		}
 		feeds[r] = map[string]*tf.Tensor{"x": x, "y": y}
 	}
-	return e.RunReplicas(ctx, step, feeds, mb)
+	return e.RunReplicas(ctx, step, feeds, mb/workers)
 }
 
 // readVars records the values of model, the model's variables, in Params,
