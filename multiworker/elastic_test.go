@@ -43,7 +43,7 @@ const (
 	elasticStepsEnv  = "MULTIWORKER_TEST_ELASTIC_STEPS"
 	elasticShardsEnv = "MULTIWORKER_TEST_ELASTIC_SHARDS" // WithDeterministic's, if set
 	elasticOtherEnv  = "MULTIWORKER_TEST_ELASTIC_OTHER"  // set: build another model
-	elasticDiLoCoEnv = "MULTIWORKER_TEST_ELASTIC_DILOCO" // H: train with DiLoCo, synchronising every H steps
+	elasticDiLoCoEnv = "MULTIWORKER_TEST_ELASTIC_DILOCO" // H: train with DiLoCo, synchronising every H steps after 20 synchronous ones
 )
 
 // elasticGlobal is the global batch of the elastic tests, divided among
@@ -84,7 +84,7 @@ func runElasticWorker() (int, bool) {
 		opts = append(opts, multiworker.WithDeterministic(v))
 	}
 	if h, err := strconv.Atoi(os.Getenv(elasticDiLoCoEnv)); err == nil {
-		opts = append(opts, multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: h, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}))
+		opts = append(opts, multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: h, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true, WarmupSteps: 20}))
 	}
 	ctx := context.Background()
 	m, err := elastic.Join(ctx, os.Getenv(elasticRdzvEnv), elastic.Hello{Job: "elastic-test", Name: name})
