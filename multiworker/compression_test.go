@@ -10,6 +10,7 @@ import (
 	"github.com/tfdist/tfdist/aggregate"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/strategy"
 )
 
 // Gradients sent as float16, bfloat16 or int8 train, on 2 workers of 2
@@ -25,30 +26,48 @@ func TestCompressedGradientsTrainTheModel(t *testing.T) {
 		comp      multiworker.Compression
 		tol, sent float64 // the bytes sent, of float32's
 	}{{multiworker.None, 1e-5, 1}, {multiworker.FP16, 1e-2, 0.55}, {multiworker.BF16, 5e-2, 0.55}, {multiworker.INT8, 5e-2, 0.3}} {
-		got := make([]testmodel.Outcome, 2)
-		sent := make([]int64, 2)
-		errs := onWorkers(loopbackSpec(t, 2), append([]multiworker.Option{multiworker.WithCompression(c.comp)}, twoByTwo...),
-			func(w int, s *multiworker.Strategy) error {
-				p := plan
-				p.FirstReplica = 2 * w
-				var err error
-				got[w], err = testmodel.TrainPlan(context.Background(), s, sgd(), p)
-				sent[w] = s.CollectiveStats().BytesSent
-				return err
-			})
-		require.NoError(t, errs[0])
-		require.NoError(t, errs[1])
-		assert.Equal(t, got[0].Params, got[1].Params, "%v: both workers hold the same bits", c.comp)
-		d, at := testmodel.MaxParamDiff(want, got[0])
-		assert.Less(t, d, c.tol, "%v: %s differs from the default strategy's by %v", c.comp, at, d)
-		if c.comp == multiworker.None {
-			plain = sent[0]
-			continue
-		}
-		assert.NotZero(t, d, "%v: the gradients were rounded on the wire", c.comp)
-		assert.Less(t, float64(sent[0]), c.sent*float64(plain), "%v: bytes sent, against %d uncompressed", c.comp, plain)
-		t.Logf("%v: %d bytes sent in 30 steps, %.3f of float32's", c.comp, sent[0], float64(sent[0])/float64(plain))
+		got, sent := trainTwoByTwo(t, sgd, plan, multiworker.WithCompression(c.comp))
+		assertCompressed(t, c.comp, want, got, sent, c.tol, c.sent, &plain)
 	}
+}
+
+// assertCompressed checks a run of two workers with comp, which trained
+// got and sent sent: both workers hold the same bits, within tol of want,
+// the default strategy's; uncompressed, it records the bytes in *plain,
+// else the model differs from want, and the bytes are less than sent
+// times *plain.
+func assertCompressed(t *testing.T, comp multiworker.Compression, want testmodel.Outcome, got []testmodel.Outcome, sent []int64, tol, ratio float64, plain *int64) {
+	t.Helper()
+	assert.Equal(t, got[0].Params, got[1].Params, "%v: both workers hold the same bits", comp)
+	d, at := testmodel.MaxParamDiff(want, got[0])
+	assert.Less(t, d, tol, "%v: %s differs from the default strategy's by %v", comp, at, d)
+	if comp == multiworker.None {
+		*plain = sent[0]
+		return
+	}
+	assert.NotZero(t, d, "%v: the gradients were rounded on the wire", comp)
+	assert.Less(t, float64(sent[0]), ratio*float64(*plain), "%v: bytes sent, against %d uncompressed", comp, *plain)
+	t.Logf("%v: %d bytes sent, %.3f of float32's", comp, sent[0], float64(sent[0])/float64(*plain))
+}
+
+// trainTwoByTwo trains the model of plan with opt on 2 workers of 2
+// replicas each with opts, and returns each worker's outcome and bytes
+// sent.
+func trainTwoByTwo(t *testing.T, opt func() strategy.Optimizer, plan testmodel.Plan, opts ...multiworker.Option) ([]testmodel.Outcome, []int64) {
+	t.Helper()
+	got := make([]testmodel.Outcome, 2)
+	sent := make([]int64, 2)
+	errs := onWorkers(loopbackSpec(t, 2), append(opts, twoByTwo...), func(w int, s *multiworker.Strategy) error {
+		p := plan
+		p.FirstReplica = 2 * w
+		var err error
+		got[w], err = testmodel.TrainPlan(context.Background(), s, opt(), p)
+		sent[w] = s.CollectiveStats().BytesSent
+		return err
+	})
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	return got, sent
 }
 
 // Compression the backend cannot honour is refused at start.

@@ -121,31 +121,14 @@ func TestLocalSGDWarmupTrainsTheSynchronousModel(t *testing.T) {
 	}{{multiworker.None, adam, 1e-5}, {multiworker.None, sgd, 1e-5}, {multiworker.INT8, sgd, 5e-2}} {
 		want, err := testmodel.TrainDefault(context.Background(), c.opt(), plan)
 		require.NoError(t, err)
-		opts := append([]multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, WarmupSteps: plan.Steps})}, twoByTwo...)
+		opts := []multiworker.Option{multiworker.WithLocalSGD(multiworker.LocalSGD{Steps: 5, WarmupSteps: plan.Steps})}
 		if c.comp != multiworker.None {
 			opts = append(opts, multiworker.WithCompression(c.comp))
 		}
-		got := make([]testmodel.Outcome, 2)
-		sent := make([]int64, 2)
-		errs := onWorkers(loopbackSpec(t, 2), opts, func(w int, s *multiworker.Strategy) error {
-			p := plan
-			p.FirstReplica, p.Workers = 2*w, 2
-			var err error
-			got[w], err = testmodel.TrainPlan(context.Background(), s, c.opt(), p)
-			sent[w] = s.CollectiveStats().BytesSent
-			return err
-		})
-		require.NoError(t, errs[0])
-		require.NoError(t, errs[1])
-		assert.Equal(t, got[0].Params, got[1].Params, "%v: both workers hold the same bits", c.comp)
-		d, at := testmodel.MaxParamDiff(want, got[0])
-		assert.Less(t, d, c.tol, "%v: %s differs from the default strategy's by %v", c.comp, at, d)
-		if c.comp == multiworker.None {
-			plain = sent[0]
-			continue
-		}
-		assert.NotZero(t, d, "%v: the gradients were rounded on the wire", c.comp)
-		assert.Less(t, float64(sent[0]), 0.4*float64(plain), "%v: bytes sent, against %d uncompressed", c.comp, plain)
+		local := plan
+		local.Workers = 2
+		got, sent := trainTwoByTwo(t, c.opt, local, opts...)
+		assertCompressed(t, c.comp, want, got, sent, c.tol, 0.4, &plain)
 	}
 }
 
