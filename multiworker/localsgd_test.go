@@ -288,14 +288,15 @@ func TestLocalSGDRefusesMoreFragmentsThanVariables(t *testing.T) {
 // restored from it go on as the job that saved it did, bit for bit, every
 // variable of every worker, with one replica a worker and with two, and
 // with an outer gradient in flight (Overlap), which the restored workers
-// all-reduce again from their stages. Saved right after a
-// synchronisation, it holds the parameters' value alone, alike on every
-// worker, and the slots' copies.
+// all-reduce again from their stages, and after a synchronous warm-up.
+// Saved in the warm-up or right after a synchronisation, it holds the
+// parameters' value alone, alike on every worker, and the slots' copies;
+// restored in the warm-up, the job goes on synchronously to its end.
 func TestLocalSGDResumesBetweenSynchronisations(t *testing.T) {
-	const steps = 13 // synchronisations after steps 5 and 10
-	for _, c := range []struct{ saved, replicas, overlap int }{{8, 1, 0}, {8, 2, 0}, {10, 1, 0}, {11, 1, 2}} {
+	const steps = 13 // synchronisations after steps 5 and 10, or after a warm-up of 6 steps and step 11
+	for _, c := range []struct{ saved, replicas, overlap, warmup int }{{8, 1, 0, 0}, {8, 2, 0, 0}, {10, 1, 0, 0}, {11, 1, 2, 0}, {3, 2, 0, 6}, {8, 1, 0, 6}} {
 		saved, replicas := c.saved, c.replicas
-		cfg := multiworker.LocalSGD{Steps: 5, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true}
+		cfg := multiworker.LocalSGD{Steps: 5, OuterRate: 0.7, OuterMomentum: 0.9, Nesterov: true, WarmupSteps: c.warmup}
 		if c.overlap > 0 { // taken after step 10, in flight when saved, lands after step 12
 			cfg.Overlap, cfg.Mix = c.overlap, 0.25
 		}
@@ -321,8 +322,8 @@ func TestLocalSGDResumesBetweenSynchronisations(t *testing.T) {
 			}
 		}
 		assert.Subset(t, copies, []string{"w/Adam/m", "w/Adam/v"}, "every worker's Adam slots")
-		if saved%cfg.Steps == 0 && c.overlap == 0 {
-			assert.NotContains(t, copies, "w", "saved after a synchronisation")
+		if c.overlap == 0 && (saved <= c.warmup || (saved-c.warmup)%cfg.Steps == 0) {
+			assert.NotContains(t, copies, "w", "saved in the warm-up or after a synchronisation")
 		} else {
 			assert.Contains(t, copies, "w", "saved between two synchronisations")
 		}
