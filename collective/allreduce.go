@@ -175,21 +175,11 @@ func (o *op) treeSegments(dst, src []byte) error {
 	o.algorithm = "tree, by segment"
 	elems := len(src) / size
 	seg := func(j int) (int, int) { return j * elems / n * size, (j + 1) * elems / n * size }
-	for _, p := range g.peers {
-		lo, hi := seg(p)
-		if err := o.sendRange(p, 0, lo, src[lo:hi]); err != nil {
-			return err
-		}
+	parts, err := o.exchangeBlocks(src, seg)
+	if err != nil {
+		return err
 	}
 	lo, hi := seg(g.rank)
-	parts := make([][]byte, n)
-	parts[g.rank] = src[lo:hi]
-	for i, p := range g.peers {
-		parts[p] = make([]byte, hi-lo)
-		if err := o.recvRange(p, g.peers[i+1:], 0, lo, parts[p]); err != nil {
-			return err
-		}
-	}
 	mine := make([]byte, hi-lo) // peers may read it until endReads: never pooled, kept alive
 	combineTree(o.self.red, o.self.dtype, mine, parts)
 	if o.self.red == Mean {
@@ -207,12 +197,35 @@ func (o *op) treeSegments(dst, src []byte) error {
 			return err
 		}
 	}
-	err := o.endReads()
+	err = o.endReads()
 	// Peers read mine by its address, which the garbage collector does not
 	// see: without this, it could free mine once copied, and a peer read
 	// another allocation's bytes (zeros, seen once in a test).
 	runtime.KeepAlive(mine)
 	return err
+}
+
+// exchangeBlocks sends each peer its block of src, bytes [lo, hi) of
+// block(peer), as step 0, and returns every member's block of this
+// member's, by rank: its own in src, the peers' received.
+func (o *op) exchangeBlocks(src []byte, block func(member int) (lo, hi int)) ([][]byte, error) {
+	g := o.g
+	for _, p := range g.peers {
+		lo, hi := block(p)
+		if err := o.sendRange(p, 0, lo, src[lo:hi]); err != nil {
+			return nil, err
+		}
+	}
+	lo, hi := block(g.rank)
+	parts := make([][]byte, len(g.members))
+	parts[g.rank] = src[lo:hi]
+	for i, p := range g.peers {
+		parts[p] = make([]byte, hi-lo)
+		if err := o.recvRange(p, g.peers[i+1:], 0, lo, parts[p]); err != nil {
+			return nil, err
+		}
+	}
+	return parts, nil
 }
 
 // sendRange sends data, which lies at byte offset base of the call's

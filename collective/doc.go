@@ -1,5 +1,5 @@
 // Package collective is tfdist's cross-worker collective engine, in pure
-// Go: all-reduce, all-gather, broadcast and barrier between the processes
+// Go: all-reduce, reduce-scatter, all-gather, broadcast and barrier between the processes
 // of a group, over TCP (optionally mutual TLS) and, between processes on
 // one host, over shared memory. The multi-worker strategy all-reduces its
 // gradients with it; a program can also use it directly.
@@ -19,7 +19,8 @@
 //
 // Calls are matched across members by name and, for a repeated name, by
 // call order, so they may run concurrently and start in different orders
-// on different members. Every member ends an all-reduce with the same bits.
+// on different members. Every member ends an all-reduce with the same bits;
+// a reduce-scatter leaves each member its block of them ([ScatterBlock]).
 // [Shape] makes members check that they agree on a tensor's shape;
 // [Compress] sends a float32 all-reduce as 16-bit floats, summed in
 // float32 at every hop, or as int8 in blocks of a shared scale.

@@ -10,7 +10,7 @@ import (
 // Wire constants. All integers are little-endian.
 const (
 	frameMagic   uint32 = 0x43444654 // "TFDC"
-	frameVersion uint8  = 8          // 2 added kindClosing, 3 the wire type, 4 the upgrade, 5 aligned payloads over shared memory, 6 remote chunks, 7 pushed results, 8 the order
+	frameVersion uint8  = 9          // 2 added kindClosing, 3 the wire type, 4 the upgrade, 5 aligned payloads over shared memory, 6 remote chunks, 7 pushed results, 8 the order, 9 reduce-scatter
 	fixedLen            = 64         // bytes of a header before the name
 	maxNameLen          = 4096       // longest tensor name
 	maxRank             = 32         // most dimensions a shape may have
@@ -54,6 +54,7 @@ const (
 	opAllGather
 	opBroadcast
 	opBarrier
+	opReduceScatter
 )
 
 func (k opKind) String() string {
@@ -66,6 +67,8 @@ func (k opKind) String() string {
 		return "broadcast"
 	case opBarrier:
 		return "barrier"
+	case opReduceScatter:
+		return "reduce-scatter"
 	}
 	return fmt.Sprintf("op(%d)", uint8(k))
 }

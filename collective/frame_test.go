@@ -2,6 +2,7 @@ package collective
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -26,9 +27,9 @@ func TestDecodeHeaderRejectsForeignBytes(t *testing.T) {
 	require.ErrorIs(t, err, errProtocol)
 	assert.ErrorContains(t, err, "bad magic")
 	h := appendHeader(nil, &header{kind: kindHello})
-	h[4] = 9
+	h[4] = frameVersion + 1
 	_, _, err = decodeHeader(h)
-	assert.ErrorContains(t, err, "version 9")
+	assert.ErrorContains(t, err, fmt.Sprintf("version %d", frameVersion+1))
 }
 
 // Only the data frames of operations that move data may be flagged
@@ -50,6 +51,7 @@ func TestDecodeHeaderRejectsMisplacedFlags(t *testing.T) {
 		{kind: kindData, op: opAllReduce, dtype: Float32, flags: flagRemote | flagPushed},
 		{kind: kindData, op: opAllGather, dtype: Float32, flags: flagPushed},
 		{kind: kindData, op: opBroadcast, dtype: Float32, flags: flagArena},
+		{kind: kindData, op: opReduceScatter, dtype: Float32, flags: flagPushed},
 	} {
 		_, _, err := decodeHeader(appendHeader(nil, &h))
 		require.ErrorIs(t, err, errProtocol, "%+v", h)

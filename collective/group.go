@@ -50,17 +50,17 @@ type Group struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	started     [opBarrier + 1]atomic.Int64 // operations started, by kind
-	sent        atomic.Int64                // payload bytes of data frames written
-	remoteReads atomic.Int64                // chunks read from a peer's memory (remote.go)
-	pushed      atomic.Int64                // chunks written into a peer's result (push.go)
+	started     [opReduceScatter + 1]atomic.Int64 // operations started, by kind
+	sent        atomic.Int64                      // payload bytes of data frames written
+	remoteReads atomic.Int64                      // chunks read from a peer's memory (remote.go)
+	pushed      atomic.Int64                      // chunks written into a peer's result (push.go)
 }
 
 // Stats counts the operations a member has started, by kind: those that
 // go to the network, so none in a group of one member, whose operations
 // complete locally. Close's barrier counts among the barriers.
 type Stats struct {
-	AllReduces, AllGathers, Broadcasts, Barriers int64
+	AllReduces, AllGathers, Broadcasts, Barriers, ReduceScatters int64
 	// BytesSent counts the payload bytes of the operations' frames this
 	// member wrote: what compression reduces.
 	BytesSent int64
@@ -74,12 +74,13 @@ type Stats struct {
 // was formed.
 func (g *Group) Stats() Stats {
 	return Stats{
-		AllReduces: g.started[opAllReduce].Load(),
-		AllGathers: g.started[opAllGather].Load(),
-		Broadcasts: g.started[opBroadcast].Load(),
-		Barriers:   g.started[opBarrier].Load(),
-		BytesSent:  g.sent.Load(),
-		PeerWait:   g.waited(),
+		AllReduces:     g.started[opAllReduce].Load(),
+		AllGathers:     g.started[opAllGather].Load(),
+		Broadcasts:     g.started[opBroadcast].Load(),
+		Barriers:       g.started[opBarrier].Load(),
+		ReduceScatters: g.started[opReduceScatter].Load(),
+		BytesSent:      g.sent.Load(),
+		PeerWait:       g.waited(),
 	}
 }
 

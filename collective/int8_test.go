@@ -15,14 +15,22 @@ import (
 // whose blocks of int8Block elements differ in scale by up to 10^6, of
 // lengths that cut a block or not.
 func int8Cases(rng *rand.Rand, n int) []reduceCase {
+	return floatCases(rng, n, Int8, []int{0, 1, int8Block - 1, int8Block, 3*int8Block + 7, 5003}, []Reduction{Sum, Mean},
+		func(i int) float64 { return math.Pow(10, float64(i/int8Block%7-3)) })
+}
+
+// floatCases returns a case of every reduction in reds of float32 buffers
+// of every length in elems, sent as wire (0: float32), each member's
+// element i normal times scale(i).
+func floatCases(rng *rand.Rand, n int, wire DType, elems []int, reds []Reduction, scale func(i int) float64) []reduceCase {
 	var cases []reduceCase
-	for _, elems := range []int{0, 1, int8Block - 1, int8Block, 3*int8Block + 7, 5003} {
-		for _, red := range []Reduction{Sum, Mean} {
-			c := reduceCase{name: fmt.Sprintf("int8/%v/%d", red, elems), dt: Float32, red: red, wire: Int8}
+	for _, e := range elems {
+		for _, red := range reds {
+			c := reduceCase{name: fmt.Sprintf("%v/%v/%d", wire, red, e), dt: Float32, red: red, wire: wire}
 			for range n {
-				x := make([]float32, elems)
+				x := make([]float32, e)
 				for i := range x {
-					x[i] = float32(rng.NormFloat64() * math.Pow(10, float64(i/int8Block%7-3)))
+					x[i] = float32(rng.NormFloat64() * scale(i))
 				}
 				c.ins = append(c.ins, bytesOf(x))
 			}

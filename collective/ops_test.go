@@ -118,6 +118,17 @@ func runConcurrently(t *testing.T, gs []*Group, cases []reduceCase) [][][]byte {
 // dst, which prepare returns for member m's input of a case.
 func runInto(t *testing.T, gs []*Group, cases []reduceCase, prepare func(m int, in []byte) (dst, src []byte)) [][][]byte {
 	t.Helper()
+	return runEach(t, gs, cases, func(g *Group, m int, c reduceCase) ([]byte, error) {
+		dst, src := prepare(m, c.ins[m])
+		return dst, g.AllReduceTo(context.Background(), c.name, c.red, c.dt, dst, src, c.opts()...)
+	})
+}
+
+// runEach runs call for every case on every member at once, each member's
+// cases in its own random order, and returns what call returned, by case
+// and member.
+func runEach(t *testing.T, gs []*Group, cases []reduceCase, call func(g *Group, m int, c reduceCase) ([]byte, error)) [][][]byte {
+	t.Helper()
 	outs := make([][][]byte, len(cases))
 	for i := range cases {
 		outs[i] = make([][]byte, len(gs))
@@ -127,12 +138,12 @@ func runInto(t *testing.T, gs []*Group, cases []reduceCase, prepare func(m int, 
 	for m, g := range gs {
 		for _, i := range rand.New(rand.NewPCG(uint64(m), 1)).Perm(len(cases)) {
 			c := cases[i]
-			dst, src := prepare(m, c.ins[m])
-			outs[i][m] = dst
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := g.AllReduceTo(context.Background(), c.name, c.red, c.dt, dst, src, c.opts()...); err != nil {
+				out, err := call(g, m, c)
+				outs[i][m] = out
+				if err != nil {
 					errs <- fmt.Errorf("member %d %s: %w", m, c.name, err)
 				}
 			}()
