@@ -23,7 +23,7 @@ import (
 )
 
 var kinds = [...]string{kindAllReduce: "all-reduce", kindAllGather: "all-gather", kindBroadcast: "broadcast", kindAggregate: "aggregate",
-	kindLargest: "largest indices"}
+	kindLargest: "largest indices", kindReduceScatter: "reduce-scatter"}
 
 // call is one execution of a collective op's kernel. It owns the input and
 // output tensors until it runs TensorFlow's done callback, exactly once.
@@ -87,6 +87,18 @@ func (c *call) start() error {
 	c.g = g.(*collective.Group)
 	if c.k.kind == kindAllGather {
 		go c.gather()
+		return nil
+	}
+	if c.k.kind == kindReduceScatter {
+		_, n := collective.ScatterBlock(int(C.TF_TensorByteSize(c.in))/c.dt.Size(), c.g.Size(), c.g.Rank())
+		dims := []C.int64_t{C.int64_t(n)}
+		c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_TensorType(c.in), dimsPtr(dims), 1, C.size_t(n*c.dt.Size()), st)
+		if err := statusError(st, "allocate output"); err != nil {
+			return err
+		}
+		go func() {
+			c.finish(c.g.ReduceScatter(context.Background(), c.k.name, c.k.red, c.dt, tensorBytes(c.out), tensorBytes(c.in)))
+		}()
 		return nil
 	}
 	if c.k.kind == kindAggregate { // a new output: the votes are read while it is written

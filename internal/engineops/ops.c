@@ -12,7 +12,7 @@
 #include "queue.h"
 
 // The second argument is the kernel's kind: kindAllReduce, kindAllGather,
-// kindBroadcast, kindAggregate and kindLargest in ops.go.
+// kindBroadcast, kindAggregate, kindLargest and kindReduceScatter in ops.go.
 static void* tfdist_create_allreduce(TF_OpKernelConstruction* ctx) {
   return (void*)tfdistKernelCreate(ctx, 0);
 }
@@ -28,6 +28,9 @@ static void* tfdist_create_aggregate(TF_OpKernelConstruction* ctx) {
 
 static void* tfdist_create_largest(TF_OpKernelConstruction* ctx) {
   return (void*)tfdistKernelCreate(ctx, 4);
+}
+static void* tfdist_create_reducescatter(TF_OpKernelConstruction* ctx) {
+  return (void*)tfdistKernelCreate(ctx, 5);
 }
 
 void* tfdist_keep_done(void* done);
@@ -137,6 +140,9 @@ void tfdist_register_ops(TF_Status* st) {
                   tfdist_create_allreduce, st);
   if (TF_GetCode(st) != TF_OK) return;
   tfdist_register("TfdistAllGather", NULL, NULL, 0, tfdist_create_allgather, st);
+  if (TF_GetCode(st) != TF_OK) return;
+  tfdist_register("TfdistReduceScatter", "reduction: {'sum', 'min', 'max'}", NULL, 0,
+                  tfdist_create_reducescatter, st);
   if (TF_GetCode(st) != TF_OK) return;
   tfdist_register("TfdistBroadcast", "root: int", NULL, 1, tfdist_create_broadcast,
                   st);

@@ -24,10 +24,11 @@ import (
 // that hands its input to a collective.Group of this process and completes
 // when the group does, so no TensorFlow thread waits on the network.
 const (
-	opAllReduce = "TfdistAllReduce"
-	opAllGather = "TfdistAllGather"
-	opBroadcast = "TfdistBroadcast"
-	opAggregate = "TfdistAggregate"
+	opAllReduce     = "TfdistAllReduce"
+	opAllGather     = "TfdistAllGather"
+	opReduceScatter = "TfdistReduceScatter"
+	opBroadcast     = "TfdistBroadcast"
+	opAggregate     = "TfdistAggregate"
 )
 
 var (
@@ -122,6 +123,15 @@ func AllReduceInTreeOrder(s *op.Scope, in tf.Output, group, name string) tf.Outp
 // treeSum is the reduction attribute of AllReduceInTreeOrder.
 const treeSum = "sum_in_tree_order"
 
+// ReduceScatter adds an op that reduces in (of any shape, the same on every
+// member) across the group as AllReduce does and outputs this member's
+// block of the flattened result, a vector of collective.ScatterBlock's
+// length, with the bits AllReduce gives those elements: an AllGather of
+// the members' outputs is the flattened all-reduce.
+func ReduceScatter(s *op.Scope, in tf.Output, group, name string, red collective.Reduction) tf.Output {
+	return addCollective(s, opReduceScatter, in, map[string]any{"group": group, "tensor_name": name, "reduction": red.String()})
+}
+
 // AllGather adds an op that concatenates every member's in along axis 0, in
 // rank order.
 func AllGather(s *op.Scope, in tf.Output, group, name string) tf.Output {
@@ -157,6 +167,7 @@ const (
 	kindBroadcast
 	kindAggregate
 	kindLargest
+	kindReduceScatter
 )
 
 // kernel is one collective op node's kernel: its attributes.
@@ -191,11 +202,11 @@ func tfdistKernelCreate(ctx *C.TF_OpKernelConstruction, kind C.int) C.uintptr_t 
 	} else if k.group, err = stringAttr(ctx, "group", st); err == nil {
 		k.name, err = stringAttr(ctx, "tensor_name", st)
 	}
-	if err == nil && kind == kindAllReduce {
+	if err == nil && (kind == kindAllReduce || kind == kindReduceScatter) {
 		var r string
 		r, err = stringAttr(ctx, "reduction", st)
 		k.red, k.tree = reductions[r], r == treeSum
-		if err == nil {
+		if err == nil && kind == kindAllReduce {
 			r, err = stringAttr(ctx, "wire", st)
 			k.wire = wires[r]
 		}

@@ -140,6 +140,35 @@ func TestCollectiveOpsCombineAcrossGroups(t *testing.T) {
 	}
 }
 
+// The reduce-scatter op gives each member its block of the flattened
+// all-reduce, of collective.ScatterBlock's length, and the all-gather of
+// the blocks is the all-reduce, bit for bit.
+func TestReduceScatterOpIsTheAllReducesBlock(t *testing.T) {
+	ids := groups(t, 3)
+	out := onMembers(t, ids, func(s *op.Scope, m int, group string) []tf.Output {
+		x := make([][]float32, 4)
+		for i := range x {
+			x[i] = []float32{float32(m+1) * 1e-3, float32(i) * 1e7, float32(m-i) / 3}
+		}
+		in := op.Const(s.SubScope("x"), x)
+		block := engineops.ReduceScatter(s.SubScope("rs"), in, group, "rs", collective.Sum)
+		return []tf.Output{
+			engineops.AllReduce(s.SubScope("ar"), in, group, "ar", collective.Sum, 0),
+			block,
+			engineops.AllGather(s.SubScope("ag"), block, group, "ag"),
+		}
+	})
+	for m := range ids {
+		var whole []float32
+		for _, row := range out[m][0].Value().([][]float32) {
+			whole = append(whole, row...)
+		}
+		start, n := collective.ScatterBlock(12, 3, m)
+		assert.Equal(t, whole[start:start+n], out[m][1].Value(), "member %d: its block", m)
+		assert.Equal(t, whole, out[m][2].Value(), "member %d: the blocks gathered", m)
+	}
+}
+
 // A tensor whose length differs between members fails the run on every
 // member with an error naming the tensor.
 func TestCollectiveOpMismatchFailsTheRun(t *testing.T) {
