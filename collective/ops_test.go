@@ -118,16 +118,24 @@ func runConcurrently(t *testing.T, gs []*Group, cases []reduceCase) [][][]byte {
 // dst, which prepare returns for member m's input of a case.
 func runInto(t *testing.T, gs []*Group, cases []reduceCase, prepare func(m int, in []byte) (dst, src []byte)) [][][]byte {
 	t.Helper()
-	return runEach(t, gs, cases, func(g *Group, m int, c reduceCase) ([]byte, error) {
-		dst, src := prepare(m, c.ins[m])
-		return dst, g.AllReduceTo(context.Background(), c.name, c.red, c.dt, dst, src, c.opts()...)
+	type buffers struct{ dst, src []byte }
+	prepared := make([][]buffers, len(gs)) // prepare runs here, one call at a time
+	for m := range gs {
+		for _, c := range cases {
+			dst, src := prepare(m, c.ins[m])
+			prepared[m] = append(prepared[m], buffers{dst, src})
+		}
+	}
+	return runEach(t, gs, cases, func(g *Group, m, i int) ([]byte, error) {
+		c, b := cases[i], prepared[m][i]
+		return b.dst, g.AllReduceTo(context.Background(), c.name, c.red, c.dt, b.dst, b.src, c.opts()...)
 	})
 }
 
-// runEach runs call for every case on every member at once, each member's
-// cases in its own random order, and returns what call returned, by case
-// and member.
-func runEach(t *testing.T, gs []*Group, cases []reduceCase, call func(g *Group, m int, c reduceCase) ([]byte, error)) [][][]byte {
+// runEach runs call for every case i on every member m at once, each
+// member's cases in its own random order, and returns what call returned,
+// by case and member.
+func runEach(t *testing.T, gs []*Group, cases []reduceCase, call func(g *Group, m, i int) ([]byte, error)) [][][]byte {
 	t.Helper()
 	outs := make([][][]byte, len(cases))
 	for i := range cases {
@@ -141,7 +149,7 @@ func runEach(t *testing.T, gs []*Group, cases []reduceCase, call func(g *Group, 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				out, err := call(g, m, c)
+				out, err := call(g, m, i)
 				outs[i][m] = out
 				if err != nil {
 					errs <- fmt.Errorf("member %d %s: %w", m, c.name, err)

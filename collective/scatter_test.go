@@ -50,7 +50,8 @@ func checkReduceScatter(t *testing.T, gs []*Group) {
 	cases := scatterCases(rand.New(rand.NewPCG(uint64(n), 14)), n)
 	all := runConcurrently(t, gs, cases)
 	before := gs[0].Stats()
-	blocks := runEach(t, gs, cases, func(g *Group, m int, c reduceCase) ([]byte, error) {
+	blocks := runEach(t, gs, cases, func(g *Group, m, i int) ([]byte, error) {
+		c := cases[i]
 		_, l := ScatterBlock(len(c.ins[m])/c.dt.Size(), n, m)
 		dst := append([]byte(nil), make([]byte, l*c.dt.Size())...) // nil when empty, as runConcurrently's
 		return dst, g.ReduceScatter(context.Background(), c.name, c.red, c.dt, dst, c.ins[m])
