@@ -23,9 +23,9 @@ import (
 // Under tfdist launch --chief --workers 3 --ps 2, parameter-server training
 // survives workers SIGKILLed at random moments — a random running worker
 // each time, so any worker may die more than once — with nothing but the
-// launcher's restarts: every scheduled step is applied exactly once (the ps
-// tasks' counter equals the steps), and the model reaches 95% held-out
-// accuracy.
+// launcher's restarts: the launcher restarts each, every scheduled step is
+// applied exactly once (the ps tasks' counter equals the steps), and the
+// model reaches 95% held-out accuracy.
 func TestParameterServerSurvivesKilledWorkers(t *testing.T) {
 	needBinaries(t)
 	const steps, kills = 6000, 3
@@ -63,10 +63,14 @@ func TestParameterServerSurvivesKilledWorkers(t *testing.T) {
 	assert.ElementsMatch(t, killed, restarted, "the launcher restarted each killed worker:\n%s", text)
 	assert.EqualValues(t, steps, r.AppliedSteps, "every scheduled step applied exactly once:\n%s", text)
 	assert.GreaterOrEqual(t, r.Accuracy, 0.95, text)
+	// Whether the coordinator has taken a restarted worker back by the end
+	// depends on the time left after its failure against the probes'
+	// backoff (up to 5 s): a worker killed again while probed, as the same
+	// one may be, can end the run unprobed. paramserver's
+	// TestWorkerRestartedAtOnceLosesNoStep checks the taking back.
 	coord := regexp.MustCompile(`(\d+) worker failure\(s\), (\d+) worker\(s\) taken back`).FindStringSubmatch(text)
 	require.NotNil(t, coord, text)
 	back, _ := strconv.Atoi(coord[2])
-	assert.GreaterOrEqual(t, back, 1, "the coordinator takes restarted workers back")
 	t.Logf("%d steps, %d applied, accuracy %.2f%%, killed %v, %d restarts, the coordinator saw %s worker failures and took %d back, %v",
 		steps, r.AppliedSteps, 100*r.Accuracy, killed, len(restarted), coord[1], back, elapsed.Round(time.Second))
 }
