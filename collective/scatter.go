@@ -54,27 +54,90 @@ func (g *Group) ReduceScatter(ctx context.Context, name string, red Reduction, d
 // part of this member's block and combines them into dst in the order
 // AllReduceTo's path for a buffer of this size does: from rank 0 up
 // (direct) or, as the ring's segment travels, from this member up and
-// round (the ring starts each segment at the member of its index).
+// round (the ring starts each segment at the member of its index). The
+// blocks go chunk by chunk to every peer in turn, and each chunk of dst
+// is combined as its parts arrive.
 func (o *op) scatterBlocks(dst, src []byte) error {
 	g, n, size := o.g, len(o.g.members), o.self.dtype.Size()
 	block := func(p int) (lo, hi int) {
 		s, l := ScatterBlock(len(src)/size, n, p)
 		return s * size, (s + l) * size
 	}
-	parts, err := o.exchangeBlocks(src, block)
-	if err != nil {
+	if err := o.sendBlocks(src, block); err != nil {
 		return err
 	}
 	first := 0
 	if o.algorithm = "direct"; len(src) > g.cfg.directMax {
 		first, o.algorithm = g.rank, "ring order"
 	}
-	copy(dst, parts[first])
-	for i := 1; i < n; i++ {
-		reduceInto(o.self.red, o.self.dtype, dst, parts[(first+i)%n])
+	order := make([]int, n)
+	for i := range order {
+		order[i] = (first + i) % n
+	}
+	lo, hi := block(g.rank)
+	ch := o.chunking(hi - lo)
+	part := getBuf(ch.per)
+	defer putBuf(part)
+	for i := range ch.count() {
+		clo, chi := ch.bounds(i)
+		if err := o.combineChunk(dst[clo:chi], src[lo+clo:lo+chi], (*part)[:chi-clo], order, i, lo+clo); err != nil {
+			return err
+		}
 	}
 	if o.self.red == Mean {
 		scale(o.self.dtype, dst, n)
 	}
 	return o.endReads() // peers no longer read src
+}
+
+// sendBlocks sends each peer its block of src, bytes [lo, hi) of
+// block(peer), as step 0: chunk i to every peer, from the next member
+// round, before chunk i+1.
+func (o *op) sendBlocks(src []byte, block func(member int) (lo, hi int)) error {
+	g, n := o.g, len(o.g.members)
+	for i, more := 0, true; more; i++ {
+		more = false
+		for k := 1; k < n; k++ {
+			p := (g.rank + k) % n
+			lo, hi := block(p)
+			ch := o.chunking(hi - lo)
+			if i >= ch.count() {
+				continue
+			}
+			a, b := ch.bounds(i)
+			if err := o.sendChunk(p, 0, i, lo+a, src[lo+a:lo+b]); err != nil {
+				return err
+			}
+			more = true
+		}
+	}
+	return nil
+}
+
+// combineChunk combines into out chunk i, at byte offset off, of every
+// member's part of this member's block in order: its own, own, and the
+// peers', received into part.
+func (o *op) combineChunk(out, own, part []byte, order []int, i, off int) error {
+	g := o.g
+	for k, m := range order {
+		in := own
+		if m != g.rank {
+			f, err := o.recv(m, order[k+1:])
+			if err != nil {
+				return err
+			}
+			err = o.takeChunkFrame(m, &f, 0, i, off, part)
+			f.release()
+			if err != nil {
+				return err
+			}
+			in = part
+		}
+		if k == 0 {
+			copy(out, in)
+		} else {
+			reduceInto(o.self.red, o.self.dtype, out, in)
+		}
+	}
+	return nil
 }
