@@ -307,7 +307,8 @@ func benchTCPCopy(b *testing.B, size int) {
 // BenchmarkReduceScatter measures, between 3 members in this process over
 // loopback TCP and over shared memory, at 1 and 16 MiB of float32, the
 // all-reduce, the reduce-scatter, and the reduce-scatter followed by the
-// all-gather of the blocks, which together make the all-reduce's result
+// all-gather of the blocks into the whole buffer (AllGatherBlocks), which
+// together make the all-reduce's result
 // (sharded training's exchange): compare their ns/op in one run.
 func BenchmarkReduceScatter(b *testing.B) {
 	const n = 3
@@ -334,8 +335,7 @@ func BenchmarkReduceScatter(b *testing.B) {
 							if err := g.ReduceScatter(ctx, "x", Sum, Float32, blocks[i], ins[i]); err != nil || way == "reducescatter" {
 								return err
 							}
-							_, err := g.AllGather(ctx, "x", Float32, blocks[i])
-							return err
+							return g.AllGatherBlocks(ctx, "x", Float32, outs[i], blocks[i])
 						}))
 					}
 				})

@@ -141,3 +141,38 @@ func (o *op) combineChunk(out, own, part []byte, order []int, i, off int) error 
 	}
 	return nil
 }
+
+// AllGatherBlocks writes every member's block into its place in dst, the
+// inverse of ReduceScatter: block is this member's, of ScatterBlock's
+// length for a buffer of len(dst) bytes, and member p's lands at
+// ScatterBlock(len(dst)/dt.Size(), n, p) of dst. After a ReduceScatter
+// into block, dst holds the all-reduce's result. It sends the frames of an
+// AllGather, into the caller's buffer.
+func (g *Group) AllGatherBlocks(ctx context.Context, name string, dt DType, dst, block []byte, opts ...CallOption) error {
+	if err := checkArgs(opAllGather, name, dt, dst); err != nil {
+		return err
+	}
+	size, n := dt.Size(), len(g.members)
+	start, l := ScatterBlock(len(dst)/size, n, g.rank)
+	if len(block) != l*size {
+		return fmt.Errorf("collective: all-gather %q: member %d's block of %d bytes of %d, not %d bytes", name, g.rank, l*size, len(dst), len(block))
+	}
+	h, err := withOptions(header{op: opAllGather, dtype: dt, count: uint64(l)}, opts)
+	if err != nil {
+		return fmt.Errorf("collective: all-gather %q: %w", name, err)
+	}
+	copy(dst[start*size:], block)
+	if n == 1 {
+		return g.Err()
+	}
+	o, err := g.start(ctx, name, h)
+	if err != nil {
+		return err
+	}
+	out := make([][]byte, n)
+	for p := range out {
+		s, l := ScatterBlock(len(dst)/size, n, p)
+		out[p] = dst[s*size : (s+l)*size]
+	}
+	return o.end(o.gather(block, out))
+}

@@ -23,7 +23,8 @@ func scatterCases(rng *rand.Rand, n int) []reduceCase {
 // ReduceScatter gives each member its block of the all-reduce's result,
 // bit for bit, on either path of the all-reduce (direct up to its size,
 // the ring beyond), over shared memory and over TCP; the blocks, gathered
-// in rank order, make up the whole buffer; a member sends (n-1)/n of it.
+// in rank order, make up the whole buffer, and AllGatherBlocks puts them
+// together on every member; a member sends (n-1)/n of it.
 func TestReduceScatterIsTheAllReducesBlock(t *testing.T) {
 	for _, n := range []int{2, 3, 5} {
 		for _, path := range []struct {
@@ -57,6 +58,10 @@ func checkReduceScatter(t *testing.T, gs []*Group) {
 		return dst, g.ReduceScatter(context.Background(), c.name, c.red, c.dt, dst, c.ins[m])
 	})
 	after := gs[0].Stats()
+	gathered := runEach(t, gs, cases, func(g *Group, m, i int) ([]byte, error) {
+		dst := append([]byte(nil), make([]byte, len(cases[i].ins[m]))...)
+		return dst, g.AllGatherBlocks(context.Background(), cases[i].name, Float32, dst, blocks[i][m])
+	})
 	var total int
 	for i, c := range cases {
 		var whole []byte
@@ -66,6 +71,9 @@ func checkReduceScatter(t *testing.T, gs []*Group) {
 			whole = append(whole, blocks[i][m]...)
 		}
 		require.Equal(t, all[i][0], whole, "%s: the blocks in rank order", c.name)
+		for m := range n {
+			require.Equal(t, all[i][m], gathered[i][m], "%s: member %d's AllGatherBlocks", c.name, m)
+		}
 		total += len(c.ins[0])
 	}
 	assert.Equal(t, int64(len(cases)), after.ReduceScatters-before.ReduceScatters)
@@ -83,6 +91,8 @@ func TestReduceScatterBadInput(t *testing.T) {
 	assert.ErrorContains(t, gs[0].ReduceScatter(ctx, "rs", Reduction(99), Float32, make([]byte, 12), src), `reduce-scatter "rs": unknown`)
 	assert.ErrorContains(t, gs[0].ReduceScatter(ctx, "rs", Sum, Float32, make([]byte, 12), src, Compress(Float16)), "only float32 all-reduces compress")
 	assert.ErrorContains(t, gs[0].ReduceScatter(ctx, "rs", Sum, Float32, make([]byte, 12), src, InTreeOrder()), "only uncompressed all-reduces combine in tree order")
+	assert.ErrorContains(t, gs[0].AllGatherBlocks(ctx, "ag", Float32, src, make([]byte, 4)),
+		`all-gather "ag": member 0's block of 12 bytes of 20, not 4 bytes`)
 	assert.Zero(t, gs[0].Stats().BytesSent)
 }
 
