@@ -20,7 +20,8 @@
 // Calls are matched across members by name and, for a repeated name, by
 // call order, so they may run concurrently and start in different orders
 // on different members. Every member ends an all-reduce with the same bits;
-// a reduce-scatter leaves each member its block of them ([ScatterBlock]).
+// a reduce-scatter leaves each member its block of them ([ScatterBlock]),
+// which [Group.AllGatherBlocks] puts back together.
 // [Shape] makes members check that they agree on a tensor's shape;
 // [Compress] sends a float32 all-reduce as 16-bit floats, summed in
 // float32 at every hop, or as int8 in blocks of a shared scale.
