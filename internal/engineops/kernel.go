@@ -23,7 +23,7 @@ import (
 )
 
 var kinds = [...]string{kindAllReduce: "all-reduce", kindAllGather: "all-gather", kindBroadcast: "broadcast", kindAggregate: "aggregate",
-	kindLargest: "largest indices", kindReduceScatter: "reduce-scatter"}
+	kindLargest: "largest indices", kindReduceScatter: "reduce-scatter", kindAllGatherBlocks: "all-gather of blocks"}
 
 // call is one execution of a collective op's kernel. It owns the input and
 // output tensors until it runs TensorFlow's done callback, exactly once.
@@ -89,17 +89,8 @@ func (c *call) start() error {
 		go c.gather()
 		return nil
 	}
-	if c.k.kind == kindReduceScatter {
-		_, n := collective.ScatterBlock(int(C.TF_TensorByteSize(c.in))/c.dt.Size(), c.g.Size(), c.g.Rank())
-		dims := []C.int64_t{C.int64_t(n)}
-		c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_TensorType(c.in), dimsPtr(dims), 1, C.size_t(n*c.dt.Size()), st)
-		if err := statusError(st, "allocate output"); err != nil {
-			return err
-		}
-		go func() {
-			c.finish(c.g.ReduceScatter(context.Background(), c.k.name, c.k.red, c.dt, tensorBytes(c.out), tensorBytes(c.in)))
-		}()
-		return nil
+	if c.k.kind == kindReduceScatter || c.k.kind == kindAllGatherBlocks {
+		return c.startBlocks(st)
 	}
 	if c.k.kind == kindAggregate { // a new output: the votes are read while it is written
 		if err := c.allocateLikeInput(st); err != nil {
@@ -112,6 +103,30 @@ func (c *call) start() error {
 		return err
 	}
 	go c.reduceOrBroadcast()
+	return nil
+}
+
+// startBlocks allocates a reduce-scatter's output, the member's block of
+// the input, or an all-gather of blocks', the whole vector, and runs the
+// call on a goroutine of its own.
+func (c *call) startBlocks(st *C.TF_Status) error {
+	n := c.k.total
+	if c.k.kind == kindReduceScatter {
+		_, n = collective.ScatterBlock(int(C.TF_TensorByteSize(c.in))/c.dt.Size(), c.g.Size(), c.g.Rank())
+	}
+	dims := []C.int64_t{C.int64_t(n)}
+	c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_TensorType(c.in), dimsPtr(dims), 1, C.size_t(n*c.dt.Size()), st)
+	if err := statusError(st, "allocate output"); err != nil {
+		return err
+	}
+	go func() {
+		ctx, out, in := context.Background(), tensorBytes(c.out), tensorBytes(c.in)
+		if c.k.kind == kindReduceScatter {
+			c.finish(c.g.ReduceScatter(ctx, c.k.name, c.k.red, c.dt, out, in))
+			return
+		}
+		c.finish(c.g.AllGatherBlocks(ctx, c.k.name, c.dt, out, in))
+	}()
 	return nil
 }
 

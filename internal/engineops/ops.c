@@ -12,7 +12,8 @@
 #include "queue.h"
 
 // The second argument is the kernel's kind: kindAllReduce, kindAllGather,
-// kindBroadcast, kindAggregate, kindLargest and kindReduceScatter in ops.go.
+// kindBroadcast, kindAggregate, kindLargest, kindReduceScatter and
+// kindAllGatherBlocks in ops.go.
 static void* tfdist_create_allreduce(TF_OpKernelConstruction* ctx) {
   return (void*)tfdistKernelCreate(ctx, 0);
 }
@@ -31,6 +32,9 @@ static void* tfdist_create_largest(TF_OpKernelConstruction* ctx) {
 }
 static void* tfdist_create_reducescatter(TF_OpKernelConstruction* ctx) {
   return (void*)tfdistKernelCreate(ctx, 5);
+}
+static void* tfdist_create_allgatherblocks(TF_OpKernelConstruction* ctx) {
+  return (void*)tfdistKernelCreate(ctx, 6);
 }
 
 void* tfdist_keep_done(void* done);
@@ -143,6 +147,9 @@ void tfdist_register_ops(TF_Status* st) {
   if (TF_GetCode(st) != TF_OK) return;
   tfdist_register("TfdistReduceScatter", "reduction: {'sum', 'min', 'max'}", NULL, 0,
                   tfdist_create_reducescatter, st);
+  if (TF_GetCode(st) != TF_OK) return;
+  tfdist_register("TfdistAllGatherBlocks", "total: int >= 0", NULL, 0,
+                  tfdist_create_allgatherblocks, st);
   if (TF_GetCode(st) != TF_OK) return;
   tfdist_register("TfdistBroadcast", "root: int", NULL, 1, tfdist_create_broadcast,
                   st);

@@ -24,11 +24,12 @@ import (
 // that hands its input to a collective.Group of this process and completes
 // when the group does, so no TensorFlow thread waits on the network.
 const (
-	opAllReduce     = "TfdistAllReduce"
-	opAllGather     = "TfdistAllGather"
-	opReduceScatter = "TfdistReduceScatter"
-	opBroadcast     = "TfdistBroadcast"
-	opAggregate     = "TfdistAggregate"
+	opAllReduce       = "TfdistAllReduce"
+	opAllGather       = "TfdistAllGather"
+	opReduceScatter   = "TfdistReduceScatter"
+	opAllGatherBlocks = "TfdistAllGatherBlocks"
+	opBroadcast       = "TfdistBroadcast"
+	opAggregate       = "TfdistAggregate"
 )
 
 var (
@@ -132,6 +133,14 @@ func ReduceScatter(s *op.Scope, in tf.Output, group, name string, red collective
 	return addCollective(s, opReduceScatter, in, map[string]any{"group": group, "tensor_name": name, "reduction": red.String()})
 }
 
+// AllGatherBlocks adds an op that puts every member's block, in (this
+// member's, as ReduceScatter outputs it), into its place in a vector of
+// total elements, the whole buffer (collective.Group.AllGatherBlocks).
+func AllGatherBlocks(s *op.Scope, in tf.Output, group, name string, total int64) tf.Output {
+	out := addCollective(s, opAllGatherBlocks, in, map[string]any{"group": group, "tensor_name": name, "total": total})
+	return op.Reshape(s.SubScope("whole"), out, op.Const(s.SubScope("shape"), []int64{total}))
+}
+
 // AllGather adds an op that concatenates every member's in along axis 0, in
 // rank order.
 func AllGather(s *op.Scope, in tf.Output, group, name string) tf.Output {
@@ -168,6 +177,7 @@ const (
 	kindAggregate
 	kindLargest
 	kindReduceScatter
+	kindAllGatherBlocks
 )
 
 // kernel is one collective op node's kernel: its attributes.
@@ -181,6 +191,7 @@ type kernel struct {
 	wire  collective.DType
 	tree  bool  // an all-reduce in tree order
 	k     int64 // LargestIndices'
+	total int   // AllGatherBlocks' elements
 }
 
 var (
@@ -213,6 +224,12 @@ func tfdistKernelCreate(ctx *C.TF_OpKernelConstruction, kind C.int) C.uintptr_t 
 	}
 	if err == nil && kind == kindAggregate {
 		k.agg, err = stringAttr(ctx, "aggregator", st)
+	}
+	if err == nil && kind == kindAllGatherBlocks {
+		var total C.int64_t
+		C.TF_OpKernelConstruction_GetAttrInt64(ctx, cstr("total"), &total, st)
+		err = statusError(st, "attr total")
+		k.total = int(total)
 	}
 	if err == nil && kind == kindBroadcast {
 		var root C.int64_t

@@ -142,7 +142,8 @@ func TestCollectiveOpsCombineAcrossGroups(t *testing.T) {
 
 // The reduce-scatter op gives each member its block of the flattened
 // all-reduce, of collective.ScatterBlock's length, and the all-gather of
-// the blocks is the all-reduce, bit for bit.
+// the blocks, concatenated or put in place, is the all-reduce, bit for
+// bit.
 func TestReduceScatterOpIsTheAllReducesBlock(t *testing.T) {
 	ids := groups(t, 3)
 	out := onMembers(t, ids, func(s *op.Scope, m int, group string) []tf.Output {
@@ -156,6 +157,7 @@ func TestReduceScatterOpIsTheAllReducesBlock(t *testing.T) {
 			engineops.AllReduce(s.SubScope("ar"), in, group, "ar", collective.Sum, 0),
 			block,
 			engineops.AllGather(s.SubScope("ag"), block, group, "ag"),
+			engineops.AllGatherBlocks(s.SubScope("agb"), block, group, "agb", 12),
 		}
 	})
 	for m := range ids {
@@ -166,6 +168,7 @@ func TestReduceScatterOpIsTheAllReducesBlock(t *testing.T) {
 		start, n := collective.ScatterBlock(12, 3, m)
 		assert.Equal(t, whole[start:start+n], out[m][1].Value(), "member %d: its block", m)
 		assert.Equal(t, whole, out[m][2].Value(), "member %d: the blocks gathered", m)
+		assert.Equal(t, whole, out[m][3].Value(), "member %d: the blocks put in place", m)
 	}
 }
 
