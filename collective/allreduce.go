@@ -205,16 +205,13 @@ func (o *op) treeSegments(dst, src []byte) error {
 	return err
 }
 
-// exchangeBlocks sends each peer its block of src, bytes [lo, hi) of
-// block(peer), as step 0, and returns every member's block of this
-// member's, by rank: its own in src, the peers' received.
+// exchangeBlocks sends each peer its block of src (sendBlocks) and
+// returns every member's block of this member's, by rank: its own in src,
+// the peers' received.
 func (o *op) exchangeBlocks(src []byte, block func(member int) (lo, hi int)) ([][]byte, error) {
 	g := o.g
-	for _, p := range g.peers {
-		lo, hi := block(p)
-		if err := o.sendRange(p, 0, lo, src[lo:hi]); err != nil {
-			return nil, err
-		}
+	if err := o.sendBlocks(src, block); err != nil {
+		return nil, err
 	}
 	lo, hi := block(g.rank)
 	parts := make([][]byte, len(g.members))

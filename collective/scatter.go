@@ -15,6 +15,13 @@ func ScatterBlock(elems, n, rank int) (start, length int) {
 	return newRing(elems, n, 1).segment(rank)
 }
 
+// blockBytes returns the byte range of member p's block (ScatterBlock) of
+// a buffer of total bytes of elements of size bytes, in a group of n.
+func blockBytes(total, size, n, p int) (lo, hi int) {
+	s, l := ScatterBlock(total/size, n, p)
+	return s * size, (s + l) * size
+}
+
 // ReduceScatter reduces src (a whole number of dt elements, as long on
 // every member) across the group as AllReduceTo does, and writes into dst,
 // which is no part of src, this member's block of the result
@@ -30,12 +37,11 @@ func (g *Group) ReduceScatter(ctx context.Context, name string, red Reduction, d
 	if red < Sum || red > Max {
 		return fmt.Errorf("collective: reduce-scatter %q: unknown %v", name, red)
 	}
-	size := dt.Size()
-	_, n := ScatterBlock(len(src)/size, len(g.members), g.rank)
-	if len(dst) != n*size {
-		return fmt.Errorf("collective: reduce-scatter %q: member %d's block of %d bytes of %d into %d bytes", name, g.rank, n*size, len(src), len(dst))
+	lo, hi := blockBytes(len(src), dt.Size(), len(g.members), g.rank)
+	if len(dst) != hi-lo {
+		return fmt.Errorf("collective: reduce-scatter %q: member %d's block of %d bytes of %d into %d bytes", name, g.rank, hi-lo, len(src), len(dst))
 	}
-	h, err := withOptions(header{op: opReduceScatter, dtype: dt, red: red, count: uint64(len(src) / size)}, opts)
+	h, err := withOptions(header{op: opReduceScatter, dtype: dt, red: red, count: uint64(len(src) / dt.Size())}, opts)
 	if err != nil {
 		return fmt.Errorf("collective: reduce-scatter %q: %w", name, err)
 	}
@@ -58,11 +64,8 @@ func (g *Group) ReduceScatter(ctx context.Context, name string, red Reduction, d
 // blocks go chunk by chunk to every peer in turn, and each chunk of dst
 // is combined as its parts arrive.
 func (o *op) scatterBlocks(dst, src []byte) error {
-	g, n, size := o.g, len(o.g.members), o.self.dtype.Size()
-	block := func(p int) (lo, hi int) {
-		s, l := ScatterBlock(len(src)/size, n, p)
-		return s * size, (s + l) * size
-	}
+	g, n := o.g, len(o.g.members)
+	block := func(p int) (lo, hi int) { return blockBytes(len(src), o.self.dtype.Size(), n, p) }
 	if err := o.sendBlocks(src, block); err != nil {
 		return err
 	}
@@ -114,9 +117,9 @@ func (o *op) sendBlocks(src []byte, block func(member int) (lo, hi int)) error {
 	return nil
 }
 
-// combineChunk combines into out chunk i, at byte offset off, of every
-// member's part of this member's block in order: its own, own, and the
-// peers', received into part.
+// combineChunk combines into out, in order, chunk i, at byte offset off,
+// of every member's part of this member's block: own for this member's,
+// the peers' received into part.
 func (o *op) combineChunk(out, own, part []byte, order []int, i, off int) error {
 	g := o.g
 	for k, m := range order {
@@ -152,27 +155,26 @@ func (g *Group) AllGatherBlocks(ctx context.Context, name string, dt DType, dst,
 	if err := checkArgs(opAllGather, name, dt, dst); err != nil {
 		return err
 	}
-	size, n := dt.Size(), len(g.members)
-	start, l := ScatterBlock(len(dst)/size, n, g.rank)
-	if len(block) != l*size {
-		return fmt.Errorf("collective: all-gather %q: member %d's block of %d bytes of %d, not %d bytes", name, g.rank, l*size, len(dst), len(block))
+	n := len(g.members)
+	out := make([][]byte, n) // every member's place in dst
+	for p := range out {
+		lo, hi := blockBytes(len(dst), dt.Size(), n, p)
+		out[p] = dst[lo:hi]
 	}
-	h, err := withOptions(header{op: opAllGather, dtype: dt, count: uint64(l)}, opts)
+	if len(block) != len(out[g.rank]) {
+		return fmt.Errorf("collective: all-gather %q: member %d's block of %d bytes of %d, not %d bytes", name, g.rank, len(out[g.rank]), len(dst), len(block))
+	}
+	h, err := withOptions(header{op: opAllGather, dtype: dt, count: uint64(len(block) / dt.Size())}, opts)
 	if err != nil {
 		return fmt.Errorf("collective: all-gather %q: %w", name, err)
 	}
-	copy(dst[start*size:], block)
+	copy(out[g.rank], block)
 	if n == 1 {
 		return g.Err()
 	}
 	o, err := g.start(ctx, name, h)
 	if err != nil {
 		return err
-	}
-	out := make([][]byte, n)
-	for p := range out {
-		s, l := ScatterBlock(len(dst)/size, n, p)
-		out[p] = dst[s*size : (s+l)*size]
 	}
 	return o.end(o.gather(block, out))
 }
