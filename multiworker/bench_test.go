@@ -147,12 +147,7 @@ func BenchmarkOnLinks(b *testing.B) {
 	defer cancel()
 	for _, spec := range []string{"1gbit,0.2ms", "10gbit,0.2ms"} {
 		b.Run("link="+spec, func(b *testing.B) {
-			l, err := emunet.ParseLink(spec)
-			require.NoError(b, err)
-			nw, err := emunet.New(2, l)
-			require.NoError(b, err)
-			defer func() { require.NoError(b, nw.Close()) }()
-			x := allreducebench.Exec{Path: os.Args[0], Net: nw, Env: []string{"TF_NUM_INTRAOP_THREADS=1"}}
+			x := twoHosts(b, spec)
 			for range b.N {
 				overlapOnLink(ctx, b, x)
 				sizesOnLink(ctx, b, x)
@@ -172,12 +167,7 @@ func BenchmarkHidingOnLink(b *testing.B) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	l, err := emunet.ParseLink("1gbit,0.2ms")
-	require.NoError(b, err)
-	nw, err := emunet.New(2, l)
-	require.NoError(b, err)
-	defer func() { require.NoError(b, nw.Close()) }()
-	x := allreducebench.Exec{Path: os.Args[0], Net: nw, Env: []string{"TF_NUM_INTRAOP_THREADS=1"}}
+	x := twoHosts(b, "1gbit,0.2ms")
 	for _, batch := range []int{256, 1024, 2048} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			c := overlapConfig(batch)
@@ -188,6 +178,18 @@ func BenchmarkHidingOnLink(b *testing.B) {
 			}
 		})
 	}
+}
+
+// twoHosts returns how to run this test binary on 2 emulated hosts joined
+// by a link of spec, each worker with one intra-op thread; the hosts go
+// when b ends.
+func twoHosts(b *testing.B, spec string) allreducebench.Exec {
+	l, err := emunet.ParseLink(spec)
+	require.NoError(b, err)
+	nw, err := emunet.New(2, l)
+	require.NoError(b, err)
+	b.Cleanup(func() { require.NoError(b, nw.Close()) })
+	return allreducebench.Exec{Path: os.Args[0], Net: nw, Env: []string{"TF_NUM_INTRAOP_THREADS=1"}}
 }
 
 // overlapConfig is the overlap benchmarks' MLP step on batch examples a
