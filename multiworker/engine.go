@@ -254,6 +254,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 			AbortPeers:        g.Abort,
 			PendingInit:       pendingInit,
 			VirtualShards:     c.shards,
+			Sharding:          c.sharding(cdo, len(w.workers), w.workerID),
 		})
 	}
 	if err != nil {

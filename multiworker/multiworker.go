@@ -113,6 +113,7 @@ type config struct {
 	timeline    *timeline.Recorder
 	metrics     *monitoring.Metrics
 	shards      int // WithDeterministic's virtual shards, 0 without
+	zero        int // WithZeRO's stage, 0 without
 	localSGD    *LocalSGD
 	// In an elastic job: the group's listener, membership epoch and
 	// members' names, in rank order.
@@ -264,6 +265,9 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	if err := c.checkLocalSGD(); err != nil {
 		return nil, err
 	}
+	if err := c.checkZeRO(); err != nil {
+		return nil, err
+	}
 	var err error
 	if c.pools.intra, c.pools.inter, err = tfrt.ResolveThreads(c.intra, c.inter); err != nil {
 		return nil, fmt.Errorf("multiworker: %w", err)
@@ -274,6 +278,9 @@ func New(ctx context.Context, opts ...Option) (*Strategy, error) {
 	if spec.IsEmpty() || spec.WorkerCount() <= 1 && spec.NumTasks(cluster.PS) == 0 {
 		if err := c.checkGradients(1); err != nil {
 			return nil, err
+		}
+		if c.zero > 0 {
+			return nil, fmt.Errorf("multiworker: WithZeRO(%d) on one worker: the optimizer state is sharded across workers; run two or more (tfdist launch --workers N), or drop WithZeRO", c.zero)
 		}
 		return observed(c, task, func(obs *observer) (*Strategy, error) { return newLocal(c, task, log) })
 	}

@@ -32,7 +32,7 @@ import (
 type Clipped struct {
 	inner strategy.Optimizer
 	name  string
-	clip  func(s *op.Scope, grads []tf.Output) []tf.Output
+	clip  func(ac strategy.ApplyContext, s *op.Scope, grads []tf.Output) ([]tf.Output, error)
 }
 
 var _ strategy.Optimizer = (*Clipped)(nil)
@@ -46,8 +46,8 @@ func ClipByGlobalNorm(inner strategy.Optimizer, clipNorm float32) (*Clipped, err
 	if err := checkClip("ClipByGlobalNorm", "clipNorm", inner, clipNorm); err != nil {
 		return nil, err
 	}
-	return &Clipped{inner: inner, name: "clip_by_global_norm", clip: func(s *op.Scope, grads []tf.Output) []tf.Output {
-		return clipByGlobalNorm(s, grads, clipNorm)
+	return &Clipped{inner: inner, name: "clip_by_global_norm", clip: func(ac strategy.ApplyContext, s *op.Scope, grads []tf.Output) ([]tf.Output, error) {
+		return clipByGlobalNorm(ac, s, grads, clipNorm)
 	}}, nil
 }
 
@@ -57,14 +57,14 @@ func ClipByValue(inner strategy.Optimizer, clip float32) (*Clipped, error) {
 	if err := checkClip("ClipByValue", "clip", inner, clip); err != nil {
 		return nil, err
 	}
-	return &Clipped{inner: inner, name: "clip_by_value", clip: func(s *op.Scope, grads []tf.Output) []tf.Output {
+	return &Clipped{inner: inner, name: "clip_by_value", clip: func(_ strategy.ApplyContext, s *op.Scope, grads []tf.Output) ([]tf.Output, error) {
 		out := make([]tf.Output, len(grads))
 		for i, g := range grads {
 			gs := s.SubScope(fmt.Sprintf("grad_%d", i)).WithDevice(g.Op.Device())
 			c := graphutil.CastTo(gs, op.Const(gs.SubScope("clip"), clip), g.DataType())
 			out[i] = op.ClipByValue(gs, g, op.Neg(gs.SubScope("neg"), c), c)
 		}
-		return out
+		return out, nil
 	}}, nil
 }
 
@@ -93,8 +93,11 @@ func (c *Clipped) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []stra
 		return nil, errors.New(c.name + ": no gradients")
 	}
 	s := ac.Scope().SubScope(c.name)
-	clipped := c.clip(s, grads)
-	if err := s.Err(); err != nil {
+	clipped, err := c.clip(ac, s, grads)
+	if err == nil {
+		err = s.Err()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c.name, err)
 	}
 	return c.inner.Apply(ac, clipped, vars)
@@ -104,14 +107,18 @@ func (c *Clipped) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []stra
 // clipNorm * min(1/norm, 1/clipNorm), plus norm-norm, which is NaN when the
 // norm is not finite. Each gradient's sum of squares and its scaling run on
 // the gradient's device; the norm, on the first gradient's.
-func clipByGlobalNorm(s *op.Scope, grads []tf.Output, clipNorm float32) []tf.Output {
+func clipByGlobalNorm(ac strategy.ApplyContext, s *op.Scope, grads []tf.Output, clipNorm float32) ([]tf.Output, error) {
 	squares := make([]tf.Output, len(grads))
 	for i, g := range grads {
 		gs := s.SubScope(fmt.Sprintf("square_%d", i)).WithDevice(g.Op.Device())
 		squares[i] = graphutil.CastTo(gs, graphutil.SumAll(gs.SubScope("sum"), op.Square(gs, g)), tf.Float)
 	}
 	ns := s.SubScope("norm").WithDevice(grads[0].Op.Device())
-	norm := op.Sqrt(ns, op.AddN(ns.SubScope("sum"), squares))
+	total, err := acrossShards(ac, ns.SubScope("across"), op.AddN(ns.SubScope("sum"), squares))
+	if err != nil {
+		return nil, err
+	}
+	norm := op.Sqrt(ns, total)
 	one := op.Const(ns.SubScope("one"), float32(1))
 	c := op.Const(ns.SubScope("clip_norm"), clipNorm)
 	scale := op.Mul(ns.SubScope("scale"), c, op.Minimum(ns.SubScope("min"), op.Div(ns.SubScope("inv_norm"), one, norm), op.Div(ns.SubScope("inv_clip"), one, c)))
@@ -121,5 +128,14 @@ func clipByGlobalNorm(s *op.Scope, grads []tf.Output, clipNorm float32) []tf.Out
 		gs := s.SubScope(fmt.Sprintf("scale_%d", i)).WithDevice(g.Op.Device())
 		out[i] = op.Mul(gs, g, graphutil.CastTo(gs, scale, g.DataType()))
 	}
-	return out
+	return out, nil
+}
+
+// acrossShards returns x summed across the shards of the variables that
+// ac addresses (strategy.ShardedApply): x itself unless they are shards.
+func acrossShards(ac strategy.ApplyContext, s *op.Scope, x tf.Output) (tf.Output, error) {
+	if sa, ok := ac.(strategy.ShardedApply); ok {
+		return sa.SumShards(s, x)
+	}
+	return x, nil
 }

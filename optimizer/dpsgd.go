@@ -78,7 +78,9 @@ func (p *Private) MaxExamples() int { return p.cfg.MaxExamples }
 // ClipExample implements strategy.PrivateOptimizer: the example's
 // gradients scaled so that their global norm is at most the clip norm.
 func (p *Private) ClipExample(s *op.Scope, grads []tf.Output) []tf.Output {
-	return clipByGlobalNorm(s, grads, p.cfg.ClipNorm)
+	// An example's gradients are whole: no sum across shards, no error.
+	out, _ := clipByGlobalNorm(nil, s, grads, p.cfg.ClipNorm)
+	return out
 }
 
 // Apply implements strategy.Optimizer: grads are the clipped gradients
@@ -98,7 +100,7 @@ func (p *Private) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []stra
 	k := op.ReadVariableOp(s.SubScope("step"), handle, tf.Int64)
 	noisy := make([]tf.Output, len(grads))
 	for i, g := range grads {
-		noisy[i] = p.noisy(s.SubScope(fmt.Sprintf("grad_%d", i)).WithDevice(g.Op.Device()), g, k, i, len(grads))
+		noisy[i] = p.noisy(s.SubScope(fmt.Sprintf("grad_%d", i)).WithDevice(g.Op.Device()), ac, vars[i], g, k, i, len(grads))
 	}
 	if err := s.Err(); err != nil {
 		return nil, fmt.Errorf("dp_sgd: %w", err)
@@ -113,11 +115,24 @@ func (p *Private) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []stra
 }
 
 // noisy returns (g + N(0, (σC)²)) / expected batch, the noise of gradient
-// i of n at step k drawn from the stream (Seed, k·n + i).
-func (p *Private) noisy(s *op.Scope, g, k tf.Output, i, n int) tf.Output {
+// i of n at step k drawn from the stream (Seed, k·n + i). The gradient of
+// a shard of v (strategy.ShardedApply) gets the shard's part of the whole
+// variable's noise.
+func (p *Private) noisy(s *op.Scope, ac strategy.ApplyContext, v strategy.Variable, g, k tf.Output, i, n int) tf.Output {
 	stream := op.Add(s.SubScope("stream"), op.Mul(s.SubScope("steps"), k, op.Const(s.SubScope("n"), int64(n))), op.Const(s.SubScope("i"), int64(i)))
 	seed := op.Pack(s.SubScope("seed"), []tf.Output{op.Const(s.SubScope("key"), p.cfg.Seed), stream})
-	noise := op.StatelessRandomNormal(s.SubScope("normal"), op.Shape(s.SubScope("shape"), g), seed, op.StatelessRandomNormalDtype(tf.Float))
+	shape := op.Shape(s.SubScope("shape"), g)
+	sa, sharded := ac.(strategy.ShardedApply)
+	if sharded {
+		whole, _ := sa.Whole(v)
+		shape = op.Const(s.SubScope("whole"), whole)
+	}
+	noise := op.StatelessRandomNormal(s.SubScope("normal"), shape, seed, op.StatelessRandomNormalDtype(tf.Float))
+	if sharded {
+		_, lo := sa.Whole(v)
+		flat := op.Reshape(s.SubScope("flat"), noise, op.Const(s.SubScope("minus_one"), []int32{-1}))
+		noise = op.Slice(s.SubScope("shard"), flat, op.Const(s.SubScope("begin"), []int64{lo}), op.Const(s.SubScope("size"), v.Shape()))
+	}
 	stddev := op.Const(s.SubScope("stddev"), p.cfg.NoiseMultiplier*p.cfg.ClipNorm)
 	noise = graphutil.CastTo(s, op.Mul(s.SubScope("scaled"), noise, stddev), g.DataType())
 	batch := graphutil.CastTo(s.SubScope("batch"), op.Const(s.SubScope("expected"), float32(p.cfg.ExpectedBatch)), g.DataType())

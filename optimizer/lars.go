@@ -49,7 +49,10 @@ func (o *LARS) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strateg
 			if err != nil {
 				return nil, err
 			}
-			step := o.scaledGradient(ac, s, v, grads[i], graphutil.CastTo(s.SubScope("lr"), u.lr, v.DType()))
+			step, err := o.scaledGradient(ac, s, v, grads[i], graphutil.CastTo(s.SubScope("lr"), u.lr, v.DType()))
+			if err != nil {
+				return nil, err
+			}
 			return []*tf.Operation{op.ResourceApplyMomentum(s, ac.Handle(v), ac.Handle(acc[0]), constOf(s.SubScope("unit"), 1, v.DType()), step,
 				constOf(s.SubScope("momentum"), o.h.momentum, v.DType()), op.ResourceApplyMomentumUseNesterov(o.h.nesterov))}, nil
 		}
@@ -57,13 +60,17 @@ func (o *LARS) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strateg
 }
 
 // scaledGradient returns lr·λ·(g + wd·w) for v.
-func (o *LARS) scaledGradient(ac strategy.ApplyContext, s *op.Scope, v strategy.Variable, g, lr tf.Output) tf.Output {
+func (o *LARS) scaledGradient(ac strategy.ApplyContext, s *op.Scope, v strategy.Variable, g, lr tf.Output) (tf.Output, error) {
 	dt := v.DType()
 	wd := o.weightDecay(v)
 	w := op.ReadVariableOp(s.SubScope("read"), ac.Handle(v), dt)
 	scaled := lr
 	if !o.noAdapt.match(v) {
-		wNorm, gNorm := norm(s.SubScope("w_norm"), w), norm(s.SubScope("g_norm"), g)
+		ns, err := norms(ac, s.SubScope("norms"), w, g)
+		if err != nil {
+			return tf.Output{}, err
+		}
+		wNorm, gNorm := ns[0], ns[1]
 		den := op.Add(s.SubScope("den"), op.Add(s.SubScope("den_wd"), gNorm, op.Mul(s.SubScope("wd_w_norm"), constOf(s.SubScope("wd"), wd, dt), wNorm)),
 			constOf(s.SubScope("epsilon"), o.h.epsilon, dt))
 		ratio := op.Div(s.SubScope("trust"), op.Mul(s.SubScope("eta_w_norm"), constOf(s.SubScope("eta"), o.h.eta, dt), wNorm), den)
@@ -72,5 +79,5 @@ func (o *LARS) scaledGradient(ac strategy.ApplyContext, s *op.Scope, v strategy.
 	if wd != 0 {
 		g = op.Add(s.SubScope("decayed"), g, op.Mul(s.SubScope("wd_w"), constOf(s.SubScope("wd"), wd, dt), w))
 	}
-	return op.Mul(s.SubScope("step"), g, scaled)
+	return op.Mul(s.SubScope("step"), g, scaled), nil
 }

@@ -6,6 +6,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -52,6 +53,33 @@ func (o *layerwise) weightDecay(v strategy.Variable) float32 {
 		return 0
 	}
 	return o.h.weightDecay
+}
+
+// norms returns the Euclidean norms of xs, each over all its elements:
+// under sharded optimizer state (strategy.ShardedApply), where xs are
+// shards, over the whole of each, from one sum of every shard's sums of
+// squares.
+func norms(ac strategy.ApplyContext, s *op.Scope, xs ...tf.Output) ([]tf.Output, error) {
+	out := make([]tf.Output, len(xs))
+	sa, sharded := ac.(strategy.ShardedApply)
+	if !sharded {
+		for i, x := range xs {
+			out[i] = norm(s.SubScope(fmt.Sprintf("norm_%d", i)), x)
+		}
+		return out, nil
+	}
+	sums := make([]tf.Output, len(xs))
+	for i, x := range xs {
+		sums[i] = graphutil.SumAll(s.SubScope(fmt.Sprintf("sum_%d", i)), op.Square(s.SubScope(fmt.Sprintf("square_%d", i)), x))
+	}
+	total, err := sa.SumShards(s.SubScope("across"), op.Pack(s.SubScope("sums"), sums))
+	if err != nil {
+		return nil, err
+	}
+	for i, t := range op.Unpack(s.SubScope("each"), total, int64(len(xs))) {
+		out[i] = op.Sqrt(s.SubScope(fmt.Sprintf("sqrt_%d", i)), t)
+	}
+	return out, nil
 }
 
 // norm is the Euclidean norm of x, all its elements together.

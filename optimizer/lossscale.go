@@ -150,6 +150,9 @@ func (o *LossScale) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []st
 	scale := op.ReadVariableOp(s.SubScope("scale"), ac.Handle(scaleVar), tf.Float)
 	good := op.ReadVariableOp(s.SubScope("good_steps"), ac.Handle(goodVar), tf.Int64)
 	finite, unscaled := unscale(s.SubScope("unscale"), scale, grads)
+	if finite, err = everywhere(ac, s.SubScope("everywhere"), finite); err != nil {
+		return nil, err
+	}
 	// Every op of the inner update takes the gradients through a Switch,
 	// so on a non-finite step TensorFlow marks them dead and runs none.
 	applied := make([]tf.Output, len(grads))
@@ -177,6 +180,21 @@ func unscale(s *op.Scope, scale tf.Output, grads []tf.Output) (tf.Output, []tf.O
 	}
 	finite := op.All(s.SubScope("all"), op.Pack(s.SubScope("finite"), alls), op.Const(s.SubScope("axis"), int32(0)))
 	return finite, out
+}
+
+// everywhere returns whether finite holds for the shards of every worker
+// (strategy.ShardedApply), so that all skip a step together: finite itself
+// unless ac addresses shards.
+func everywhere(ac strategy.ApplyContext, s *op.Scope, finite tf.Output) (tf.Output, error) {
+	if _, ok := ac.(strategy.ShardedApply); !ok {
+		return finite, nil
+	}
+	bad := op.Cast(s.SubScope("bad"), op.LogicalNot(s.SubScope("not"), finite), tf.Float)
+	total, err := acrossShards(ac, s, bad)
+	if err != nil {
+		return tf.Output{}, err
+	}
+	return op.Equal(s.SubScope("none"), total, op.Const(s.SubScope("zero"), float32(0))), nil
 }
 
 // allAxes returns the axes of every dimension of x: a reduction over them

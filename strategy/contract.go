@@ -147,6 +147,23 @@ type ApplyContext interface {
 	NonSlot(owner, name string, dtype tf.DataType, shape []int64, init Initializer) (Variable, error)
 }
 
+// ShardedApply is the ApplyContext of a strategy that shards optimizer
+// state across its workers (multiworker.WithZeRO): the variables Apply is
+// given are this worker's shards of the trained variables, vectors of some
+// of their elements (possibly none) named as the whole variables are, and
+// their slots are shards too. An update that is elementwise needs nothing
+// more; one that needs a quantity of a whole variable or of every
+// gradient (a norm) sums each worker's part of it with SumShards, which
+// every worker must call alike, in the same order.
+type ShardedApply interface {
+	ApplyContext
+	// SumShards returns x summed across the workers, on s's device.
+	SumShards(s *op.Scope, x tf.Output) (tf.Output, error)
+	// Whole returns the shape of the variable v is a shard of, and the
+	// place of v's first element in the whole variable's flattening.
+	Whole(v Variable) (shape []int64, lo int64)
+}
+
 // Optimizer applies reduced gradients to one copy of variables. Package
 // optimizer has SGD, Momentum, Adam, AdamW, LARS and LAMB.
 type Optimizer interface {

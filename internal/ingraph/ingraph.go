@@ -59,6 +59,9 @@ type Config struct {
 	// CrossDeviceOps (a robust aggregation rule); a step that accumulates
 	// gradients (WithAccumulation) then fails to build.
 	GradientReducer GradientReducer
+	// Sharding, when set, shards the optimizer state of synchronous steps
+	// across the workers (see Sharding).
+	Sharding Sharding
 	// Session is the session's target ("" for the in-process runtime, or a
 	// server's, such as grpc://localhost:2222) and its serialized
 	// ConfigProto; nil is the in-process runtime with TensorFlow's
@@ -110,8 +113,9 @@ type Engine struct {
 	scopes   map[string]int // namespace counters
 	slots    map[slotKey]*variable
 	reducers map[string]*hostReducer
-	accum    *accumState // gradient accumulation, once a step accumulates
-	shared   []int       // per local replica, the one whose OnWrite copies it uses (see holder)
+	views    map[*variable]*shardView // under Sharding, the trained variables' shards
+	accum    *accumState              // gradient accumulation, once a step accumulates
+	shared   []int                    // per local replica, the one whose OnWrite copies it uses (see holder)
 	closed   bool
 	failed   error // a run error that wraps ErrCannotContinue
 }
@@ -174,6 +178,7 @@ func New(cfg Config) (*Engine, error) {
 		scopes:   map[string]int{},
 		slots:    map[slotKey]*variable{},
 		reducers: map[string]*hostReducer{},
+		views:    map[*variable]*shardView{},
 		shared:   firstOnDevice(cfg.Devices),
 	}
 	e.log.Debug("strategy ready", zap.Strings("devices", cfg.Devices), zap.Int("replicas_in_sync", cfg.NumReplicasInSync))
@@ -213,7 +218,12 @@ func (cfg *Config) complete() error {
 		}
 		seen[d] = true
 	}
-	if cfg.VirtualShards == 0 {
+	switch {
+	case cfg.Sharding != nil && cfg.VirtualShards > 0:
+		return errors.New("strategy: Config.Sharding with VirtualShards: sharded optimizer state does not sum in tree order")
+	case cfg.Sharding != nil && cfg.IndependentSteps:
+		return errors.New("strategy: Config.Sharding with IndependentSteps: independent steps reduce no gradient across workers to shard")
+	case cfg.VirtualShards == 0:
 		return nil
 	}
 	return cfg.virtualize()

@@ -105,6 +105,10 @@ func (e *Engine) aggregate(s *op.Scope, v *variable) (tf.Output, []*tf.Operation
 	read := func(r int) tf.Output {
 		return op.ReadVariableOp(s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]), v.handles[r], v.dtype)
 	}
+	if v.shard != nil {
+		out, err := e.gatherShards(s, v)
+		return out, nil, err
+	}
 	if v.sync == strategy.OnWrite || v.agg == strategy.AggregationOnlyFirstReplica || len(v.handles) == 1 && e.cfg.NumReplicasInSync == 1 {
 		return read(0), nil, nil
 	}
@@ -180,6 +184,9 @@ func (e *Engine) restoreCopies(sc *op.Scope, v *variable, copies tf.Output) []*t
 // of replicas for an OnRead variable summed across replicas (TensorFlow's
 // get_on_read_restore_ops).
 func (e *Engine) writeCopies(sc *op.Scope, v *variable, value tf.Output) []*tf.Operation {
+	if v.shard != nil {
+		return e.writeShards(sc, v, value)
+	}
 	if n := e.cfg.NumReplicasInSync; v.sync == strategy.OnRead && v.agg == strategy.AggregationSum && n > 1 {
 		value = divideBy(sc.SubScope("per_replica").WithDevice(e.cfg.HostDevice), value, v.dtype, n)
 	}

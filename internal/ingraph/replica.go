@@ -358,16 +358,19 @@ func (e *Engine) mergeApply(opt strategy.Optimizer, all []any, ab *accumBuild) (
 		}
 		vals[r] = args.grads
 	}
-	s := e.namespace("apply_gradients")
-	reduced, err := e.reduceGradients(s.SubScope("all_reduce"), ab, first.vars, vals)
-	if err != nil {
-		return nil, err
-	}
 	// A copy shared by a device's shards is updated once, after every
 	// shard's reads of it.
 	reads := make([][]*tf.Operation, len(all))
 	for r, a := range all {
 		reads[e.shared[r]] = append(reads[e.shared[r]], a.(applyArgs).reads...)
+	}
+	if e.cfg.Sharding != nil {
+		return e.mergeApplySharded(opt, first.vars, vals, reads, ab)
+	}
+	s := e.namespace("apply_gradients")
+	reduced, err := e.reduceGradients(s.SubScope("all_reduce"), ab, first.vars, vals)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]any, len(all))
 	for r := range all {

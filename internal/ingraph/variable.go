@@ -24,6 +24,7 @@ type variable struct {
 	handles   []tf.Output // per local replica, the copy it uses
 	init      *tf.Operation
 	inited    bool
+	shard     *shard // a sharded slot's part of the whole, which shape is (Sharding); nil: whole
 }
 
 var _ strategy.Variable = (*variable)(nil)

@@ -1,0 +1,148 @@
+package multiworker
+
+import (
+	"fmt"
+
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/engineops"
+	"github.com/tfdist/tfdist/internal/graphutil"
+	"github.com/tfdist/tfdist/internal/ingraph"
+)
+
+// WithZeRO shards the optimizer's state across the workers, as ZeRO's
+// stages 1 and 2 (DeepSpeed; PyTorch's ZeroRedundancyOptimizer) do: each
+// worker keeps the optimizer's slots (momentum, Adam's moments) for only
+// its share of every variable, so that optimizer memory is divided by the
+// number of workers, at the traffic of the unsharded all-reduce. A step
+// packs the gradients into the all-reduce's buckets (WithBytesPerPack)
+// and reduce-scatters each bucket: each worker receives the sum of its
+// block of the bucket alone, updates the parameters of that block, and
+// the updated blocks are all-gathered into every worker's whole copy of
+// the parameters. A reduced gradient's elements have the bits the
+// unsharded all-reduce gives them, so SGD, Momentum, Adam and AdamW train
+// the very model they train unsharded; LARS, LAMB, ClipByGlobalNorm and
+// LossScale sum their norms and checks over the shards, which agree with
+// the unsharded ones to rounding.
+//
+// A block boundary may fall inside a variable, whose slots are then
+// split between two workers; a small variable's slots may lie whole on
+// one worker. Checkpoints hold every slot whole under its usual name:
+// saving gathers the shards (every worker saves, as always), and a
+// checkpoint moves between sharded and unsharded jobs and between numbers
+// of workers. Reading a slot's Value gathers it too, so every worker must
+// read it.
+//
+// Stages 1 and 2 differ in the reduced gradients a worker keeps whole: at
+// stage 1 a step that accumulates gradients would keep whole
+// accumulators, at stage 2 only its shard of them; a step that does not
+// accumulate keeps its shard alone at both. Steps that accumulate
+// (WithAccumulation) are refused under either for now.
+//
+// WithZeRO needs tfdist's engine (WithCommunication Auto or Engine) and
+// two or more workers, and is refused with WithCompression,
+// WithAggregation, WithLocalSGD and WithDeterministic, and in elastic jobs.
+func WithZeRO(stage int) Option { return func(c *config) { c.zero = stage } }
+
+// checkZeRO refuses a stage that does not exist and the options WithZeRO
+// cannot go with.
+func (c config) checkZeRO() error {
+	if c.zero == 0 {
+		return nil
+	}
+	what := fmt.Sprintf("multiworker: WithZeRO(%d)", c.zero)
+	switch {
+	case c.zero != 1 && c.zero != 2:
+		return fmt.Errorf("%s: expected stage 1 (optimizer state sharded) or 2 (gradients too)", what)
+	case c.comm != Auto && c.comm != Engine:
+		return fmt.Errorf("%s with WithCommunication(%v): only tfdist's collective engine reduce-scatters; use Auto", what, c.comm)
+	case c.compression != None:
+		return fmt.Errorf("%s with WithCompression(%v): sharded steps send the gradients as float32; use one or the other", what, c.compression)
+	case c.aggregation != nil:
+		return fmt.Errorf("%s with WithAggregation(%s): a rule needs every worker's whole gradient; use one or the other", what, c.aggregation)
+	case c.localSGD != nil:
+		return fmt.Errorf("%s with WithLocalSGD: local steps reduce no gradient to shard; use one or the other", what)
+	case c.shards > 0:
+		return fmt.Errorf("%s with WithDeterministic(%d): sharded steps do not sum in tree order; use one or the other", what, c.shards)
+	case c.names != nil:
+		return fmt.Errorf("%s in an elastic job: a worker that joins or leaves would take the others' shards; use multiworker.New", what)
+	}
+	return nil
+}
+
+// sharding returns the ingraph.Sharding of WithZeRO on ops, for worker
+// rank of n; nil without WithZeRO.
+func (c config) sharding(ops *engineOps, n, rank int) ingraph.Sharding {
+	if c.zero == 0 {
+		return nil
+	}
+	z := zeroOps{ops: ops, n: n, rank: rank}
+	if p, ok := c.packed(ops).(ingraph.Packed); ok {
+		z.packing = p
+	}
+	return z
+}
+
+// zeroOps is the ingraph.Sharding of WithZeRO on tfdist's engine: the
+// engine's reduce-scatter and all-gathers, named in the same sequence as
+// the other collectives of ops.
+type zeroOps struct {
+	ops     *engineOps
+	packing ingraph.Packed
+	n, rank int
+}
+
+var _ ingraph.Sharding = zeroOps{}
+
+// Buckets implements ingraph.Sharding.
+func (z zeroOps) Buckets() ingraph.Packed { return z.packing }
+
+// Block implements ingraph.Sharding.
+func (z zeroOps) Block(elems int64) (start, n int64) {
+	s, l := collective.ScatterBlock(int(elems), z.n, z.rank)
+	return int64(s), int64(l)
+}
+
+// ReduceScatter implements ingraph.Sharding.
+func (z zeroOps) ReduceScatter(s *op.Scope, parts []tf.Output, devices []string) (tf.Output, error) {
+	if err := z.ops.check("reduce-scatter", [][]tf.Output{parts}); err != nil {
+		return tf.Output{}, err
+	}
+	name := z.ops.name("reducescatter")
+	ns := s.SubScope(name)
+	hs := ns.WithDevice(z.ops.host)
+	local := sumOnHost(ns.SubScope("local"), z.ops.host, parts, devices)
+	block := engineops.ReduceScatter(hs.SubScope("engine"), local, z.ops.group, name, collective.Sum)
+	dims, ok := graphutil.StaticShape(local)
+	if !ok || len(dims) != 1 {
+		return tf.Output{}, fmt.Errorf("multiworker: reduce-scatter %s: a bucket of shape %v; expected a vector of known length", name, local.Shape())
+	}
+	_, n := z.Block(dims[0])
+	return op.Reshape(hs.SubScope("block"), block, op.Const(hs.SubScope("length"), []int64{n})), ns.Err()
+}
+
+// AllGatherBlocks implements ingraph.Sharding.
+func (z zeroOps) AllGatherBlocks(s *op.Scope, block tf.Output, elems int64) (tf.Output, error) {
+	name := z.ops.name("allgather")
+	hs := s.SubScope(name).WithDevice(z.ops.host)
+	return engineops.AllGatherBlocks(hs, block, z.ops.group, name, elems), hs.Err()
+}
+
+// Gather implements ingraph.Sharding.
+func (z zeroOps) Gather(s *op.Scope, x tf.Output) (tf.Output, error) {
+	name := z.ops.name("allgather")
+	hs := s.SubScope(name).WithDevice(z.ops.host)
+	return engineops.AllGather(hs, x, z.ops.group, name), hs.Err()
+}
+
+// SumAcross implements ingraph.Sharding.
+func (z zeroOps) SumAcross(s *op.Scope, x tf.Output) (tf.Output, error) {
+	if err := z.ops.check("all-reduce", [][]tf.Output{{x}}); err != nil {
+		return tf.Output{}, err
+	}
+	name := z.ops.name("allreduce")
+	hs := s.SubScope(name).WithDevice(z.ops.host)
+	return engineops.AllReduce(hs, x, z.ops.group, name, collective.Sum, 0), hs.Err()
+}
