@@ -1,17 +1,22 @@
 package multiworker_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/collective"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
+	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -21,6 +26,14 @@ import (
 // statistics.
 func trainOn(t *testing.T, n, replicas int, opt func() strategy.Optimizer, plan testmodel.Plan, opts ...multiworker.Option) ([]testmodel.Outcome, []collective.Stats) {
 	t.Helper()
+	return trainOnAt(t, n, replicas, opt, plan, nil, opts...)
+}
+
+// trainOnAt is trainOn that calls at(w, s, done) where plan.AfterRuns
+// would be called on worker w, whose strategy is s.
+func trainOnAt(t *testing.T, n, replicas int, opt func() strategy.Optimizer, plan testmodel.Plan,
+	at func(w int, s *multiworker.Strategy, done int) error, opts ...multiworker.Option) ([]testmodel.Outcome, []collective.Stats) {
+	t.Helper()
 	got := make([]testmodel.Outcome, n)
 	stats := make([]collective.Stats, n)
 	opts = append(opts, multiworker.WithLogicalCPUs(replicas),
@@ -28,6 +41,9 @@ func trainOn(t *testing.T, n, replicas int, opt func() strategy.Optimizer, plan 
 	errs := onWorkers(loopbackSpec(t, n), opts, func(w int, s *multiworker.Strategy) error {
 		p := plan
 		p.FirstReplica = replicas * w
+		if at != nil {
+			p.AfterRuns = func(done int) error { return at(w, s, done) }
+		}
 		var err error
 		got[w], err = testmodel.TrainPlan(context.Background(), s, opt(), p)
 		stats[w] = s.CollectiveStats()
@@ -123,4 +139,79 @@ func TestZeROMatchesUnsharded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A sharded job's checkpoint holds every slot whole under its usual name:
+// saved by 3 workers at stage 2 after 6 of 12 steps, it is byte for byte
+// the unsharded job's, and it resumes an unsharded job of 2 workers, a
+// stage-1 job of 2 workers and the default strategy, each of which ends
+// where the uninterrupted unsharded job ends, to the rounding of summing
+// over other numbers of replicas.
+func TestZeROCheckpointMovesBetweenJobs(t *testing.T) {
+	plan := testmodel.Plan{Model: "mlp", Steps: 12, MicroBatches: []int{48}}
+	const saved = 6
+	want, _ := trainOn(t, 2, 1, adam, plan)
+	dir := t.TempDir()
+	prefix := func(job string, w int) string { return filepath.Join(dir, job, fmt.Sprintf("worker_%d", w), "ckpt") }
+	first := plan
+	first.Steps = saved
+	for job, opts := range map[string][]multiworker.Option{"unsharded": nil, "sharded": {multiworker.WithZeRO(2)}} {
+		trainOnAt(t, 3, 1, adam, first, func(w int, s *multiworker.Strategy, done int) error {
+			if done != saved {
+				return nil
+			}
+			saver, err := checkpoint.NewSaver(s)
+			if err != nil {
+				return err
+			}
+			return saver.Save(context.Background(), prefix(job, w), nil)
+		}, opts...)
+	}
+	for _, file := range []func(string) string{checkpoint.IndexFile, func(p string) string { return checkpoint.DataFile(p, 0, 1) }} {
+		sharded, err := os.ReadFile(file(prefix("sharded", 0)))
+		require.NoError(t, err)
+		unsharded, err := os.ReadFile(file(prefix("unsharded", 0)))
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(sharded, unsharded), "%s: the sharded job's checkpoint is the unsharded job's", file(""))
+	}
+	entries, err := checkpoint.List(prefix("sharded", 0))
+	require.NoError(t, err)
+	shapes := map[string][]int64{}
+	for _, e := range entries {
+		shapes[e.Name] = e.Shape
+	}
+	assert.Equal(t, []int64{64, 32}, shapes["mlp/dense_0/kernel/Adam/m"], "a slot is saved whole")
+	assert.Equal(t, []int64{10}, shapes["mlp/dense_1/bias/Adam/v"], "a slot is saved whole")
+
+	rest := plan
+	rest.Start = saved
+	restore := func(w int, done int, e checkpoint.Source) error {
+		if done != saved {
+			return nil
+		}
+		saver, err := checkpoint.NewSaver(e)
+		if err != nil {
+			return err
+		}
+		_, err = saver.Restore(context.Background(), prefix("sharded", w))
+		return err
+	}
+	for _, c := range []struct {
+		name string
+		opts []multiworker.Option
+	}{{"unsharded", nil}, {"stage 1", []multiworker.Option{multiworker.WithZeRO(1)}}} {
+		got, _ := trainOnAt(t, 2, 1, adam, rest, func(w int, s *multiworker.Strategy, done int) error { return restore(w, done, s) }, c.opts...)
+		for w := range got {
+			d, at := testmodel.MaxVarDiff(want[0], got[w])
+			assert.Less(t, d, 1e-5, "%s, worker %d: %s", c.name, w, at)
+		}
+	}
+	def, err := onedevice.New()
+	require.NoError(t, err)
+	defer def.Close()
+	rest.AfterRuns = func(done int) error { return restore(0, done, def) }
+	got, err := testmodel.TrainPlan(context.Background(), def, adam(), rest)
+	require.NoError(t, err)
+	d, at := testmodel.MaxVarDiff(want[0], got)
+	assert.Less(t, d, 1e-5, "default strategy: %s", at)
 }
