@@ -50,8 +50,9 @@
 // checkpoint lacks, checkpoint tensors no variable takes (typically
 // optimizer slots of a step not built yet), dtype or shape mismatches with
 // both shapes. WithAllowPartial tolerates the first two, as TensorFlow's
-// expect_partial. Restored variables are marked initialised, so pending
-// initialisers do not overwrite them.
+// expect_partial. A variable saved as slices that do not cover it (a lost
+// shard) is an *IncompleteError naming what is missing. Restored variables
+// are marked initialised, so pending initialisers do not overwrite them.
 //
 // WithSharding writes one shard per device a ShardFunc chooses (ShardByTask:
 // per task, as TensorFlow shards a parameter-server model), each with its

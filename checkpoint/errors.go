@@ -71,3 +71,62 @@ func quoteList(names []string) string {
 	}
 	return strings.Join(q, ", ")
 }
+
+// IncompleteError says that a variable's tensor was saved as slices that
+// do not cover it, as when a shard of a checkpoint is lost. Restore and
+// WarmStart return it (test with errors.As) before changing any variable.
+type IncompleteError struct {
+	// Prefix is the checkpoint's prefix.
+	Prefix string
+	// Name is the tensor's key in the checkpoint.
+	Name string
+	// Shape is the whole tensor's shape.
+	Shape []int64
+	// Missing is the first block no slice covers, in row-major order: the
+	// range [start, end) of each dimension.
+	Missing [][2]int64
+
+	byRows bool       // the slices cut only the first dimension
+	rows   [][2]int64 // then, the ranges of rows they cover
+}
+
+// Error names the variable and what its slices miss: the rows, when the
+// slices cut only the first dimension, else the first block missing.
+func (e *IncompleteError) Error() string {
+	head := fmt.Sprintf("checkpoint: restore %s: variable %q %v", e.Prefix, e.Name, e.Shape)
+	if !e.byRows {
+		var dims []string
+		for d, r := range e.Missing {
+			dims = append(dims, fmt.Sprintf("%s of dimension %d", rangeList([][2]int64{r}), d))
+		}
+		return fmt.Sprintf("%s: its slices do not cover indices %s", head, strings.Join(dims, ", "))
+	}
+	var missing [][2]int64
+	next := int64(0)
+	for _, r := range e.rows {
+		if r[0] > next {
+			missing = append(missing, [2]int64{next, r[0]})
+		}
+		next = r[1]
+	}
+	if next < e.Shape[0] {
+		missing = append(missing, [2]int64{next, e.Shape[0]})
+	}
+	covered := "no rows"
+	if len(e.rows) > 0 {
+		covered = "rows " + rangeList(e.rows)
+	}
+	return fmt.Sprintf("%s: its slices cover %s; rows %s are missing", head, covered, rangeList(missing))
+}
+
+// rangeList lists ranges [start, end) as inclusive ones: "0-3, 7".
+func rangeList(rs [][2]int64) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = fmt.Sprint(r[0])
+		if r[1]-r[0] > 1 {
+			parts[i] += fmt.Sprintf("-%d", r[1]-1)
+		}
+	}
+	return strings.Join(parts, ", ")
+}

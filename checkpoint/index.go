@@ -12,6 +12,7 @@ import (
 	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 	tf "github.com/wamuir/graft/tensorflow"
+	tspb "github.com/wamuir/graft/tensorflow/core/framework/tensor_slice_go_proto"
 	pb "github.com/wamuir/graft/tensorflow/core/protobuf/for_core_protos_go_proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -32,7 +33,12 @@ type Entry struct {
 	DType tf.DataType
 	// Shape is the tensor's shape.
 	Shape []int64
+
+	slices [][]extent // the slices the tensor was saved as; nil if saved whole
 }
+
+// extent is the range [start, end) of one dimension that a slice holds.
+type extent struct{ start, end int64 }
 
 // String returns the name, type and shape.
 func (e Entry) String() string {
@@ -164,7 +170,11 @@ func parseIndex(b []byte) (*index, error) {
 				shape = append(shape, d.GetSize())
 			}
 			name := string(key)
-			ix.entries[name] = Entry{Name: name, DType: tf.DataType(e.GetDtype()), Shape: shape}
+			sl, err := entrySlices(name, shape, e.GetSlices())
+			if err != nil {
+				return err
+			}
+			ix.entries[name] = Entry{Name: name, DType: tf.DataType(e.GetDtype()), Shape: shape, slices: sl}
 			return nil
 		})
 	})
@@ -178,6 +188,30 @@ func parseIndex(b []byte) (*index, error) {
 		return nil, corrupt("header says %d data shards", ix.numShards)
 	}
 	return ix, nil
+}
+
+// entrySlices returns the extents of the slices of the tensor name of
+// shape, as its entry lists them; an extent without a length (or with
+// length -1) spans its whole dimension.
+func entrySlices(name string, shape []int64, pbs []*tspb.TensorSliceProto) ([][]extent, error) {
+	var out [][]extent
+	for i, p := range pbs {
+		if len(p.GetExtent()) != len(shape) {
+			return nil, corrupt("entry %q: slice %d has %d extents for %d dimensions", name, i, len(p.GetExtent()), len(shape))
+		}
+		ext := make([]extent, len(shape))
+		for d, e := range p.GetExtent() {
+			ext[d] = extent{0, shape[d]}
+			if e.GetHasLength() != nil && e.GetLength() != -1 {
+				ext[d] = extent{e.GetStart(), e.GetStart() + e.GetLength()}
+			}
+			if x := ext[d]; x.start < 0 || x.end < x.start || x.end > shape[d] {
+				return nil, corrupt("entry %q: slice %d: extent [%d, %d) of dimension %d of size %d", name, i, x.start, x.end, d, shape[d])
+			}
+		}
+		out = append(out, ext)
+	}
+	return out, nil
 }
 
 // blockHandle decodes a BlockHandle (varint64 offset, varint64 size).

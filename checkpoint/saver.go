@@ -169,7 +169,8 @@ func (s *Saver) Save(ctx context.Context, prefix string, md Metadata) error {
 // Before any variable changes, the checkpoint's index is checked against the
 // model; disagreements are reported together in a *MismatchError. By
 // default every variable must be in the checkpoint and every tensor of the
-// checkpoint must be taken (see WithAllowPartial).
+// checkpoint must be taken (see WithAllowPartial). A variable saved as
+// slices that do not cover it is an *IncompleteError.
 func (s *Saver) Restore(ctx context.Context, prefix string) (Metadata, error) {
 	ix, err := readIndex(prefix)
 	if err != nil {
@@ -239,6 +240,9 @@ func (s *Saver) plan(prefix string, ix *index, items []strategy.Saveable) ([]str
 			merr.Mismatched = append(merr.Mismatched, Mismatch{Name: v.Name, CheckpointDType: ent.DType,
 				CheckpointShape: ent.Shape, ModelDType: v.DType, ModelShape: v.Shape})
 			continue
+		}
+		if err := ent.complete(prefix); err != nil {
+			return nil, err
 		}
 		restore = append(restore, withCopies(ix, v))
 	}

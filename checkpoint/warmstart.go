@@ -25,7 +25,8 @@ type NameMap map[string]string
 // prefix, as tf.keras' warm start does: every other variable keeps its
 // value, and tensors of the checkpoint that names does not take are
 // ignored. A name of the map that is not a variable of the model, a key the
-// checkpoint does not hold, or a dtype or shape that differs is an error
+// checkpoint does not hold, a dtype or shape that differs, or a tensor
+// saved as slices that do not cover it (*IncompleteError) is an error
 // naming the variable, before any variable changes. Options are NewSaver's.
 //
 // Keras 3 writes model.save_weights as HDF5 (.weights.h5), which this does
@@ -93,6 +94,9 @@ func warmPlan(prefix string, ix *index, model []strategy.Saveable, names NameMap
 			merr.Mismatched = append(merr.Mismatched, Mismatch{Name: name, CheckpointDType: ent.DType,
 				CheckpointShape: ent.Shape, ModelDType: v.DType, ModelShape: v.Shape})
 			continue
+		}
+		if err := ent.complete(prefix); err != nil {
+			return nil, err
 		}
 		v.Name = key
 		items = append(items, v)
