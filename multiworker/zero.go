@@ -35,11 +35,13 @@ import (
 // of workers. Reading a slot's Value gathers it too, so every worker must
 // read it.
 //
-// Stages 1 and 2 differ in the reduced gradients a worker keeps whole: at
-// stage 1 a step that accumulates gradients would keep whole
-// accumulators, at stage 2 only its shard of them; a step that does not
-// accumulate keeps its shard alone at both. Steps that accumulate
-// (WithAccumulation) are refused under either for now.
+// Stages 1 and 2 differ in steps that accumulate gradients
+// (WithAccumulation): stage 1 keeps whole accumulators, as an unsharded
+// step does, and reduce-scatters their sums once an update; stage 2
+// reduce-scatters every micro-step's gradients and accumulates this
+// worker's blocks alone, so that its accumulators too are divided by the
+// workers, at the cost of a reduce-scatter a micro-step. A step that does
+// not accumulate keeps only its blocks of the reduced gradients at both.
 //
 // WithZeRO needs tfdist's engine (WithCommunication Auto or Engine) and
 // two or more workers, and is refused with WithCompression,
@@ -78,7 +80,7 @@ func (c config) sharding(ops *engineOps, n, rank int) ingraph.Sharding {
 	if c.zero == 0 {
 		return nil
 	}
-	z := zeroOps{ops: ops, n: n, rank: rank}
+	z := zeroOps{ops: ops, stage: c.zero, n: n, rank: rank}
 	if p, ok := c.packed(ops).(ingraph.Packed); ok {
 		z.packing = p
 	}
@@ -91,10 +93,14 @@ func (c config) sharding(ops *engineOps, n, rank int) ingraph.Sharding {
 type zeroOps struct {
 	ops     *engineOps
 	packing ingraph.Packed
+	stage   int
 	n, rank int
 }
 
 var _ ingraph.Sharding = zeroOps{}
+
+// Stage implements ingraph.Sharding.
+func (z zeroOps) Stage() int { return z.stage }
 
 // Buckets implements ingraph.Sharding.
 func (z zeroOps) Buckets() ingraph.Packed { return z.packing }

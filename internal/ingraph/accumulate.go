@@ -153,7 +153,7 @@ func (e *Engine) reduceGradients(s *op.Scope, ab *accumBuild, vars []*variable, 
 	}
 	accs := make([]*variable, len(vars))
 	for i, v := range vars {
-		a, err := e.accumulator(ab, slotKey{owner: accumOwner, v: v, slot: accumGradient}, v.name+"/"+accumOwner+"/"+accumGradient, v.dtype, v.shape)
+		a, err := e.accumulator(ab, slotKey{owner: accumOwner, v: v, slot: accumGradient}, accumulatorName(v), v.dtype, v.shape)
 		if err != nil {
 			return nil, err
 		}
@@ -187,15 +187,8 @@ func (e *Engine) accumulator(ab *accumBuild, key slotKey, name string, dtype tf.
 // the applying run reduces copy + vals × divisor across replicas together
 // with the example count, and returns the sums divided by the count.
 func (e *Engine) reduceAccumulated(s *op.Scope, ab *accumBuild, accs []*variable, vals [][]tf.Output) ([][]tf.Output, error) {
-	totals := make([][]tf.Output, len(vals))
+	totals := e.accumulatedTotals(s, ab, accs, vals)
 	for r := range vals {
-		rs := s.SubScope(fmt.Sprintf("accumulate_%d", r)).WithDevice(e.cfg.Devices[r])
-		for k, a := range accs {
-			ks := rs.SubScope(fmt.Sprintf("value_%d", k))
-			scaled := op.Mul(ks.SubScope("scaled"), vals[r][k], graphutil.CastTo(ks.SubScope("divisor"), ab.divisors[r], a.dtype))
-			ab.micro = append(ab.micro, op.AssignAddVariableOp(ks.SubScope("add"), a.handles[r], scaled))
-			totals[r] = append(totals[r], op.AddV2(ks.SubScope("total"), op.ReadVariableOp(ks.SubScope("read"), a.handles[r], a.dtype), scaled))
-		}
 		totals[r] = append(totals[r], e.accumulatedCount(ab, r))
 	}
 	if err := s.Err(); err != nil {
@@ -215,6 +208,30 @@ func (e *Engine) reduceAccumulated(s *op.Scope, ab *accumBuild, accs []*variable
 		}
 	}
 	return out, s.Err()
+}
+
+// accumulatedTotals returns, per replica r and value k, the accumulator
+// accs[k]'s copy r plus vals[r][k] times the run's loss divisor, the sum
+// the applying run reduces; a micro-step that only accumulates adds the
+// scaled value to the copy (ab.micro).
+func (e *Engine) accumulatedTotals(s *op.Scope, ab *accumBuild, accs []*variable, vals [][]tf.Output) [][]tf.Output {
+	totals := make([][]tf.Output, len(vals))
+	for r := range vals {
+		rs := s.SubScope(fmt.Sprintf("accumulate_%d", r)).WithDevice(e.cfg.Devices[r])
+		for k, a := range accs {
+			ks := rs.SubScope(fmt.Sprintf("value_%d", k))
+			scaled := e.scaled(ks, ab, r, vals[r][k])
+			ab.micro = append(ab.micro, op.AssignAddVariableOp(ks.SubScope("add"), a.handles[r], scaled))
+			totals[r] = append(totals[r], op.AddV2(ks.SubScope("total"), op.ReadVariableOp(ks.SubScope("read"), a.handles[r], a.dtype), scaled))
+		}
+	}
+	return totals
+}
+
+// scaled returns replica r's value x times the run's loss divisor: the
+// sum of x over the replica's examples, for a gradient of AverageLoss.
+func (e *Engine) scaled(s *op.Scope, ab *accumBuild, r int, x tf.Output) tf.Output {
+	return op.Mul(s.SubScope("scaled"), x, graphutil.CastTo(s.SubScope("divisor"), ab.divisors[r], x.DataType()))
 }
 
 // accumulatedCount returns replica r's examples accumulated so far plus
@@ -265,7 +282,7 @@ func (e *Engine) finishAccumulation(root *op.Scope, st *step, ab *accumBuild, gl
 		zs := rs.SubScope("reset").WithControlDependencies(ab.apply...)
 		for i, v := range reset {
 			vs := zs.SubScope(fmt.Sprintf("var_%d", i))
-			zero, err := strategy.Zeros().Build(vs.SubScope("zero"), v.dtype, v.shape)
+			zero, err := strategy.Zeros().Build(vs.SubScope("zero"), v.dtype, v.localShape())
 			if err != nil {
 				return &strategy.BuildError{Replica: -1, Err: err}
 			}

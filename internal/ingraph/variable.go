@@ -39,6 +39,14 @@ func (v *variable) DType() tf.DataType { return v.dtype }
 // Shape returns the variable's shape.
 func (v *variable) Shape() []int64 { return append([]int64(nil), v.shape...) }
 
+// localShape returns the shape of v's copies: v's, or its shard's.
+func (v *variable) localShape() []int64 {
+	if v.shard != nil {
+		return []int64{v.shard.n}
+	}
+	return v.shape
+}
+
 // Synchronization returns when the copies are kept in sync.
 func (v *variable) Synchronization() strategy.Synchronization { return v.sync }
 

@@ -7,6 +7,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tfdist/tfdist/internal/graphutil"
 	"github.com/tfdist/tfdist/strategy"
 )
 
@@ -19,7 +20,14 @@ import (
 // element has the bits the unsharded all-reduce gives it, so an
 // elementwise optimizer (SGD, Momentum, Adam) updates the variables as
 // it would unsharded, bit for bit.
+//
+// In a step that accumulates gradients (WithAccumulation), stage 1 keeps
+// whole accumulators, as an unsharded step does, and reduce-scatters
+// their sums in the applying run; stage 2 reduce-scatters every
+// micro-step's gradients and accumulates only this worker's blocks.
 type Sharding interface {
+	// Stage returns 1 or 2 (see Sharding).
+	Stage() int
 	// Buckets returns the packing of the unsharded all-reduce, whose plan
 	// makes the buckets (Inner is not used).
 	Buckets() Packed
@@ -194,10 +202,7 @@ type shardedStep struct {
 // shards of replica 0 are all-gathered into every local copy of the
 // variables, after that replica's reads of them, reads[r].
 func (e *Engine) mergeApplySharded(opt strategy.Optimizer, vars []*variable, vals [][]tf.Output, reads [][]*tf.Operation, ab *accumBuild) ([]any, error) {
-	switch {
-	case ab.accumulates():
-		return nil, fmt.Errorf("WithAccumulation(%d): sharded optimizer state does not accumulate gradients yet", ab.k)
-	case e.cfg.GradientReducer != nil:
+	if e.cfg.GradientReducer != nil {
 		return nil, fmt.Errorf("sharded optimizer state reduce-scatters the gradients as they are; the strategy's %T cannot", e.cfg.GradientReducer)
 	}
 	buckets, err := e.planShards(vars, vals[0])
@@ -209,13 +214,24 @@ func (e *Engine) mergeApplySharded(opt strategy.Optimizer, vars []*variable, val
 	for r := range st.grads {
 		st.grads[r] = make([]tf.Output, len(vars))
 	}
-	for j, b := range buckets {
+	for _, b := range buckets {
 		for x, i := range b.idx {
 			if st.views[i], err = e.view(vars[i], b.shards[x]); err != nil {
 				return nil, err
 			}
 		}
-		if err := st.reduceScatter(j, vals); err != nil {
+	}
+	in, err := st.toScatter(ab, vars, vals)
+	if err != nil {
+		return nil, err
+	}
+	for j := range buckets {
+		if err := st.reduceScatter(j, in); err != nil {
+			return nil, err
+		}
+	}
+	if ab.accumulates() {
+		if err := st.average(ab); err != nil {
 			return nil, err
 		}
 	}
@@ -236,6 +252,94 @@ func (e *Engine) mergeApplySharded(opt strategy.Optimizer, vars []*variable, val
 		out[r] = op.NoOp(st.s.SubScope(fmt.Sprintf("done_%d", r)).WithControlDependencies(append(assigns[r], applied[r])...))
 	}
 	return out, st.s.Err()
+}
+
+// toScatter returns what the step reduce-scatters, per local replica and
+// variable: the gradients vals; in a step that accumulates, at stage 1 the
+// sums of the whole accumulators and vals, at stage 2 vals alone, both
+// times the run's loss divisor.
+func (st *shardedStep) toScatter(ab *accumBuild, vars []*variable, vals [][]tf.Output) ([][]tf.Output, error) {
+	e := st.e
+	switch {
+	case !ab.accumulates():
+		return vals, nil
+	case e.cfg.Sharding.Stage() == 1:
+		accs := make([]*variable, len(vars))
+		for i, v := range vars {
+			a, err := e.accumulator(ab, slotKey{owner: accumOwner, v: v, slot: accumGradient}, accumulatorName(v), v.dtype, v.shape)
+			if err != nil {
+				return nil, err
+			}
+			accs[i] = a
+		}
+		return e.accumulatedTotals(st.s.SubScope("accumulate"), ab, accs, vals), nil
+	}
+	if _, err := e.accumulation(ab.k); err != nil {
+		return nil, err
+	}
+	out := make([][]tf.Output, len(vals))
+	for r := range vals {
+		rs := st.s.SubScope(fmt.Sprintf("scale_%d", r)).WithDevice(e.cfg.Devices[r])
+		for i, g := range vals[r] {
+			out[r] = append(out[r], e.scaled(rs.SubScope(fmt.Sprintf("value_%d", i)), ab, r, g))
+		}
+	}
+	return out, nil
+}
+
+// accumulatorName is the name of the accumulator of v's gradient.
+func accumulatorName(v *variable) string { return v.name + "/" + accumOwner + "/" + accumGradient }
+
+// average divides the reduced sums of a step that accumulates by the
+// examples of every replica; at stage 2 it first adds the sums of the
+// earlier micro-steps, which this worker's shard accumulators keep, and a
+// micro-step that only accumulates adds its reduced block to them.
+func (st *shardedStep) average(ab *accumBuild) error {
+	e := st.e
+	hs := st.s.SubScope("examples").WithDevice(e.cfg.HostDevice)
+	counts := make([]tf.Output, len(e.cfg.Devices))
+	for r := range counts {
+		counts[r] = e.accumulatedCount(ab, r)
+	}
+	count, err := e.cfg.Sharding.SumAcross(hs.SubScope("across"), op.AddN(hs.SubScope("local"), counts))
+	if err != nil {
+		return err
+	}
+	for i, w := range st.views {
+		var acc *variable
+		if e.cfg.Sharding.Stage() == 2 {
+			if acc, err = st.shardAccumulator(ab, w); err != nil {
+				return err
+			}
+		}
+		for r := range st.grads {
+			rs := st.s.SubScope(fmt.Sprintf("average_%d_replica_%d", i, r)).WithDevice(e.cfg.Devices[r])
+			sum := st.grads[r][i]
+			if acc != nil {
+				ab.micro = append(ab.micro, op.AssignAddVariableOp(rs.SubScope("add"), acc.handles[r], sum))
+				sum = op.AddV2(rs.SubScope("total"), op.ReadVariableOp(rs.SubScope("read"), acc.handles[r], acc.dtype), sum)
+			}
+			st.grads[r][i] = op.DivNoNan(rs, sum, graphutil.CastTo(rs.SubScope("count"), count, w.v.dtype))
+		}
+	}
+	return st.s.Err()
+}
+
+// shardAccumulator returns the stage-2 accumulator of w's shard of the
+// reduced gradient, which the applying run zeroes. Saved whole, it holds
+// what an unsharded accumulator holds, the sum over every replica.
+func (st *shardedStep) shardAccumulator(ab *accumBuild, w *shardView) (*variable, error) {
+	a, err := st.e.shardedSlot(slotKey{owner: accumOwner, v: w.v, slot: accumGradient}, accumulatorName(w.v), w, strategy.Zeros())
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range ab.accs {
+		if b == a {
+			return nil, fmt.Errorf("accumulator %q is used twice in one step: give each variable to one Minimize", a.name)
+		}
+	}
+	ab.accs = append(ab.accs, a)
+	return a, nil
 }
 
 // reduceScatter reduce-scatters bucket j of every replica's gradients
