@@ -68,6 +68,9 @@ type Config struct {
 	// LocalSGD the outer gradient (LocalSGD.Compression) and the warm-up's
 	// gradients.
 	Compression multiworker.Compression
+	// ZeRO, under multiworker, shards the optimizer state across the
+	// workers at stage 1 or 2 (multiworker.WithZeRO); 0 keeps it whole.
+	ZeRO int
 
 	localSGDFlags []localSGDFlag // -local-sgd-warmup, -fragments, -overlap
 }
@@ -123,6 +126,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 				l.Mix = 0.5
 			}
 		}))
+	fs.IntVar(&c.ZeRO, "zero", c.ZeRO, "under multiworker, shard the optimizer state across the workers (ZeRO `stage` 1, or 2 to shard accumulated gradients too); 0 keeps it whole")
 	fs.Func("compression", "under multiworker or elastic, how gradients travel between workers: none, fp16, bf16, int8 or topk(`ratio`); with -local-sgd or -diloco, the outer gradient and the warm-up's gradients: none, fp16, bf16 or int8",
 		func(v string) (err error) {
 			c.Compression, err = multiworker.ParseCompression(v)
@@ -246,6 +250,9 @@ func (c Config) check() error {
 	if c.Compression != multiworker.None && !multi {
 		return fmt.Errorf("distribute: Compression %v (-compression) under strategy %q: expected multiworker or elastic, whose gradients cross between workers", c.Compression, c.Strategy)
 	}
+	if c.ZeRO != 0 && c.Strategy != "multiworker" {
+		return fmt.Errorf("distribute: ZeRO %d (-zero) under strategy %q: the optimizer state is sharded across the worker processes of multiworker; use multiworker (tfdist launch --workers N)", c.ZeRO, c.Strategy)
+	}
 	if len(c.localSGDFlags) > 0 && c.LocalSGD == nil {
 		f := c.localSGDFlags[0]
 		return fmt.Errorf("distribute: -%s %d without -local-sgd or -diloco: expected one of them, whose synchronisations it sets", f.name, f.n)
@@ -280,6 +287,9 @@ func multiworkerOptions(c Config) []multiworker.Option {
 		}
 	case c.Compression != multiworker.None:
 		opts = append(opts, multiworker.WithCompression(c.Compression))
+	}
+	if c.ZeRO != 0 {
+		opts = append(opts, multiworker.WithZeRO(c.ZeRO))
 	}
 	return opts
 }

@@ -63,14 +63,18 @@ func TestBadConfig(t *testing.T) {
 	new(distribute.Config).RegisterFlags(fs)
 	assert.Error(t, fs.Parse([]string{"-devices", "two"}))
 	for args, want := range map[string][]string{
-		`-diloco "0": expected a number of training steps, 1 or more`:                     {"-diloco", "0"},
-		"-diloco: give -local-sgd or -diloco, once":                                       {"-local-sgd", "5", "-diloco", "5"},
-		`local SGD (-local-sgd, -diloco) under strategy "mirrored": expected multiworker`: {"-strategy", "mirrored", "-local-sgd", "5"},
-		`compression "int4": expected none, fp16, bf16, int8 or topk(ratio)`:              {"-strategy", "multiworker", "-compression", "int4"},
-		`Compression fp16 (-compression) under strategy "mirrored": expected multiworker`: {"-strategy", "mirrored", "-compression", "fp16"},
-		`-local-sgd-warmup "-1": expected a whole number, 0 or more`:                      {"-strategy", "multiworker", "-diloco", "5", "-local-sgd-warmup", "-1"},
-		"-local-sgd-warmup 5 without -local-sgd or -diloco":                               {"-strategy", "multiworker", "-local-sgd-warmup", "5"},
-		"-overlap 2 without -local-sgd or -diloco":                                        {"-strategy", "multiworker", "-overlap", "2"},
+		`-diloco "0": expected a number of training steps, 1 or more`:                                                         {"-diloco", "0"},
+		"-diloco: give -local-sgd or -diloco, once":                                                                           {"-local-sgd", "5", "-diloco", "5"},
+		`local SGD (-local-sgd, -diloco) under strategy "mirrored": expected multiworker`:                                     {"-strategy", "mirrored", "-local-sgd", "5"},
+		`compression "int4": expected none, fp16, bf16, int8 or topk(ratio)`:                                                  {"-strategy", "multiworker", "-compression", "int4"},
+		`Compression fp16 (-compression) under strategy "mirrored": expected multiworker`:                                     {"-strategy", "mirrored", "-compression", "fp16"},
+		`-local-sgd-warmup "-1": expected a whole number, 0 or more`:                                                          {"-strategy", "multiworker", "-diloco", "5", "-local-sgd-warmup", "-1"},
+		"-local-sgd-warmup 5 without -local-sgd or -diloco":                                                                   {"-strategy", "multiworker", "-local-sgd-warmup", "5"},
+		"-overlap 2 without -local-sgd or -diloco":                                                                            {"-strategy", "multiworker", "-overlap", "2"},
+		`ZeRO 1 (-zero) under strategy "mirrored": the optimizer state is sharded across the worker processes of multiworker`: {"-strategy", "mirrored", "-zero", "1"},
+		`ZeRO 2 (-zero) under strategy "elastic"`:                                                                             {"-strategy", "elastic", "-zero", "2"},
+		"WithZeRO(3): expected stage 1 (optimizer state sharded) or 2":                                                        {"-strategy", "multiworker", "-zero", "3"},
+		"WithZeRO(2) on one worker":                                                                                           {"-strategy", "multiworker", "-zero", "2"},
 		// The flags reach WithLocalSGD's checks.
 		"WithLocalSGD: Fragments 3: expected 0, 1 or a divisor of Steps 10": {"-strategy", "multiworker", "-fragments", "3", "-diloco", "10"},
 		// With local SGD the compression is the outer gradient's.
