@@ -16,6 +16,7 @@ import (
 	"github.com/tfdist/tfdist/aggregate"
 	"github.com/tfdist/tfdist/checkpoint"
 	"github.com/tfdist/tfdist/collective"
+	"github.com/tfdist/tfdist/internal/pyenv"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/onedevice"
@@ -145,7 +146,8 @@ func TestZeROMatchesUnsharded(t *testing.T) {
 
 // A sharded job's checkpoint holds every slot whole under its usual name:
 // saved by 3 workers at stage 2 after 6 of 12 steps, it is byte for byte
-// the unsharded job's, and it resumes an unsharded job of 2 workers, a
+// the unsharded job's, Python TensorFlow reads every variable and slot of
+// it as the job held them, and it resumes an unsharded job of 2 workers, a
 // stage-1 job of 2 workers and the default strategy, each of which ends
 // where the uninterrupted unsharded job ends, to the rounding of summing
 // over other numbers of replicas.
@@ -157,8 +159,9 @@ func TestZeROCheckpointMovesBetweenJobs(t *testing.T) {
 	prefix := func(job string, w int) string { return filepath.Join(dir, job, fmt.Sprintf("worker_%d", w), "ckpt") }
 	first := plan
 	first.Steps = saved
+	var saved3 []testmodel.Outcome
 	for job, opts := range map[string][]multiworker.Option{"unsharded": nil, "sharded": {multiworker.WithZeRO(2)}} {
-		trainOnAt(t, 3, 1, adam, first, func(w int, s *multiworker.Strategy, done int) error {
+		got, _ := trainOnAt(t, 3, 1, adam, first, func(w int, s *multiworker.Strategy, done int) error {
 			if done != saved {
 				return nil
 			}
@@ -168,6 +171,9 @@ func TestZeROCheckpointMovesBetweenJobs(t *testing.T) {
 			}
 			return saver.Save(context.Background(), prefix(job, w), nil)
 		}, opts...)
+		if job == "sharded" {
+			saved3 = got
+		}
 	}
 	for _, file := range []func(string) string{checkpoint.IndexFile, func(p string) string { return checkpoint.DataFile(p, 0, 1) }} {
 		sharded, err := os.ReadFile(file(prefix("sharded", 0)))
@@ -184,6 +190,17 @@ func TestZeROCheckpointMovesBetweenJobs(t *testing.T) {
 	}
 	assert.Equal(t, []int64{64, 32}, shapes["mlp/dense_0/kernel/Adam/m"], "a slot is saved whole")
 	assert.Equal(t, []int64{10}, shapes["mlp/dense_1/bias/Adam/v"], "a slot is saved whole")
+
+	py := pyenv.ReadCheckpoint(t, prefix("sharded", 0))
+	for _, v := range saved3[0].Vars {
+		require.Contains(t, py, v.Name, "Python reads every variable")
+		assert.Equal(t, v.Shape, py[v.Name].Shape, "Python reads %s whole", v.Name)
+		want := make([]float64, len(v.Float32))
+		for i, x := range v.Float32 {
+			want[i] = float64(x)
+		}
+		assert.Equal(t, want, py[v.Name].Values, "Python reads the values of %s", v.Name)
+	}
 
 	rest := plan
 	rest.Start = saved

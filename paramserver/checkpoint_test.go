@@ -158,11 +158,7 @@ func TestCheckpointRestoresIntoOtherNumbersOfPS(t *testing.T) {
 // readInPython checks that Python TensorFlow reads every value of want
 // from the checkpoint at prefix, element by element.
 func readInPython(t *testing.T, prefix string, want map[string]any) {
-	var got map[string]struct {
-		Shape  []int64   `json:"shape"`
-		Values []float64 `json:"values"`
-	}
-	pyenv.TensorFlow(t).JSON(t, filepath.Join("testdata", "read_checkpoint.py"), map[string]string{"prefix": prefix}, &got)
+	got := pyenv.ReadCheckpoint(t, prefix)
 	for name, v := range want {
 		py, ok := got[name]
 		require.True(t, ok, "Python reads %s", name)

@@ -59,6 +59,27 @@ const installTimeout = 20 * time.Minute
 //go:embed tensorflow-requirements.txt
 var tensorflowRequirements []byte
 
+//go:embed read_checkpoint.py
+var readCheckpoint []byte
+
+// Tensor is a tensor as Python read it: its shape and its elements,
+// flattened.
+type Tensor struct {
+	Shape  []int64   `json:"shape"`
+	Values []float64 `json:"values"`
+}
+
+// ReadCheckpoint returns every numeric tensor of the checkpoint at prefix
+// by its key, as Python TensorFlow's tf.train.load_checkpoint reads it.
+func ReadCheckpoint(t testing.TB, prefix string) map[string]Tensor {
+	t.Helper()
+	script := filepath.Join(t.TempDir(), "read_checkpoint.py")
+	require.NoError(t, os.WriteFile(script, readCheckpoint, 0o644))
+	var out map[string]Tensor
+	TensorFlow(t).JSON(t, script, map[string]string{"prefix": prefix}, &out)
+	return out
+}
+
 // TensorFlow returns a Runner for Python TensorFlow 2.18 (CPU) with Keras 3,
 // pinned by tensorflow-requirements.txt beside this file: the one Python
 // environment every test that compares tfdist with TensorFlow shares.

@@ -1,4 +1,4 @@
-"""Reads a checkpoint as a Python user does, for TestCheckpointRestoresIntoOtherNumbersOfPS.
+"""Reads a checkpoint as a Python user does, for pyenv.ReadCheckpoint.
 
 Reads {"prefix": ...} on stdin; writes {key: {"shape": [...], "values": [...]}}
 on stdout: every tensor of the checkpoint, read with
