@@ -275,7 +275,8 @@ func TestZeROShardsStateAtTheSameTraffic(t *testing.T) {
 }
 
 // slotElements returns the elements of the Adam slots that s holds on its
-// first replica, and those of the whole slots.
+// first replica, and those of the whole slots, and checks that HeldBytes
+// counts the bytes of those it holds.
 func slotElements(s *multiworker.Strategy) (held, whole int64, err error) {
 	for _, v := range s.Variables() {
 		if !strings.Contains(v.Name(), "/Adam/") {
@@ -286,6 +287,9 @@ func slotElements(s *multiworker.Strategy) (held, whole int64, err error) {
 			return 0, 0, err
 		}
 		held += int64(copies[0].Shape()[0])
+		if b, err := s.HeldBytes(v); err != nil || b != 4*copies[0].Shape()[0] {
+			return 0, 0, fmt.Errorf("HeldBytes(%s) = %d, %v; its copy holds %d float32s", v.Name(), b, err, copies[0].Shape()[0])
+		}
 		n := int64(1)
 		for _, d := range v.Shape() {
 			n *= d

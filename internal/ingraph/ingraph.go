@@ -565,6 +565,26 @@ func sortedKeys[M ~map[string]V, V any](m M) []string {
 	return keys
 }
 
+// HeldBytes returns the bytes this process holds of v: every copy on a
+// local device (one a device under virtual shards), each of the whole
+// variable or, for a slot of sharded optimizer state (multiworker.WithZeRO),
+// of this worker's shard of it.
+func (e *Engine) HeldBytes(vv strategy.Variable) (int64, error) {
+	v, err := e.own(vv, "strategy: HeldBytes")
+	if err != nil {
+		return 0, err
+	}
+	n := elemBytes(v.dtype)
+	for _, d := range v.localShape() {
+		n *= d
+	}
+	copies := map[tf.Output]bool{}
+	for _, h := range v.handles {
+		copies[h] = true
+	}
+	return n * int64(len(copies)), nil
+}
+
 // Copies reads every local copy of v, in replica order: for checking that
 // mirrored copies agree, or for inspecting an OnRead variable's parts.
 // Under virtual shards, the shards of a device read its one copy of an
