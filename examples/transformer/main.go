@@ -77,6 +77,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -104,6 +105,7 @@ type options struct {
 	prompt       string
 	temperature  float64
 	json         bool
+	optimizer    string // adam, adamw, lamb or sgd
 	printSummary bool
 	decaySteps   int    // 0: steps
 	saveDir      string // where each epoch's weights are saved ("": nowhere)
@@ -118,7 +120,7 @@ func defaults() options {
 		trainBytes: 2 << 20, evalBytes: 256 << 10,
 		steps: 1500, globalBatch: 32, seqLen: 64,
 		width: 64, heads: 4, layers: 2,
-		lr: 3e-3, warmup: 50, seed: 1, logEvery: 100,
+		lr: 3e-3, optimizer: "adam", warmup: 50, seed: 1, logEvery: 100,
 		sample: 300, prompt: "func ", temperature: 0.8,
 	}
 }
@@ -138,7 +140,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.width, "width", o.width, "model width (embedding size)")
 	fs.IntVar(&o.heads, "heads", o.heads, "attention heads (dividing -width)")
 	fs.IntVar(&o.layers, "layers", o.layers, "Transformer blocks")
-	fs.Float64Var(&o.lr, "lr", o.lr, "Adam's learning rate")
+	fs.Float64Var(&o.lr, "lr", o.lr, "the optimizer's learning rate")
+	fs.StringVar(&o.optimizer, "optimizer", o.optimizer, "the optimizer: adam, adamw (weight decay 0.01), lamb (weight decay 0.01) or sgd")
 	fs.IntVar(&o.warmup, "warmup", o.warmup, "steps of linear learning-rate warmup, then cosine decay to a tenth")
 	fs.IntVar(&o.decaySteps, "decay-steps", 0, "the step by which the learning rate has decayed to a tenth, where it stays (0: -steps); runs of different -steps with the same value follow one schedule")
 	fs.Int64Var(&o.seed, "seed", o.seed, "seed of the initial values, the data order and the sampling")
@@ -177,6 +180,8 @@ func (o options) check() error {
 		return fmt.Errorf("-steps %d: expected a multiple of -log-every %d, the steps of an epoch", o.steps, o.logEvery)
 	case o.dist.Strategy == "ps" && o.dist.Devices > 1:
 		return fmt.Errorf("-strategy ps -devices %d: each worker runs its steps on one device", o.dist.Devices)
+	case !slices.Contains(optimizers, o.optimizer):
+		return fmt.Errorf("-optimizer %q: expected one of %s", o.optimizer, strings.Join(optimizers, ", "))
 	case o.decaySteps < 0:
 		return fmt.Errorf("-decay-steps %d: expected 0 (-steps) or more", o.decaySteps)
 	case o.evaluate != "" && o.saveDir != "":

@@ -47,11 +47,12 @@ type report struct {
 	ParamL2       float64                  `json:"param_l2"`      // the global norm of every variable of the model
 	ParamsSHA256  string                   `json:"params_sha256"` // every variable's bits (strategy.Fingerprint)
 	Sample        string                   `json:"sample,omitempty"`
-	Epochs        []epoch                  `json:"epochs,omitempty"`          // each epoch's end, the -save-dir saves left out
-	SaveSeconds   float64                  `json:"save_seconds,omitempty"`    // the time of the -save-dir saves, left out of train_seconds
-	SaveBytesSent int64                    `json:"save_bytes_sent,omitempty"` // the bytes the saves sent, left out of the epochs' bytes_sent
-	Checkpoints   []scored                 `json:"checkpoints,omitempty"`     // under -evaluate-checkpoint, each checkpoint scored, by step
-	Variables     []strategy.VariableValue `json:"-"`                         // the model's variables after training
+	Epochs        []epoch                  `json:"epochs,omitempty"`                // each epoch's end, the -save-dir saves left out
+	SaveSeconds   float64                  `json:"save_seconds,omitempty"`          // the time of the -save-dir saves, left out of train_seconds
+	SaveBytesSent int64                    `json:"save_bytes_sent,omitempty"`       // the bytes the saves sent, left out of the epochs' bytes_sent
+	Checkpoints   []scored                 `json:"checkpoints,omitempty"`           // under -evaluate-checkpoint, each checkpoint scored, by step
+	StateBytes    int64                    `json:"optimizer_state_bytes,omitempty"` // the optimizer's variables this worker holds (HeldBytes), sharded under -zero
+	Variables     []strategy.VariableValue `json:"-"`                               // the model's variables after training
 	chief         bool                     // this process prints
 }
 
@@ -122,7 +123,36 @@ func fit(ctx context.Context, s distribute.Strategy, o options, stdout io.Writer
 		return rep, err
 	}
 	rep.ParamL2, rep.ParamsSHA256 = strategy.GlobalNorm(rep.Variables), strategy.Fingerprint(rep.Variables)
-	return rep, nil
+	rep.StateBytes, err = stateBytes(tr)
+	return rep, err
+}
+
+// stateBytes returns the bytes this worker holds of the strategy's
+// variables that are not the model's (the optimizer's), when the strategy
+// counts them (HeldBytes); 0 otherwise.
+func stateBytes(tr *train.Trainer) (int64, error) {
+	held, ok := tr.Strategy().(interface {
+		HeldBytes(strategy.Variable) (int64, error)
+	})
+	if !ok {
+		return 0, nil
+	}
+	model := map[string]bool{}
+	for _, v := range tr.Model().Variables() {
+		model[v.Name()] = true
+	}
+	var total int64
+	for _, v := range tr.Strategy().Variables() {
+		if model[v.Name()] {
+			continue
+		}
+		n, err := held.HeldBytes(v)
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // compile builds the model in s's scope and compiles it with the
@@ -136,7 +166,11 @@ func compile(s distribute.Strategy, o options) (*train.Trainer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("build the model: %w", err)
 	}
-	return train.Compile(s, model, train.SparseCategoricalCrossentropy{FromLogits: true}, newOptimizer(o))
+	opt, err := newOptimizer(o)
+	if err != nil {
+		return nil, fmt.Errorf("-optimizer %s: %w", o.optimizer, err)
+	}
+	return train.Compile(s, model, train.SparseCategoricalCrossentropy{FromLogits: true}, opt)
 }
 
 // newModel is the Transformer language model: ids [batch, seqLen] to
@@ -157,16 +191,28 @@ func newModel(sc strategy.Scope, o options) (*nn.Model, error) {
 	return nn.NewModel(sc, "transformer", []*nn.Tensor{ids}, []*nn.Tensor{logits}, nn.WithSeed(o.seed))
 }
 
-// newOptimizer is Adam on a learning rate that warms up linearly over
-// -warmup steps, then decays along a cosine to a tenth by the last step,
-// or by -decay-steps where it stays.
-func newOptimizer(o options) strategy.Optimizer {
+// optimizers are -optimizer's values.
+var optimizers = []string{"adam", "adamw", "lamb", "sgd"}
+
+// newOptimizer is -optimizer (Adam by default) on a learning rate that
+// warms up linearly over -warmup steps, then decays along a cosine to a
+// tenth by the last step, or by -decay-steps where it stays.
+func newOptimizer(o options) (strategy.Optimizer, error) {
 	last := o.steps
 	if o.decaySteps > 0 {
 		last = o.decaySteps
 	}
 	decay := optimizer.CosineDecay{Initial: float32(o.lr), DecaySteps: int64(max(last-o.warmup, 1)), Alpha: 0.1}
-	return optimizer.NewAdam(optimizer.Warmup{Steps: int64(o.warmup), Initial: 0, Then: decay})
+	lr := optimizer.Warmup{Steps: int64(o.warmup), Initial: 0, Then: decay}
+	switch o.optimizer {
+	case "adamw":
+		return optimizer.NewAdamW(lr, optimizer.WithWeightDecay(0.01))
+	case "lamb":
+		return optimizer.NewLAMB(lr, optimizer.WithWeightDecay(0.01))
+	case "sgd":
+		return optimizer.NewSGD(lr), nil
+	}
+	return optimizer.NewAdam(lr), nil
 }
 
 // data is a run's input, in global batches of "x" and "y".
