@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -228,6 +229,64 @@ func sizesOnLink(ctx context.Context, b *testing.B, x allreducebench.Exec) {
 		b.ReportMetric(fp16.Timings[i].Seconds*1e3, name+"_fp16_ms")
 		b.ReportMetric(t.Seconds/fp16.Timings[i].Seconds, name+"_fp16_speedup")
 	}
+}
+
+// BenchmarkZeRO measures the step of the MLP of BenchmarkOnLinks (24 MiB
+// of gradients in packs of 4 MiB, 256 examples a worker) with Adam,
+// unsharded and with the optimizer state sharded at stage 1, alternately
+// three times each in one run, on 2 workers of this machine (shared
+// memory) and, as root, on 2 emulated hosts joined by a 10 Gbit/s link
+// (0.2 ms): the median step of each, and the sharded step's speed against
+// the unsharded one's (speed, unsharded time / sharded time). Run with
+// -benchtime 1x.
+func BenchmarkZeRO(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	hosts := map[string]func(*testing.B) allreducebench.Exec{
+		"shm": func(*testing.B) allreducebench.Exec { return allreducebench.Exec{Path: os.Args[0]} },
+	}
+	if emunet.Available() == nil {
+		hosts["link=10gbit,0.2ms"] = func(b *testing.B) allreducebench.Exec { return twoHosts(b, "10gbit,0.2ms") }
+	}
+	for name, x := range hosts {
+		b.Run(name, func(b *testing.B) {
+			x := x(b)
+			for range b.N {
+				var steps [2][]float64
+				for range 3 {
+					for stage := range 2 {
+						c := overlapConfig(256)
+						c.Adam, c.ZeRO = true, stage
+						res, err := allreducebench.AllReduce(ctx, x, 2, c)
+						require.NoError(b, err)
+						steps[stage] = append(steps[stage], stepSeconds(res))
+					}
+				}
+				plain, sharded := median(steps[0]), median(steps[1])
+				b.ReportMetric(plain*1e3, "step_ms")
+				b.ReportMetric(sharded*1e3, "step_zero_ms")
+				b.ReportMetric(plain/sharded, "speed")
+			}
+		})
+	}
+}
+
+// stepSeconds returns the distributed step's seconds of an overlap
+// measurement.
+func stepSeconds(res allreducebench.Result) float64 {
+	for _, x := range res.Timings {
+		if x.Label == allreducebench.LabelStep {
+			return x.Seconds
+		}
+	}
+	return 0
+}
+
+// median returns the median of xs.
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // BenchmarkReducedLoss trains the classifier (global batch 64) on 2 workers

@@ -112,6 +112,10 @@ type Config struct {
 	// reads them), sends the all-reduced floats over the wire compressed:
 	// they are all-reduced as gradients, the only tensors compressed.
 	Compression string `json:"compression,omitempty"`
+	// ZeRO, with Model, shards the optimizer state at that stage
+	// (multiworker.WithZeRO); Adam trains with Adam rather than SGD.
+	ZeRO int  `json:"zero,omitempty"`
+	Adam bool `json:"adam,omitempty"`
 }
 
 // compression returns c's compression.
@@ -160,6 +164,9 @@ func (c Config) Check() error {
 		return err
 	} else if comp != multiworker.None && c.Backend != Tfdist {
 		return fmt.Errorf("backend %s with compression %s: only tfdist's engine compresses", c.Backend, comp)
+	}
+	if (c.ZeRO != 0 || c.Adam) && (c.Backend != Tfdist || len(c.Model) == 0) {
+		return fmt.Errorf("backend %s, model %v, ZeRO %d, Adam %v: ZeRO and Adam train a model on tfdist's engine", c.Backend, c.Model, c.ZeRO, c.Adam)
 	}
 	if len(c.Model) > 0 {
 		if len(c.Model) < 2 || slices.Min(c.Model) < 1 || c.Batch < 1 || c.BytesPerPack < 0 {
@@ -252,8 +259,12 @@ func Worker(ctx context.Context, c Config, out io.Writer) error {
 	}
 	comm, _ := c.Backend.Communication()
 	comp, _ := c.compression()
-	s, err := multiworker.New(ctx, multiworker.WithCommunication(comm), multiworker.WithBytesPerPack(c.BytesPerPack),
-		multiworker.WithStartupTimeout(60*time.Second), multiworker.WithSharedMemory(!c.TCP), multiworker.WithCompression(comp))
+	opts := []multiworker.Option{multiworker.WithCommunication(comm), multiworker.WithBytesPerPack(c.BytesPerPack),
+		multiworker.WithStartupTimeout(60 * time.Second), multiworker.WithSharedMemory(!c.TCP), multiworker.WithCompression(comp)}
+	if c.ZeRO != 0 {
+		opts = append(opts, multiworker.WithZeRO(c.ZeRO))
+	}
+	s, err := multiworker.New(ctx, opts...)
 	if err != nil {
 		return err
 	}

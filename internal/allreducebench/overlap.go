@@ -41,8 +41,11 @@ func overlap(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timing, 
 		return nil, err
 	}
 	defer def.Close()
-	sgd := optimizer.NewSGD(optimizer.Constant(0.01))
-	compute, bytes, err := timeMLP(ctx, def, c, sgd, false)
+	var opt strategy.Optimizer = optimizer.NewSGD(optimizer.Constant(0.01))
+	if c.Adam {
+		opt = optimizer.NewAdam(optimizer.Constant(0.001))
+	}
+	compute, bytes, err := timeMLP(ctx, def, c, opt, false)
 	if err != nil {
 		return nil, fmt.Errorf("compute alone: %w", err)
 	}
@@ -50,7 +53,7 @@ func overlap(ctx context.Context, s *multiworker.Strategy, c Config) ([]Timing, 
 	if err != nil {
 		return nil, fmt.Errorf("all-reduce alone: %w", err)
 	}
-	step, _, err := timeMLP(ctx, s, c, sgd, false)
+	step, _, err := timeMLP(ctx, s, c, opt, false)
 	if err != nil {
 		return nil, fmt.Errorf("step: %w", err)
 	}
