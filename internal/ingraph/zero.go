@@ -108,12 +108,12 @@ func elements(v *variable) (int64, error) {
 // shardView is the variable an optimizer updates under Sharding: this
 // worker's shard of a trained variable, a vector, named as the whole
 // variable is (so that the optimizer's exclusions match it, and its slots
-// take the whole variable's names), kept in a working copy per local
-// replica that each step fills from the variable.
+// take the whole variable's names), kept in a working copy on the first
+// local device that each step fills from the variable.
 type shardView struct {
 	v       *variable
 	shard   shard
-	scratch []tf.Output // per local replica
+	scratch tf.Output
 }
 
 var _ strategy.Variable = (*shardView)(nil)
@@ -139,11 +139,8 @@ func (e *Engine) view(v *variable, sh shard) (*shardView, error) {
 		return w, nil
 	}
 	w := &shardView{v: v, shard: sh}
-	s := e.namespace("shard/" + v.name)
-	for r, dev := range e.cfg.Devices {
-		w.scratch = append(w.scratch, op.VarHandleOp(s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(dev), v.dtype,
-			tf.MakeShape(sh.n), op.VarHandleOpSharedName(fmt.Sprintf("%s/shard/replica_%d", v.name, e.cfg.FirstReplicaID+r))))
-	}
+	s := e.namespace("shard/" + v.name).WithDevice(e.cfg.Devices[0])
+	w.scratch = op.VarHandleOp(s, v.dtype, tf.MakeShape(sh.n), op.VarHandleOpSharedName(fmt.Sprintf("%s/shard/replica_%d", v.name, e.cfg.FirstReplicaID)))
 	if err := s.Err(); err != nil {
 		return nil, err
 	}
@@ -152,9 +149,10 @@ func (e *Engine) view(v *variable, sh shard) (*shardView, error) {
 }
 
 // shardedSlot returns the slot key names for the shard of w: a variable
-// whose name and shape are the whole variable's, of which each local
-// replica keeps w's shard, created with init and saved whole (aggregate
-// gathers it).
+// whose name and shape are the whole variable's, of which this worker
+// keeps w's shard in one copy on the first local device, which every local
+// replica's handle names; it is created with init and saved whole
+// (aggregate gathers it).
 func (e *Engine) shardedSlot(key slotKey, name string, w *shardView, init strategy.Initializer) (*variable, error) {
 	if s, ok := e.slots[key]; ok {
 		return s, nil
@@ -164,20 +162,16 @@ func (e *Engine) shardedSlot(key slotKey, name string, w *shardView, init strate
 	}
 	v := &variable{name: name, dtype: w.v.dtype, shape: w.v.Shape(), sync: strategy.OnWrite, agg: strategy.AggregationNone,
 		owner: e, shard: &w.shard}
-	s := e.namespace("var/" + name)
-	var assigns []*tf.Operation
-	for r, dev := range e.cfg.Devices {
-		rs := s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(dev)
-		val, err := init.Build(rs.SubScope("initial_value"), v.dtype, []int64{w.shard.n})
-		if err != nil {
-			return nil, fmt.Errorf("strategy: variable %q: %w", name, err)
-		}
-		h := op.VarHandleOp(rs, v.dtype, tf.MakeShape(w.shard.n),
-			op.VarHandleOpSharedName(fmt.Sprintf("%s/replica_%d", name, e.cfg.FirstReplicaID+r)))
-		v.handles = append(v.handles, h)
-		assigns = append(assigns, op.AssignVariableOp(rs.SubScope("init"), h, val))
+	s := e.namespace("var/" + name).WithDevice(e.cfg.Devices[0])
+	val, err := init.Build(s.SubScope("initial_value"), v.dtype, []int64{w.shard.n})
+	if err != nil {
+		return nil, fmt.Errorf("strategy: variable %q: %w", name, err)
 	}
-	v.init = op.NoOp(s.SubScope("init").WithControlDependencies(assigns...))
+	h := op.VarHandleOp(s, v.dtype, tf.MakeShape(w.shard.n), op.VarHandleOpSharedName(fmt.Sprintf("%s/replica_%d", name, e.cfg.FirstReplicaID)))
+	for range e.cfg.Devices {
+		v.handles = append(v.handles, h)
+	}
+	v.init = op.AssignVariableOp(s.SubScope("init"), h, val)
 	if err := s.Err(); err != nil {
 		return nil, fmt.Errorf("strategy: variable %q: %w", name, err)
 	}
@@ -187,20 +181,24 @@ func (e *Engine) shardedSlot(key slotKey, name string, w *shardView, init strate
 	return v, nil
 }
 
-// shardedStep is a sharded step's update being built.
+// shardedStep is a sharded step's update being built. One update serves
+// the local replicas: the first's device updates the working copies, and
+// the all-gathers write every replica's copies of the variables.
 type shardedStep struct {
 	e       *Engine
 	s       *op.Scope
 	buckets []bucket
-	views   []*shardView  // per variable of the step
-	grads   [][]tf.Output // per local replica, per variable: its shard's gradient
+	views   []*shardView      // per variable of the step
+	grads   []tf.Output       // per variable: its shard's gradient, on the first device
+	fills   []*tf.Operation   // per variable: the fill of its working copy
+	updates [][]*tf.Operation // per variable: the ops of the update that use its working copy
 }
 
 // mergeApplySharded is mergeApply under Sharding: the gradients of vars,
-// vals[r][i], are reduce-scattered bucket by bucket, each local replica
-// updates its working copies of this worker's shards, and the updated
-// shards of replica 0 are all-gathered into every local copy of the
-// variables, after that replica's reads of them, reads[r].
+// vals[r][i], are reduce-scattered bucket by bucket, the working copies of
+// this worker's shards are updated once, and each bucket's updated shards
+// are all-gathered into every local copy of its variables, as soon as
+// their updates are done and after replica r's reads of them, reads[r].
 func (e *Engine) mergeApplySharded(opt strategy.Optimizer, vars []*variable, vals [][]tf.Output, reads [][]*tf.Operation, ab *accumBuild) ([]any, error) {
 	if e.cfg.GradientReducer != nil {
 		return nil, fmt.Errorf("sharded optimizer state reduce-scatters the gradients as they are; the strategy's %T cannot", e.cfg.GradientReducer)
@@ -210,10 +208,7 @@ func (e *Engine) mergeApplySharded(opt strategy.Optimizer, vars []*variable, val
 		return nil, err
 	}
 	st := &shardedStep{e: e, s: e.namespace("apply_gradients"), buckets: buckets, views: make([]*shardView, len(vars)),
-		grads: make([][]tf.Output, len(vals))}
-	for r := range st.grads {
-		st.grads[r] = make([]tf.Output, len(vars))
-	}
+		grads: make([]tf.Output, len(vars))}
 	for _, b := range buckets {
 		for x, i := range b.idx {
 			if st.views[i], err = e.view(vars[i], b.shards[x]); err != nil {
@@ -235,21 +230,26 @@ func (e *Engine) mergeApplySharded(opt strategy.Optimizer, vars []*variable, val
 			return nil, err
 		}
 	}
-	applied := make([]*tf.Operation, len(vals))
-	for r := range vals {
-		if applied[r], err = st.apply(opt, r); err != nil {
-			return nil, err
+	applied, err := st.apply(opt)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := opt.(strategy.LossScaler); ok {
+		// A skipped step's updates are dead: the all-gathers wait for the
+		// whole update, which never is.
+		for i := range st.updates {
+			st.updates[i] = []*tf.Operation{applied}
 		}
 	}
 	assigns := make([][]*tf.Operation, len(vals))
 	for j := range buckets {
-		if err := st.allGather(j, vars, reads, applied, assigns); err != nil {
+		if err := st.allGather(j, vars, reads, assigns); err != nil {
 			return nil, err
 		}
 	}
 	out := make([]any, len(vals))
 	for r := range vals {
-		out[r] = op.NoOp(st.s.SubScope(fmt.Sprintf("done_%d", r)).WithControlDependencies(append(assigns[r], applied[r])...))
+		out[r] = op.NoOp(st.s.SubScope(fmt.Sprintf("done_%d", r)).WithControlDependencies(append(assigns[r], applied)...))
 	}
 	return out, st.s.Err()
 }
@@ -306,21 +306,17 @@ func (st *shardedStep) average(ab *accumBuild) error {
 		return err
 	}
 	for i, w := range st.views {
-		var acc *variable
+		rs := st.s.SubScope(fmt.Sprintf("average_%d", i)).WithDevice(e.cfg.Devices[0])
+		sum := st.grads[i]
 		if e.cfg.Sharding.Stage() == 2 {
-			if acc, err = st.shardAccumulator(ab, w); err != nil {
+			acc, err := st.shardAccumulator(ab, w)
+			if err != nil {
 				return err
 			}
+			ab.micro = append(ab.micro, op.AssignAddVariableOp(rs.SubScope("add"), acc.handles[0], sum))
+			sum = op.AddV2(rs.SubScope("total"), op.ReadVariableOp(rs.SubScope("read"), acc.handles[0], acc.dtype), sum)
 		}
-		for r := range st.grads {
-			rs := st.s.SubScope(fmt.Sprintf("average_%d_replica_%d", i, r)).WithDevice(e.cfg.Devices[r])
-			sum := st.grads[r][i]
-			if acc != nil {
-				ab.micro = append(ab.micro, op.AssignAddVariableOp(rs.SubScope("add"), acc.handles[r], sum))
-				sum = op.AddV2(rs.SubScope("total"), op.ReadVariableOp(rs.SubScope("read"), acc.handles[r], acc.dtype), sum)
-			}
-			st.grads[r][i] = op.DivNoNan(rs, sum, graphutil.CastTo(rs.SubScope("count"), count, w.v.dtype))
-		}
+		st.grads[i] = op.DivNoNan(rs, sum, graphutil.CastTo(rs.SubScope("count"), count, w.v.dtype))
 	}
 	return st.s.Err()
 }
@@ -343,7 +339,7 @@ func (st *shardedStep) shardAccumulator(ab *accumBuild, w *shardView) (*variable
 }
 
 // reduceScatter reduce-scatters bucket j of every replica's gradients
-// vals and slices each variable's shard of the block for every replica.
+// vals and slices each variable's shard of the block.
 func (st *shardedStep) reduceScatter(j int, vals [][]tf.Output) error {
 	e, b := st.e, st.buckets[j]
 	bs := st.s.SubScope(fmt.Sprintf("reduce_scatter_%d", j))
@@ -368,10 +364,8 @@ func (st *shardedStep) reduceScatter(j int, vals [][]tf.Output) error {
 		if b.shards[x].n > 0 {
 			off = sum(b.sizes[:x]) + b.shards[x].lo - b.block.lo
 		}
-		for r, dev := range e.cfg.Devices {
-			rs := bs.SubScope(fmt.Sprintf("shard_%d_replica_%d", x, r)).WithDevice(dev)
-			st.grads[r][i] = op.Slice(rs, block, op.Const(rs.SubScope("begin"), []int64{off}), op.Const(rs.SubScope("size"), []int64{b.shards[x].n}))
-		}
+		rs := bs.SubScope(fmt.Sprintf("shard_%d", x)).WithDevice(e.cfg.Devices[0])
+		st.grads[i] = op.Slice(rs, block, op.Const(rs.SubScope("begin"), []int64{off}), op.Const(rs.SubScope("size"), []int64{b.shards[x].n}))
 	}
 	return bs.Err()
 }
@@ -385,40 +379,72 @@ func sum(xs []int64) int64 {
 	return t
 }
 
-// apply fills replica r's working copies of the shards from its copies of
-// the variables and has opt update them.
-func (st *shardedStep) apply(opt strategy.Optimizer, r int) (*tf.Operation, error) {
+// apply fills the working copies of the shards from the first replica's
+// copies of the variables and has opt update them, recording each
+// variable's update ops (the new users of its working copy); the other
+// replicas' copies of the optimizer's other variables (its step count)
+// then take the first's. The op it returns runs it all.
+func (st *shardedStep) apply(opt strategy.Optimizer) (*tf.Operation, error) {
 	e := st.e
-	rs := st.s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r])
-	fill := make([]*tf.Operation, len(st.views))
+	rs := st.s.SubScope("update").WithDevice(e.cfg.Devices[0])
+	st.fills = make([]*tf.Operation, len(st.views))
 	vars := make([]strategy.Variable, len(st.views))
+	before := make([]map[*tf.Operation]bool, len(st.views))
 	for i, w := range st.views {
 		fs := rs.SubScope(fmt.Sprintf("fill_%d", i))
-		flat := op.Reshape(fs.SubScope("flat"), op.ReadVariableOp(fs.SubScope("read"), w.v.handles[r], w.v.dtype), op.Const(fs.SubScope("minus_one"), []int32{-1}))
+		flat := op.Reshape(fs.SubScope("flat"), op.ReadVariableOp(fs.SubScope("read"), w.v.handles[0], w.v.dtype), op.Const(fs.SubScope("minus_one"), []int32{-1}))
 		part := op.Slice(fs, flat, op.Const(fs.SubScope("begin"), []int64{w.shard.lo}), op.Const(fs.SubScope("size"), []int64{w.shard.n}))
-		fill[i] = op.AssignVariableOp(fs.SubScope("assign"), w.scratch[r], part)
-		vars[i] = w
+		st.fills[i] = op.AssignVariableOp(fs.SubScope("assign"), w.scratch, part)
+		vars[i], before[i] = w, users(w.scratch, nil)
 	}
-	ac := &applyContext{e: e, scope: rs.SubScope("update").WithControlDependencies(fill...), replica: r}
-	o, err := opt.Apply(shardContext{ac}, st.grads[r], vars)
+	sc := &shardContext{applyContext: &applyContext{e: e, scope: rs.SubScope("apply").WithControlDependencies(st.fills...)}}
+	o, err := opt.Apply(sc, st.grads, vars)
 	if err != nil {
 		return nil, fmt.Errorf("optimizer: %w", err)
 	}
-	// The update runs after the fills, and so after their reads of the
-	// variables, which the all-gather then overwrites.
-	return op.NoOp(rs.SubScope("applied").WithControlDependencies(append(fill, o)...)), rs.Err()
+	st.updates = make([][]*tf.Operation, len(st.views))
+	for i, w := range st.views {
+		for u := range users(w.scratch, before[i]) {
+			st.updates[i] = append(st.updates[i], u)
+		}
+	}
+	done := append([]*tf.Operation{o}, st.fills...)
+	for k, v := range sc.nonSlots {
+		ss := rs.SubScope(fmt.Sprintf("mirror_%d", k)).WithControlDependencies(o)
+		for r, h := range v.handles[1:] {
+			val := op.ReadVariableOp(ss.SubScope(fmt.Sprintf("read_%d", r)), v.handles[0], v.dtype)
+			done = append(done, op.AssignVariableOp(ss.SubScope(fmt.Sprintf("replica_%d", r+1)).WithDevice(e.cfg.Devices[r+1]), h, val))
+		}
+	}
+	return op.NoOp(rs.SubScope("applied").WithControlDependencies(done...)), rs.Err()
 }
 
-// allGather gathers bucket j's updated shards, replica 0's, into every
-// local copy of its variables, after replica r's reads of them and its
-// update; the assigns of replica r go to assigns[r].
-func (st *shardedStep) allGather(j int, vars []*variable, reads [][]*tf.Operation, applied []*tf.Operation, assigns [][]*tf.Operation) error {
+// users returns the ops that take h as an input, leaving out those of
+// skip.
+func users(h tf.Output, skip map[*tf.Operation]bool) map[*tf.Operation]bool {
+	out := map[*tf.Operation]bool{}
+	for _, c := range h.Consumers() {
+		if !skip[c.Op] {
+			out[c.Op] = true
+		}
+	}
+	return out
+}
+
+// allGather gathers bucket j's updated shards into every local copy of its
+// variables once their updates are done, each copy r after replica r's
+// reads of it; the assigns of replica r go to assigns[r].
+func (st *shardedStep) allGather(j int, vars []*variable, reads [][]*tf.Operation, assigns [][]*tf.Operation) error {
 	e, b := st.e, st.buckets[j]
 	gs := st.s.SubScope(fmt.Sprintf("all_gather_%d", j))
-	rs := gs.SubScope("read").WithDevice(e.cfg.Devices[0]).WithControlDependencies(applied[0])
+	var deps []*tf.Operation
+	for _, i := range b.idx {
+		deps = append(append(deps, st.fills[i]), st.updates[i]...)
+	}
+	rs := gs.SubScope("read").WithDevice(e.cfg.Devices[0]).WithControlDependencies(deps...)
 	parts := make([]tf.Output, len(b.idx))
 	for x, i := range b.idx {
-		parts[x] = op.ReadVariableOp(rs.SubScope(fmt.Sprintf("shard_%d", x)), st.views[i].scratch[0], vars[i].dtype)
+		parts[x] = op.ReadVariableOp(rs.SubScope(fmt.Sprintf("shard_%d", x)), st.views[i].scratch, vars[i].dtype)
 	}
 	block := parts[0]
 	if len(parts) > 1 {
@@ -435,7 +461,7 @@ func (st *shardedStep) allGather(j int, vars []*variable, reads [][]*tf.Operatio
 	for x, i := range b.idx {
 		v := vars[i]
 		for r, dev := range e.cfg.Devices {
-			as := gs.SubScope(fmt.Sprintf("assign_%d_replica_%d", x, r)).WithDevice(dev).WithControlDependencies(append(slices.Clone(reads[r]), applied[r])...)
+			as := gs.SubScope(fmt.Sprintf("assign_%d_replica_%d", x, r)).WithDevice(dev).WithControlDependencies(reads[r]...)
 			val := op.Reshape(as.SubScope("shape"), split[x], op.Const(as.SubScope("dims"), v.shape))
 			assigns[r] = append(assigns[r], op.AssignVariableOp(as, v.handles[r], val))
 		}
@@ -445,23 +471,28 @@ func (st *shardedStep) allGather(j int, vars []*variable, reads [][]*tf.Operatio
 
 // shardContext is the ApplyContext of a sharded update
 // (strategy.ShardedApply): the optimizer is given shard views, whose
-// handles are their working copies and whose slots are sharded.
-type shardContext struct{ *applyContext }
+// handles are their working copies and whose slots are sharded. It
+// records the optimizer's other variables (NonSlot), whose first copy it
+// updates.
+type shardContext struct {
+	*applyContext
+	nonSlots []*variable
+}
 
-var _ strategy.ShardedApply = shardContext{}
+var _ strategy.ShardedApply = (*shardContext)(nil)
 
-// Handle returns the replica's working copy of a shard view, or the
-// replica's copy of any other variable (a step count).
-func (sc shardContext) Handle(v strategy.Variable) tf.Output {
+// Handle returns the working copy of a shard view, or the first replica's
+// copy of any other variable (a step count).
+func (sc *shardContext) Handle(v strategy.Variable) tf.Output {
 	if w, ok := v.(*shardView); ok {
-		return w.scratch[sc.replica]
+		return w.scratch
 	}
 	return sc.applyContext.Handle(v)
 }
 
 // Slot returns the sharded slot of a shard view, named after the whole
 // variable.
-func (sc shardContext) Slot(owner string, vv strategy.Variable, slot string, init strategy.Initializer) (strategy.Variable, error) {
+func (sc *shardContext) Slot(owner string, vv strategy.Variable, slot string, init strategy.Initializer) (strategy.Variable, error) {
 	w, ok := vv.(*shardView)
 	if !ok {
 		return sc.applyContext.Slot(owner, vv, slot, init)
@@ -469,8 +500,18 @@ func (sc shardContext) Slot(owner string, vv strategy.Variable, slot string, ini
 	return sc.e.shardedSlot(slotKey{owner: owner, v: w.v, slot: slot}, fmt.Sprintf("%s/%s/%s", w.v.name, owner, slot), w, init)
 }
 
+// NonSlot returns the optimizer's variable as applyContext does, and
+// records it.
+func (sc *shardContext) NonSlot(owner, name string, dtype tf.DataType, shape []int64, init strategy.Initializer) (strategy.Variable, error) {
+	v, err := sc.applyContext.NonSlot(owner, name, dtype, shape, init)
+	if err == nil && !slices.Contains(sc.nonSlots, v.(*variable)) {
+		sc.nonSlots = append(sc.nonSlots, v.(*variable))
+	}
+	return v, err
+}
+
 // SumShards implements strategy.ShardedApply.
-func (sc shardContext) SumShards(s *op.Scope, x tf.Output) (tf.Output, error) {
+func (sc *shardContext) SumShards(s *op.Scope, x tf.Output) (tf.Output, error) {
 	sum, err := sc.e.cfg.Sharding.SumAcross(s.SubScope("sum_shards").WithDevice(sc.e.cfg.HostDevice), x)
 	if err != nil {
 		return tf.Output{}, err
@@ -479,7 +520,7 @@ func (sc shardContext) SumShards(s *op.Scope, x tf.Output) (tf.Output, error) {
 }
 
 // Whole implements strategy.ShardedApply.
-func (sc shardContext) Whole(v strategy.Variable) (shape []int64, lo int64) {
+func (sc *shardContext) Whole(v strategy.Variable) (shape []int64, lo int64) {
 	if w, ok := v.(*shardView); ok {
 		return w.v.Shape(), w.shard.lo
 	}
@@ -497,15 +538,11 @@ func (e *Engine) gatherShards(s *op.Scope, v *variable) (tf.Output, error) {
 	return op.Reshape(s.SubScope("whole").WithDevice(e.cfg.HostDevice), flat, op.Const(s.SubScope("shape"), v.shape)), nil
 }
 
-// writeShards assigns each local copy of the sharded slot v its shard of
-// value, the whole slot.
+// writeShards assigns the sharded slot v its shard of value, the whole
+// slot.
 func (e *Engine) writeShards(s *op.Scope, v *variable, value tf.Output) []*tf.Operation {
 	hs := s.SubScope("shard").WithDevice(e.cfg.HostDevice)
 	flat := op.Reshape(hs.SubScope("flat"), value, op.Const(hs.SubScope("minus_one"), []int32{-1}))
 	part := op.Slice(hs, flat, op.Const(hs.SubScope("begin"), []int64{v.shard.lo}), op.Const(hs.SubScope("size"), []int64{v.shard.n}))
-	ops := make([]*tf.Operation, len(v.handles))
-	for r, h := range v.handles {
-		ops[r] = op.AssignVariableOp(s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]), h, part)
-	}
-	return ops
+	return []*tf.Operation{op.AssignVariableOp(s.SubScope("assign").WithDevice(e.cfg.Devices[0]), v.handles[0], part)}
 }
