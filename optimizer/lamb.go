@@ -59,11 +59,11 @@ func (o *LAMB) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []strateg
 			}
 			lr := graphutil.CastTo(s.SubScope("lr"), u.lr, dt)
 			if !o.noAdapt.match(v) {
-				ns, err := norms(ac, s.SubScope("norms"), w, r)
+				wNorm := weightNorm(ac, s.SubScope("w_norm"), v, w)
+				rNorm, err := updateNorm(ac, s.SubScope("r_norm"), r)
 				if err != nil {
 					return nil, err
 				}
-				wNorm, rNorm := ns[0], ns[1]
 				lr = op.Mul(s.SubScope("scaled_lr"), guarded(s.SubScope("guard"), op.Div(s.SubScope("trust"), wNorm, rNorm), wNorm, rNorm), lr)
 			}
 			next := op.Sub(s.SubScope("next"), w, op.Mul(s.SubScope("step"), lr, r))

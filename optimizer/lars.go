@@ -66,11 +66,11 @@ func (o *LARS) scaledGradient(ac strategy.ApplyContext, s *op.Scope, v strategy.
 	w := op.ReadVariableOp(s.SubScope("read"), ac.Handle(v), dt)
 	scaled := lr
 	if !o.noAdapt.match(v) {
-		ns, err := norms(ac, s.SubScope("norms"), w, g)
+		wNorm := weightNorm(ac, s.SubScope("w_norm"), v, w)
+		gNorm, err := updateNorm(ac, s.SubScope("g_norm"), g)
 		if err != nil {
 			return tf.Output{}, err
 		}
-		wNorm, gNorm := ns[0], ns[1]
 		den := op.Add(s.SubScope("den"), op.Add(s.SubScope("den_wd"), gNorm, op.Mul(s.SubScope("wd_w_norm"), constOf(s.SubScope("wd"), wd, dt), wNorm)),
 			constOf(s.SubScope("epsilon"), o.h.epsilon, dt))
 		ratio := op.Div(s.SubScope("trust"), op.Mul(s.SubScope("eta_w_norm"), constOf(s.SubScope("eta"), o.h.eta, dt), wNorm), den)

@@ -55,31 +55,31 @@ func (o *layerwise) weightDecay(v strategy.Variable) float32 {
 	return o.h.weightDecay
 }
 
-// norms returns the Euclidean norms of xs, each over all its elements:
-// under sharded optimizer state (strategy.ShardedApply), where xs are
-// shards, over the whole of each, from one sum of every shard's sums of
-// squares.
-func norms(ac strategy.ApplyContext, s *op.Scope, xs ...tf.Output) ([]tf.Output, error) {
-	out := make([]tf.Output, len(xs))
-	sa, sharded := ac.(strategy.ShardedApply)
-	if !sharded {
-		for i, x := range xs {
-			out[i] = norm(s.SubScope(fmt.Sprintf("norm_%d", i)), x)
-		}
-		return out, nil
+// weightNorm returns the Euclidean norm of v, whose value w is: under
+// sharded optimizer state (strategy.ShardedApply), where v and w are a
+// shard, that of the whole variable, which every worker holds.
+func weightNorm(ac strategy.ApplyContext, s *op.Scope, v strategy.Variable, w tf.Output) tf.Output {
+	if sa, ok := ac.(strategy.ShardedApply); ok {
+		w = sa.WholeValue(s.SubScope("whole"), v)
 	}
-	sums := make([]tf.Output, len(xs))
-	for i, x := range xs {
-		sums[i] = graphutil.SumAll(s.SubScope(fmt.Sprintf("sum_%d", i)), op.Square(s.SubScope(fmt.Sprintf("square_%d", i)), x))
+	return norm(s, w)
+}
+
+// updateNorm returns the Euclidean norm of x, an update or a gradient of
+// a variable: under sharded optimizer state (strategy.ShardedApply), where
+// x is a shard's, of the whole, from every shard's sum of squares in
+// float64, summed across the workers.
+func updateNorm(ac strategy.ApplyContext, s *op.Scope, x tf.Output) (tf.Output, error) {
+	sa, ok := ac.(strategy.ShardedApply)
+	if !ok {
+		return norm(s, x), nil
 	}
-	total, err := sa.SumShards(s.SubScope("across"), op.Pack(s.SubScope("sums"), sums))
+	wide := op.Cast(s.SubScope("wide"), x, tf.Double)
+	sum, err := sa.SumShards(s.SubScope("across"), graphutil.SumAll(s.SubScope("sum"), op.Square(s.SubScope("square"), wide)))
 	if err != nil {
-		return nil, err
+		return tf.Output{}, err
 	}
-	for i, t := range op.Unpack(s.SubScope("each"), total, int64(len(xs))) {
-		out[i] = op.Sqrt(s.SubScope(fmt.Sprintf("sqrt_%d", i)), t)
-	}
-	return out, nil
+	return op.Sqrt(s, op.Cast(s.SubScope("narrow"), sum, x.DataType())), nil
 }
 
 // norm is the Euclidean norm of x, all its elements together.

@@ -162,6 +162,9 @@ type ShardedApply interface {
 	// Whole returns the shape of the variable v is a shard of, and the
 	// place of v's first element in the whole variable's flattening.
 	Whole(v Variable) (shape []int64, lo int64)
+	// WholeValue returns, on s, the value before the update of the whole
+	// variable v is a shard of, which every worker holds.
+	WholeValue(s *op.Scope, v Variable) tf.Output
 }
 
 // Optimizer applies reduced gradients to one copy of variables. Package

@@ -527,6 +527,14 @@ func (sc *shardContext) Whole(v strategy.Variable) (shape []int64, lo int64) {
 	return v.Shape(), 0
 }
 
+// WholeValue implements strategy.ShardedApply.
+func (sc *shardContext) WholeValue(s *op.Scope, v strategy.Variable) tf.Output {
+	if w, ok := v.(*shardView); ok {
+		return op.ReadVariableOp(s, w.v.handles[0], w.v.dtype)
+	}
+	return op.ReadVariableOp(s, sc.Handle(v), v.DType())
+}
+
 // gatherShards builds the whole value of the sharded slot v from every
 // worker's shard, replica 0's.
 func (e *Engine) gatherShards(s *op.Scope, v *variable) (tf.Output, error) {
