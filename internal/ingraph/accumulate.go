@@ -151,6 +151,16 @@ func (e *Engine) reduceGradients(s *op.Scope, ab *accumBuild, vars []*variable, 
 	case gr != nil:
 		return nil, fmt.Errorf("WithAccumulation(%d): the strategy's aggregation rule combines each step's gradients as they are; it cannot accumulate them", ab.k)
 	}
+	accs, err := e.gradientAccumulators(ab, vars)
+	if err != nil {
+		return nil, err
+	}
+	return e.reduceAccumulated(s, ab, accs, vals)
+}
+
+// gradientAccumulators returns the accumulators of vars' gradients, whole
+// and one copy a replica, for a step being built.
+func (e *Engine) gradientAccumulators(ab *accumBuild, vars []*variable) ([]*variable, error) {
 	accs := make([]*variable, len(vars))
 	for i, v := range vars {
 		a, err := e.accumulator(ab, slotKey{owner: accumOwner, v: v, slot: accumGradient}, accumulatorName(v), v.dtype, v.shape)
@@ -159,7 +169,7 @@ func (e *Engine) reduceGradients(s *op.Scope, ab *accumBuild, vars []*variable, 
 		}
 		accs[i] = a
 	}
-	return e.reduceAccumulated(s, ab, accs, vals)
+	return accs, nil
 }
 
 // accumulator returns the accumulator that key names, of dtype and shape,

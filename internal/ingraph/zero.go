@@ -264,13 +264,9 @@ func (st *shardedStep) toScatter(ab *accumBuild, vars []*variable, vals [][]tf.O
 	case !ab.accumulates():
 		return vals, nil
 	case e.cfg.Sharding.Stage() == 1:
-		accs := make([]*variable, len(vars))
-		for i, v := range vars {
-			a, err := e.accumulator(ab, slotKey{owner: accumOwner, v: v, slot: accumGradient}, accumulatorName(v), v.dtype, v.shape)
-			if err != nil {
-				return nil, err
-			}
-			accs[i] = a
+		accs, err := e.gradientAccumulators(ab, vars)
+		if err != nil {
+			return nil, err
 		}
 		return e.accumulatedTotals(st.s.SubScope("accumulate"), ab, accs, vals), nil
 	}
