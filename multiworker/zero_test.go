@@ -3,6 +3,7 @@ package multiworker_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
 	"github.com/tfdist/tfdist/strategy"
+	"github.com/tfdist/tfdist/timeline"
 )
 
 // trainOn trains the model of plan with opt on n workers of replicas
@@ -342,4 +344,26 @@ func TestZeROAccumulates(t *testing.T) {
 			assert.Less(t, d, c.tol, "stage %d, worker %d: %s", c.stage, w, at)
 		}
 	}
+}
+
+// A sharded step's reduce-scatters and all-gathers are timeline spans of
+// their own, named by their op.
+func TestZeROTimeline(t *testing.T) {
+	rec := timeline.New(1 << 12)
+	plan := testmodel.Plan{Model: "mlp", Steps: 3, MicroBatches: []int{48}}
+	trainOn(t, 2, 1, adam, plan, multiworker.WithZeRO(1), multiworker.WithTimeline(rec))
+	spans, _ := rec.Spans()
+	ops := map[string]int{}
+	for _, s := range spans {
+		if s.Phase != timeline.Collective {
+			continue
+		}
+		b, err := json.Marshal(s.Args)
+		require.NoError(t, err)
+		var args struct{ Op string }
+		require.NoError(t, json.Unmarshal(b, &args))
+		ops[args.Op]++
+	}
+	assert.GreaterOrEqual(t, ops["reduce-scatter"], 2*plan.Steps, "a reduce-scatter a step on each worker: %v", ops)
+	assert.GreaterOrEqual(t, ops["all-gather"], 2*plan.Steps, "an all-gather a step on each worker: %v", ops)
 }
