@@ -9,7 +9,7 @@ import (
 // Record describes one operation of this member once it has ended: what
 // it moved, how, and who it waited for.
 type Record struct {
-	Op        string // "all-reduce", "all-gather", "broadcast" or "barrier"
+	Op        string // "all-reduce", "reduce-scatter", "all-gather", "broadcast" or "barrier"
 	Name      string // the tensor name
 	Bytes     int    // the payload of this member's buffer
 	Algorithm string // "direct", "ring", "ring, pushed", "tree", "tree, by segment", "gather", "broadcast"

@@ -88,7 +88,9 @@ func newObserver(c config, task string) (*observer, error) {
 // all-reduces' bytes, times and timeouts.
 func (o *observer) collective(r collective.Record) {
 	if o.m != nil {
-		if r.Op == "all-reduce" {
+		// A reduce-scatter (WithZeRO) reduces the gradients an
+		// all-reduce would.
+		if r.Op == "all-reduce" || r.Op == "reduce-scatter" {
 			o.m.AllReducedBytes.Add(float64(r.Bytes))
 			o.m.AllReduceSeconds.Observe(r.End.Sub(r.Start).Seconds())
 		}

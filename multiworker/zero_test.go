@@ -19,6 +19,7 @@ import (
 	"github.com/tfdist/tfdist/collective"
 	"github.com/tfdist/tfdist/internal/pyenv"
 	"github.com/tfdist/tfdist/internal/testmodel"
+	"github.com/tfdist/tfdist/monitoring"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/onedevice"
 	"github.com/tfdist/tfdist/optimizer"
@@ -347,11 +348,24 @@ func TestZeROAccumulates(t *testing.T) {
 }
 
 // A sharded step's reduce-scatters and all-gathers are timeline spans of
-// their own, named by their op.
-func TestZeROTimeline(t *testing.T) {
+// their own, named by their op, and the reduce-scatters count in the
+// bytes and times of reductions that Prometheus serves, as many bytes as
+// the unsharded all-reduces.
+func TestZeROIsObserved(t *testing.T) {
 	rec := timeline.New(1 << 12)
 	plan := testmodel.Plan{Model: "mlp", Steps: 3, MicroBatches: []int{48}}
-	trainOn(t, 2, 1, adam, plan, multiworker.WithZeRO(1), multiworker.WithTimeline(rec))
+	reduced := map[int]float64{}
+	for _, stage := range []int{0, 1} {
+		m := monitoring.New("worker")
+		opts := []multiworker.Option{multiworker.WithMonitoring(m)}
+		if stage > 0 {
+			opts = append(opts, multiworker.WithZeRO(stage), multiworker.WithTimeline(rec))
+		}
+		trainOn(t, 2, 1, adam, plan, opts...)
+		reduced[stage] = value(t, m.AllReducedBytes)
+	}
+	assert.Positive(t, reduced[0])
+	assert.Equal(t, reduced[0], reduced[1], "bytes reduced, unsharded and sharded")
 	spans, _ := rec.Spans()
 	ops := map[string]int{}
 	for _, s := range spans {
