@@ -212,7 +212,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 		s.unregister = func() { unregister(); unregisterVoter() }
 		reducer = cdo
 	}
-	if c.compression != None {
+	if c.compression != None && c.zero == 0 { // WithZeRO compresses its reduce-scatters (zeroOps)
 		comp := cdo.compressing(c.compression)
 		if c.compression.kind == topK {
 			s.residuals = &residuals{group: id}
