@@ -379,9 +379,9 @@ func TestFlagErrors(t *testing.T) {
 }
 
 // Sharded optimizer state trains the Transformer unsharded training
-// trains: 200 steps of Adam, AdamW and LAMB on 2 workers at stages 1 and
-// 2, and of Adam and LAMB on 4 workers at stage 2, end with the unsharded
-// job's variables: Adam's and AdamW's bit for bit, LAMB's within 5e-6 of
+// trains: 200 steps of Adam on 2 workers at stages 1 and 2, of AdamW and
+// LAMB on 2 workers at stage 2 and of LAMB on 4 workers at stage 1 end
+// with the unsharded job's variables: Adam's and AdamW's bit for bit, LAMB's within 5e-6 of
 // each variable's scale, less than the 3e-6 by which unsharded Adam on 2
 // and on 4 workers differ (LAMB's norm of an update sums the shards'
 // parts, a rounding apart from the whole's; the inert key biases stay
@@ -394,7 +394,7 @@ func TestZeROTrainsTheUnshardedModel(t *testing.T) {
 		workers   int
 		stages    []int
 		tol       float64
-	}{{"adam", 2, []int{1, 2}, 0}, {"adamw", 2, []int{1, 2}, 0}, {"lamb", 2, []int{1, 2}, 5e-6}, {"adam", 4, []int{2}, 0}, {"lamb", 4, []int{2}, 5e-6}} {
+	}{{"adam", 2, []int{1, 2}, 0}, {"adamw", 2, []int{2}, 0}, {"lamb", 2, []int{2}, 5e-6}, {"lamb", 4, []int{1}, 5e-6}} {
 		o.optimizer = c.optimizer
 		want := fitOnWorkers(t, o, c.workers, 1)
 		for _, stage := range c.stages {
