@@ -61,6 +61,27 @@ func trainOnAt(t *testing.T, n, replicas int, opt func() strategy.Optimizer, pla
 	return got, stats
 }
 
+// trainCounting is trainOnAt that also returns the bytes worker 0 sent a
+// step, from the end of the first step to the end of the last.
+func trainCounting(t *testing.T, n, replicas int, opt func() strategy.Optimizer, plan testmodel.Plan,
+	at func(w int, s *multiworker.Strategy, done int) error, opts ...multiworker.Option) ([]testmodel.Outcome, float64) {
+	t.Helper()
+	var first, last collective.Stats
+	got, _ := trainOnAt(t, n, replicas, opt, plan, func(w int, s *multiworker.Strategy, done int) error {
+		switch {
+		case w == 0 && done == 1:
+			first = s.CollectiveStats()
+		case w == 0 && done == plan.Steps:
+			last = s.CollectiveStats()
+		}
+		if at == nil {
+			return nil
+		}
+		return at(w, s, done)
+	}, opts...)
+	return got, float64(last.BytesSent-first.BytesSent) / float64(plan.Steps-1)
+}
+
 func adamW() strategy.Optimizer {
 	o, err := optimizer.NewAdamW(optimizer.Constant(0.01), optimizer.WithWeightDecay(0.01))
 	if err != nil {
@@ -250,14 +271,7 @@ func TestZeROShardsStateAtTheSameTraffic(t *testing.T) {
 	var perStep [2]float64
 	slots, whole := make([]int64, n), make([]int64, n)
 	for i, opts := range [][]multiworker.Option{nil, {multiworker.WithZeRO(2)}} {
-		var first, last collective.Stats
-		trainOnAt(t, n, 1, adam, plan, func(w int, s *multiworker.Strategy, done int) error {
-			switch {
-			case w == 0 && done == 1:
-				first = s.CollectiveStats()
-			case w == 0 && done == plan.Steps:
-				last = s.CollectiveStats()
-			}
+		_, perStep[i] = trainCounting(t, n, 1, adam, plan, func(w int, s *multiworker.Strategy, done int) error {
 			if done == plan.Steps && i == 1 {
 				var err error
 				slots[w], whole[w], err = slotElements(s)
@@ -265,7 +279,6 @@ func TestZeROShardsStateAtTheSameTraffic(t *testing.T) {
 			}
 			return nil
 		}, opts...)
-		perStep[i] = float64(last.BytesSent-first.BytesSent) / float64(plan.Steps-1)
 	}
 	t.Logf("bytes a step: unsharded %.0f, sharded %.0f (%.4f)", perStep[0], perStep[1], perStep[1]/perStep[0])
 	assert.InDelta(t, 1, perStep[1]/perStep[0], 0.01, "a sharded step sends what an unsharded step sends")
@@ -391,17 +404,7 @@ func TestZeROIsObserved(t *testing.T) {
 func TestZeROCompresses(t *testing.T) {
 	plan := testmodel.Plan{Model: "mlp", Hidden: 1100, Steps: 6, MicroBatches: []int{48}}
 	perStep := func(opts ...multiworker.Option) ([]testmodel.Outcome, float64) {
-		var first, last collective.Stats
-		got, _ := trainOnAt(t, 2, 2, sgd, plan, func(w int, s *multiworker.Strategy, done int) error {
-			switch {
-			case w == 0 && done == 1:
-				first = s.CollectiveStats()
-			case w == 0 && done == plan.Steps:
-				last = s.CollectiveStats()
-			}
-			return nil
-		}, opts...)
-		return got, float64(last.BytesSent-first.BytesSent) / float64(plan.Steps-1)
+		return trainCounting(t, 2, 2, sgd, plan, nil, opts...)
 	}
 	_, plain := perStep(multiworker.WithZeRO(1))
 	exact, _ := trainOn(t, 2, 2, sgd, plan)
