@@ -345,20 +345,43 @@ func TestZeRORefused(t *testing.T) {
 // stage 1 from whole accumulators, to the rounding of a count reduced on
 // its own; at stage 2 from accumulated blocks of the reduced gradients,
 // which sum the micro-steps after the replicas rather than before, to
-// that rounding grown over 10 steps of Adam.
+// that rounding grown over 10 steps of Adam. Stage 1 holds the unsharded
+// accumulators, one a replica; stage 2 a worker's block of them, once:
+// on 2 workers of 2 replicas, a quarter of the bytes.
 func TestZeROAccumulates(t *testing.T) {
 	plan := testmodel.Plan{Model: "mlp", Steps: 10, MicroBatches: []int{24, 48, 24}}
-	want, _ := trainOn(t, 2, 2, adam, plan)
+	held := make([]int64, 3)
+	at := func(stage int) func(w int, s *multiworker.Strategy, done int) error {
+		return func(w int, s *multiworker.Strategy, done int) error {
+			if w != 0 || done != plan.Steps*len(plan.MicroBatches) {
+				return nil
+			}
+			for _, v := range s.Variables() {
+				if strings.HasSuffix(v.Name(), "/accumulation/gradient") {
+					n, err := s.HeldBytes(v)
+					if err != nil {
+						return err
+					}
+					held[stage] += n
+				}
+			}
+			return nil
+		}
+	}
+	want, _ := trainOnAt(t, 2, 2, adam, plan, at(0))
 	for _, c := range []struct {
 		stage int
 		tol   float64
 	}{{1, 1e-6}, {2, 1e-5}} {
-		got, _ := trainOn(t, 2, 2, adam, plan, multiworker.WithZeRO(c.stage))
+		got, _ := trainOnAt(t, 2, 2, adam, plan, at(c.stage), multiworker.WithZeRO(c.stage))
 		for w := range got {
-			d, at := testmodel.MaxVarDiff(want[0], got[w])
-			assert.Less(t, d, c.tol, "stage %d, worker %d: %s", c.stage, w, at)
+			d, where := testmodel.MaxVarDiff(want[0], got[w])
+			assert.Less(t, d, c.tol, "stage %d, worker %d: %s", c.stage, w, where)
 		}
 	}
+	assert.Positive(t, held[0])
+	assert.Equal(t, held[0], held[1], "stage 1 holds whole accumulators")
+	assert.InDelta(t, 0.25, float64(held[2])/float64(held[0]), 0.01, "stage 2 holds a worker's block once: %d of %d bytes", held[2], held[0])
 }
 
 // A sharded step's reduce-scatters and all-gathers are timeline spans of
