@@ -39,8 +39,8 @@ type feed interface {
 	// startEpoch begins an epoch.
 	startEpoch(ctx context.Context) error
 	// run runs up to n steps of step, handing each step's logs to each in
-	// order, and returns how many ran: fewer than n when the epoch's input
-	// ended.
+	// order (nil for a micro-step that only accumulated gradients), and
+	// returns how many ran: fewer than n when the epoch's input ended.
 	run(ctx context.Context, step any, n int, each func(logs []float64) error) (int, error)
 	// skip moves the input to at in the epoch that follows epochs
 	// passes, where a resumed run goes on.
@@ -85,6 +85,13 @@ func (e *syncEngine) syncFeed(ds dataset.Dataset, stepsPerEpoch int) (*syncFeed,
 // logsOf returns the reduced logs of one step's result.
 func logsOf(res strategy.Result) ([]float64, error) {
 	return logValues(res.Reduced(logsOutput))
+}
+
+// microStep reports whether res is of a run of st that only accumulated
+// gradients (strategy.WithAccumulation): such a run does not communicate,
+// so it has no reduced outputs, and no logs.
+func microStep(st strategy.Step, res strategy.Result) bool {
+	return st.Accumulation() > 1 && res.Reduced(logsOutput) == nil
 }
 
 // logValues returns the float32 logs vector of a step as float64s.
@@ -244,12 +251,13 @@ func (f *syncFeed) run(ctx context.Context, step any, n int, each func([]float64
 		if err != nil {
 			return i, err
 		}
-		res, err := f.e.s.Run(ctx, step.(strategy.Step), b)
+		st := step.(strategy.Step)
+		res, err := f.e.s.Run(ctx, st, b)
 		if err != nil {
 			return i, err
 		}
 		logs, err := logsOf(res)
-		if err != nil {
+		if err != nil && !microStep(st, res) {
 			return i, err
 		}
 		if err := each(logs); err != nil {

@@ -250,11 +250,13 @@ func (t *Trainer) epoch(ctx context.Context, r *Run, f feed, st any, epoch int, 
 		}
 		k := step
 		ran, err := f.run(ctx, st, n, func(logs []float64) error {
-			acc.add(logs)
 			r.steps++
 			k++
-			if err := t.stepEnded(ctx, r, logs); err != nil {
-				return err
+			if logs != nil { // nil: a micro-step that only accumulated
+				acc.add(logs)
+				if err := t.stepEnded(ctx, r, logs); err != nil {
+					return err
+				}
 			}
 			if err := r.cbs.batchEnd(ctx, r, k-1, acc.logs("")); err != nil {
 				return err
