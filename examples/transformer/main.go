@@ -106,6 +106,7 @@ type options struct {
 	temperature  float64
 	json         bool
 	optimizer    string // adam, adamw, lamb or sgd
+	accumulate   int    // global batches whose gradients an update accumulates (1: none)
 	printSummary bool
 	decaySteps   int    // 0: steps
 	saveDir      string // where each epoch's weights are saved ("": nowhere)
@@ -120,7 +121,7 @@ func defaults() options {
 		trainBytes: 2 << 20, evalBytes: 256 << 10,
 		steps: 1500, globalBatch: 32, seqLen: 64,
 		width: 64, heads: 4, layers: 2,
-		lr: 3e-3, optimizer: "adam", warmup: 50, seed: 1, logEvery: 100,
+		lr: 3e-3, optimizer: "adam", accumulate: 1, warmup: 50, seed: 1, logEvery: 100,
 		sample: 300, prompt: "func ", temperature: 0.8,
 	}
 }
@@ -141,6 +142,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.heads, "heads", o.heads, "attention heads (dividing -width)")
 	fs.IntVar(&o.layers, "layers", o.layers, "Transformer blocks")
 	fs.Float64Var(&o.lr, "lr", o.lr, "the optimizer's learning rate")
+	fs.IntVar(&o.accumulate, "accumulate", o.accumulate, "global batches whose gradients one update accumulates (strategy.WithAccumulation), each a step; the logs are those of the steps that apply")
 	fs.StringVar(&o.optimizer, "optimizer", o.optimizer, "the optimizer: adam, adamw (weight decay 0.01), lamb (weight decay 0.01) or sgd")
 	fs.IntVar(&o.warmup, "warmup", o.warmup, "steps of linear learning-rate warmup, then cosine decay to a tenth")
 	fs.IntVar(&o.decaySteps, "decay-steps", 0, "the step by which the learning rate has decayed to a tenth, where it stays (0: -steps); runs of different -steps with the same value follow one schedule")
@@ -174,6 +176,8 @@ func (o options) check() error {
 		return fmt.Errorf("-train-bytes %d, -eval-bytes %d: expected at least 2 each", o.trainBytes, o.evalBytes)
 	case o.lr <= 0 || o.temperature <= 0:
 		return fmt.Errorf("-lr %g, -temperature %g: expected both positive", o.lr, o.temperature)
+	case o.accumulate < 1:
+		return fmt.Errorf("-accumulate %d: expected 1 (no accumulation) or more", o.accumulate)
 	case o.logEvery < 1 || o.sample < 0 || o.warmup < 0:
 		return fmt.Errorf("-log-every %d, -sample %d, -warmup %d: expected -log-every at least 1, the others 0 or more", o.logEvery, o.sample, o.warmup)
 	case o.steps%o.logEvery != 0:

@@ -170,7 +170,11 @@ func compile(s distribute.Strategy, o options) (*train.Trainer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("-optimizer %s: %w", o.optimizer, err)
 	}
-	return train.Compile(s, model, train.SparseCategoricalCrossentropy{FromLogits: true}, opt)
+	var opts []train.Option
+	if o.accumulate > 1 {
+		opts = append(opts, train.WithMinimizeOptions(strategy.WithAccumulation(o.accumulate)))
+	}
+	return train.Compile(s, model, train.SparseCategoricalCrossentropy{FromLogits: true}, opt, opts...)
 }
 
 // newModel is the Transformer language model: ids [batch, seqLen] to
