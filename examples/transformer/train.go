@@ -51,7 +51,7 @@ type report struct {
 	SaveSeconds   float64                  `json:"save_seconds,omitempty"`          // the time of the -save-dir saves, left out of train_seconds
 	SaveBytesSent int64                    `json:"save_bytes_sent,omitempty"`       // the bytes the saves sent, left out of the epochs' bytes_sent
 	Checkpoints   []scored                 `json:"checkpoints,omitempty"`           // under -evaluate-checkpoint, each checkpoint scored, by step
-	StateBytes    int64                    `json:"optimizer_state_bytes,omitempty"` // the optimizer's variables this worker holds (HeldBytes), sharded under -zero
+	StateBytes    int64                    `json:"optimizer_state_bytes,omitempty"` // the bytes this worker holds (HeldBytes) of the variables besides the model's: the optimizer's, and -accumulate's accumulators
 	Variables     []strategy.VariableValue `json:"-"`                               // the model's variables after training
 	chief         bool                     // this process prints
 }
