@@ -89,7 +89,8 @@ func logsOf(res strategy.Result) ([]float64, error) {
 
 // microStep reports whether res is of a run of st that only accumulated
 // gradients (strategy.WithAccumulation): such a run does not communicate,
-// so it has no reduced outputs, and no logs.
+// so it has no reduced outputs, and no logs; the applying run's logs
+// cover it.
 func microStep(st strategy.Step, res strategy.Result) bool {
 	return st.Accumulation() > 1 && res.Reduced(logsOutput) == nil
 }

@@ -51,9 +51,9 @@ func WithTrainStep(fn TrainStep) Option { return func(c *config) { c.trainStep =
 // WithMinimizeOptions passes opts to every Minimize of the training step:
 // strategy.WithSparseOptimizer for embeddings on parameter servers,
 // strategy.WithAccumulation, …. Under WithAccumulation(k) each batch is
-// still a step, and the logs are those of the steps that apply an update,
-// every k-th: the steps between only accumulate gradients, without
-// communicating, and have none.
+// still a step; the step that applies an update, every k-th, logs the k
+// batches it accumulated, and the steps between, which only accumulate
+// gradients without communicating, log nothing.
 func WithMinimizeOptions(opts ...strategy.MinimizeOption) Option {
 	return func(c *config) { c.minimize = append(c.minimize, opts...) }
 }

@@ -142,7 +142,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.heads, "heads", o.heads, "attention heads (dividing -width)")
 	fs.IntVar(&o.layers, "layers", o.layers, "Transformer blocks")
 	fs.Float64Var(&o.lr, "lr", o.lr, "the optimizer's learning rate")
-	fs.IntVar(&o.accumulate, "accumulate", o.accumulate, "global batches whose gradients one update accumulates (strategy.WithAccumulation), each a step; the logs are those of the steps that apply")
+	fs.IntVar(&o.accumulate, "accumulate", o.accumulate, "global batches whose gradients one update accumulates (strategy.WithAccumulation), each a step")
 	fs.StringVar(&o.optimizer, "optimizer", o.optimizer, "the optimizer: adam, adamw (weight decay 0.01), lamb (weight decay 0.01) or sgd")
 	fs.IntVar(&o.warmup, "warmup", o.warmup, "steps of linear learning-rate warmup, then cosine decay to a tenth")
 	fs.IntVar(&o.decaySteps, "decay-steps", 0, "the step by which the learning rate has decayed to a tenth, where it stays (0: -steps); runs of different -steps with the same value follow one schedule")
