@@ -366,6 +366,8 @@ func TestFlagErrors(t *testing.T) {
 		{append([]string{"-strategy", "mirrored", "-devices", "2", "-global-batch", "3"}, small...), 1, "global batch size 3 by 2 replicas"},
 		{append([]string{"-eval-bytes", "10", "-seq-len", "16"}, small[:2]...), 1, "held-out text: 10 characters, fewer than one sequence of 17"},
 		{[]string{"-decay-steps", "-1"}, 2, "-decay-steps -1: expected 0 (-steps) or more"},
+		{[]string{"-optimizer", "adagrad"}, 2, `-optimizer "adagrad": expected one of adam, adamw, lamb, sgd`},
+		{[]string{"-accumulate", "0"}, 2, "-accumulate 0: expected 1 (no accumulation) or more"},
 		{[]string{"-save-dir", "a", "-evaluate-checkpoint", "b"}, 2, "-evaluate-checkpoint b, -save-dir a: expected one or the other"},
 		{[]string{"-strategy", "multiworker", "-diloco", "10", "-evaluate-checkpoint", "b"}, 2, "-evaluate-checkpoint b with -local-sgd or -diloco"},
 		{append([]string{"-evaluate-checkpoint", missing}, small...), 1, "-evaluate-checkpoint " + missing + ": neither a checkpoint nor a directory of checkpoints"},
@@ -381,11 +383,12 @@ func TestFlagErrors(t *testing.T) {
 // Sharded optimizer state trains the Transformer unsharded training
 // trains: 200 steps of Adam on 2 workers at stages 1 and 2, of AdamW and
 // LAMB on 2 workers at stage 2 and of LAMB on 4 workers at stage 1 end
-// with the unsharded job's variables: Adam's and AdamW's bit for bit, LAMB's within 5e-6 of
-// each variable's scale, less than the 3e-6 by which unsharded Adam on 2
-// and on 4 workers differ (LAMB's norm of an update sums the shards'
-// parts, a rounding apart from the whole's; the inert key biases stay
-// near 0). Each worker holds 1/workers of the optimizer's state.
+// with the unsharded job's variables: Adam's and AdamW's bit for bit,
+// LAMB's within 5e-6 of each variable's scale, the order of the 3e-6 by
+// which unsharded Adam's on 2 and on 4 workers differ (LAMB's norm of an
+// update sums the shards' parts, a rounding apart from the whole's; the
+// inert key biases stay near 0). Each worker holds 1/workers of the
+// optimizer's state.
 func TestZeROTrainsTheUnshardedModel(t *testing.T) {
 	o := tiny(t)
 	o.steps, o.logEvery, o.sample = 200, 100, 0
