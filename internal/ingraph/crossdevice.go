@@ -250,6 +250,19 @@ func (p Packed) plan(values []tf.Output) []pack {
 	return packs
 }
 
+// flatConcat returns values idx flattened and concatenated, in that
+// order: a pack's vector.
+func flatConcat(s *op.Scope, values []tf.Output, idx []int) tf.Output {
+	flat := make([]tf.Output, len(idx))
+	for x, i := range idx {
+		flat[x] = op.Reshape(s.SubScope(fmt.Sprintf("flat_%d", x)), values[i], op.Const(s.SubScope(fmt.Sprintf("minus_one_%d", x)), []int32{-1}))
+	}
+	if len(flat) == 1 {
+		return flat[0]
+	}
+	return op.ConcatV2(s.SubScope("concat"), flat, op.Const(s.SubScope("axis"), int32(0)))
+}
+
 // BatchReduce implements strategy.CrossDeviceOps.
 func (p Packed) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]tf.Output, devices []string) ([][]tf.Output, error) {
 	k, err := checkLayout(values, devices)
@@ -264,12 +277,7 @@ func (p Packed) BatchReduce(s *op.Scope, red strategy.ReduceOp, values [][]tf.Ou
 				in[r] = append(in[r], values[r][pk.idx[0]])
 				continue
 			}
-			ps := s.SubScope(fmt.Sprintf("pack_%d_replica_%d", j, r)).WithDevice(devices[r])
-			flat := make([]tf.Output, len(pk.idx))
-			for x, i := range pk.idx {
-				flat[x] = op.Reshape(ps.SubScope(fmt.Sprintf("flat_%d", x)), values[r][i], op.Const(ps.SubScope(fmt.Sprintf("minus_one_%d", x)), []int32{-1}))
-			}
-			in[r] = append(in[r], op.ConcatV2(ps.SubScope("concat"), flat, op.Const(ps.SubScope("axis"), int32(0))))
+			in[r] = append(in[r], flatConcat(s.SubScope(fmt.Sprintf("pack_%d_replica_%d", j, r)).WithDevice(devices[r]), values[r], pk.idx))
 		}
 	}
 	reduced, err := p.Inner.BatchReduce(s.SubScope("packs"), red, in, devices)

@@ -311,8 +311,8 @@ func (e *Engine) newVariable(name string, dtype tf.DataType, shape []int64, init
 	if err != nil {
 		return nil, err
 	}
-	if _, dup := e.byName[name]; dup {
-		return nil, fmt.Errorf("strategy: variable name %q: already used; names must be unique", name)
+	if err := e.nameFree(name); err != nil {
+		return nil, err
 	}
 	if init == nil {
 		return nil, fmt.Errorf("strategy: variable %q: nil initializer", name)
@@ -352,9 +352,22 @@ func (e *Engine) newVariable(name string, dtype tf.DataType, shape []int64, init
 	if err != nil {
 		return nil, fmt.Errorf("strategy: variable %q: %w", name, err)
 	}
-	e.vars = append(e.vars, v)
-	e.byName[name] = v
+	e.add(v)
 	return v, nil
+}
+
+// nameFree returns an error unless no variable of e is named name.
+func (e *Engine) nameFree(name string) error {
+	if _, dup := e.byName[name]; dup {
+		return fmt.Errorf("strategy: variable name %q: already used; names must be unique", name)
+	}
+	return nil
+}
+
+// add makes v, built, a variable of e.
+func (e *Engine) add(v *variable) {
+	e.vars = append(e.vars, v)
+	e.byName[v.name] = v
 }
 
 // initPending initialises every variable not yet initialised or restored,

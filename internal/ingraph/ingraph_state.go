@@ -102,12 +102,12 @@ func (e *Engine) saveValue(sc *op.Scope, v *variable) (tf.Output, error) {
 // reduction of an OnRead variable's copies across all replicas, whose ops
 // all must run.
 func (e *Engine) aggregate(s *op.Scope, v *variable) (tf.Output, []*tf.Operation, error) {
-	read := func(r int) tf.Output {
-		return op.ReadVariableOp(s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]), v.handles[r], v.dtype)
-	}
 	if v.shard != nil {
 		out, err := e.gatherShards(s, v)
 		return out, nil, err
+	}
+	read := func(r int) tf.Output {
+		return op.ReadVariableOp(s.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]), v.handles[r], v.dtype)
 	}
 	if v.sync == strategy.OnWrite || v.agg == strategy.AggregationOnlyFirstReplica || len(v.handles) == 1 && e.cfg.NumReplicasInSync == 1 {
 		return read(0), nil, nil

@@ -52,6 +52,12 @@ type Sharding interface {
 // Sharding: n elements of its flattening from lo, possibly none.
 type shard struct{ lo, n int64 }
 
+// of returns sh's part of x, a value of the whole variable.
+func (sh shard) of(s *op.Scope, x tf.Output) tf.Output {
+	flat := op.Reshape(s.SubScope("flat"), x, op.Const(s.SubScope("minus_one"), []int32{-1}))
+	return op.Slice(s, flat, op.Const(s.SubScope("begin"), []int64{sh.lo}), op.Const(s.SubScope("size"), []int64{sh.n}))
+}
+
 // bucket is one bucket of a sharded step: the step's variables idx, of
 // sizes elements, packed in that order, and this worker's block of it.
 type bucket struct {
@@ -157,8 +163,8 @@ func (e *Engine) shardedSlot(key slotKey, name string, w *shardView, init strate
 	if s, ok := e.slots[key]; ok {
 		return s, nil
 	}
-	if _, dup := e.byName[name]; dup {
-		return nil, fmt.Errorf("strategy: variable name %q: already used; names must be unique", name)
+	if err := e.nameFree(name); err != nil {
+		return nil, err
 	}
 	v := &variable{name: name, dtype: w.v.dtype, shape: w.v.Shape(), sync: strategy.OnWrite, agg: strategy.AggregationNone,
 		owner: e, shard: &w.shard}
@@ -175,8 +181,7 @@ func (e *Engine) shardedSlot(key slotKey, name string, w *shardView, init strate
 	if err := s.Err(); err != nil {
 		return nil, fmt.Errorf("strategy: variable %q: %w", name, err)
 	}
-	e.vars = append(e.vars, v)
-	e.byName[name] = v
+	e.add(v)
 	e.slots[key] = v
 	return v, nil
 }
@@ -341,15 +346,7 @@ func (st *shardedStep) reduceScatter(j int, vals [][]tf.Output) error {
 	bs := st.s.SubScope(fmt.Sprintf("reduce_scatter_%d", j))
 	parts := make([]tf.Output, len(vals))
 	for r := range vals {
-		rs := bs.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r])
-		flat := make([]tf.Output, len(b.idx))
-		for x, i := range b.idx {
-			flat[x] = op.Reshape(rs.SubScope(fmt.Sprintf("flat_%d", x)), vals[r][i], op.Const(rs.SubScope(fmt.Sprintf("minus_one_%d", x)), []int32{-1}))
-		}
-		parts[r] = flat[0]
-		if len(flat) > 1 {
-			parts[r] = op.ConcatV2(rs.SubScope("concat"), flat, op.Const(rs.SubScope("axis"), int32(0)))
-		}
+		parts[r] = flatConcat(bs.SubScope(fmt.Sprintf("replica_%d", r)).WithDevice(e.cfg.Devices[r]), vals[r], b.idx)
 	}
 	block, err := e.cfg.Sharding.ReduceScatter(bs.SubScope("engine"), parts, e.cfg.Devices)
 	if err != nil {
@@ -388,8 +385,7 @@ func (st *shardedStep) apply(opt strategy.Optimizer) (*tf.Operation, error) {
 	before := make([]map[*tf.Operation]bool, len(st.views))
 	for i, w := range st.views {
 		fs := rs.SubScope(fmt.Sprintf("fill_%d", i))
-		flat := op.Reshape(fs.SubScope("flat"), op.ReadVariableOp(fs.SubScope("read"), w.v.handles[0], w.v.dtype), op.Const(fs.SubScope("minus_one"), []int32{-1}))
-		part := op.Slice(fs, flat, op.Const(fs.SubScope("begin"), []int64{w.shard.lo}), op.Const(fs.SubScope("size"), []int64{w.shard.n}))
+		part := w.shard.of(fs, op.ReadVariableOp(fs.SubScope("read"), w.v.handles[0], w.v.dtype))
 		st.fills[i] = op.AssignVariableOp(fs.SubScope("assign"), w.scratch, part)
 		vars[i], before[i] = w, users(w.scratch, nil)
 	}
@@ -545,8 +541,6 @@ func (e *Engine) gatherShards(s *op.Scope, v *variable) (tf.Output, error) {
 // writeShards assigns the sharded slot v its shard of value, the whole
 // slot.
 func (e *Engine) writeShards(s *op.Scope, v *variable, value tf.Output) []*tf.Operation {
-	hs := s.SubScope("shard").WithDevice(e.cfg.HostDevice)
-	flat := op.Reshape(hs.SubScope("flat"), value, op.Const(hs.SubScope("minus_one"), []int32{-1}))
-	part := op.Slice(hs, flat, op.Const(hs.SubScope("begin"), []int64{v.shard.lo}), op.Const(hs.SubScope("size"), []int64{v.shard.n}))
+	part := v.shard.of(s.SubScope("shard").WithDevice(e.cfg.HostDevice), value)
 	return []*tf.Operation{op.AssignVariableOp(s.SubScope("assign").WithDevice(e.cfg.Devices[0]), v.handles[0], part)}
 }
