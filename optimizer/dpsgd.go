@@ -121,18 +121,19 @@ func (p *Private) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []stra
 func (p *Private) noisy(s *op.Scope, ac strategy.ApplyContext, v strategy.Variable, g, k tf.Output, i, n int) tf.Output {
 	stream := op.Add(s.SubScope("stream"), op.Mul(s.SubScope("steps"), k, op.Const(s.SubScope("n"), int64(n))), op.Const(s.SubScope("i"), int64(i)))
 	seed := op.Pack(s.SubScope("seed"), []tf.Output{op.Const(s.SubScope("key"), p.cfg.Seed), stream})
-	shape := op.Shape(s.SubScope("shape"), g)
 	sa, sharded := ac.(strategy.ShardedApply)
-	if sharded {
-		whole, _ := sa.Whole(v)
-		shape = op.Const(s.SubScope("whole"), whole)
+	if !sharded {
+		return p.noised(s, g, op.StatelessRandomNormal(s.SubScope("normal"), op.Shape(s.SubScope("shape"), g), seed, op.StatelessRandomNormalDtype(tf.Float)))
 	}
-	noise := op.StatelessRandomNormal(s.SubScope("normal"), shape, seed, op.StatelessRandomNormalDtype(tf.Float))
-	if sharded {
-		_, lo := sa.Whole(v)
-		flat := op.Reshape(s.SubScope("flat"), noise, op.Const(s.SubScope("minus_one"), []int32{-1}))
-		noise = op.Slice(s.SubScope("shard"), flat, op.Const(s.SubScope("begin"), []int64{lo}), op.Const(s.SubScope("size"), v.Shape()))
-	}
+	whole, lo := sa.Whole(v)
+	noise := op.StatelessRandomNormal(s.SubScope("normal"), op.Const(s.SubScope("whole"), whole), seed, op.StatelessRandomNormalDtype(tf.Float))
+	flat := op.Reshape(s.SubScope("flat"), noise, op.Const(s.SubScope("minus_one"), []int32{-1}))
+	return p.noised(s, g, op.Slice(s.SubScope("shard"), flat, op.Const(s.SubScope("begin"), []int64{lo}), op.Const(s.SubScope("size"), v.Shape())))
+}
+
+// noised returns (g + σC·noise) / expected batch, for noise of standard
+// normal values.
+func (p *Private) noised(s *op.Scope, g, noise tf.Output) tf.Output {
 	stddev := op.Const(s.SubScope("stddev"), p.cfg.NoiseMultiplier*p.cfg.ClipNorm)
 	noise = graphutil.CastTo(s, op.Mul(s.SubScope("scaled"), noise, stddev), g.DataType())
 	batch := graphutil.CastTo(s.SubScope("batch"), op.Const(s.SubScope("expected"), float32(p.cfg.ExpectedBatch)), g.DataType())
