@@ -55,18 +55,11 @@ func assertCompressed(t *testing.T, comp multiworker.Compression, want testmodel
 // sent.
 func trainTwoByTwo(t *testing.T, opt func() strategy.Optimizer, plan testmodel.Plan, opts ...multiworker.Option) ([]testmodel.Outcome, []int64) {
 	t.Helper()
-	got := make([]testmodel.Outcome, 2)
-	sent := make([]int64, 2)
-	errs := onWorkers(loopbackSpec(t, 2), append(opts, twoByTwo...), func(w int, s *multiworker.Strategy) error {
-		p := plan
-		p.FirstReplica = 2 * w
-		var err error
-		got[w], err = testmodel.TrainPlan(context.Background(), s, opt(), p)
-		sent[w] = s.CollectiveStats().BytesSent
-		return err
-	})
-	require.NoError(t, errs[0])
-	require.NoError(t, errs[1])
+	got, stats := trainOn(t, 2, 2, opt, plan, opts...)
+	sent := make([]int64, len(stats))
+	for w, st := range stats {
+		sent[w] = st.BytesSent
+	}
 	return got, sent
 }
 
