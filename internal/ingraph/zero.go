@@ -66,6 +66,7 @@ type bucket struct {
 	elems  int64
 	block  shard
 	shards []shard // per variable of idx, its part of block
+	within []int64 // per variable of idx, where its part starts in block
 }
 
 // planShards cuts the gradients grads of vars into the buckets of the
@@ -87,10 +88,12 @@ func (e *Engine) planShards(vars []*variable, grads []tf.Output) ([]bucket, erro
 		at := int64(0)
 		for _, n := range b.sizes {
 			lo, hi := max(at, b.block.lo), min(at+n, b.block.lo+b.block.n)
+			within := lo - b.block.lo
 			if hi < lo {
-				lo, hi = at, at
+				lo, hi, within = at, at, 0
 			}
 			b.shards = append(b.shards, shard{lo: lo - at, n: hi - lo})
+			b.within = append(b.within, within)
 			at += n
 		}
 		out = append(out, b)
@@ -353,23 +356,10 @@ func (st *shardedStep) reduceScatter(j int, vals [][]tf.Output) error {
 		return err
 	}
 	for x, i := range b.idx {
-		off := int64(0)
-		if b.shards[x].n > 0 {
-			off = sum(b.sizes[:x]) + b.shards[x].lo - b.block.lo
-		}
 		rs := bs.SubScope(fmt.Sprintf("shard_%d", x)).WithDevice(e.cfg.Devices[0])
-		st.grads[i] = op.Slice(rs, block, op.Const(rs.SubScope("begin"), []int64{off}), op.Const(rs.SubScope("size"), []int64{b.shards[x].n}))
+		st.grads[i] = op.Slice(rs, block, op.Const(rs.SubScope("begin"), []int64{b.within[x]}), op.Const(rs.SubScope("size"), []int64{b.shards[x].n}))
 	}
 	return bs.Err()
-}
-
-// sum returns the sum of xs.
-func sum(xs []int64) int64 {
-	var t int64
-	for _, x := range xs {
-		t += x
-	}
-	return t
 }
 
 // apply fills the working copies of the shards from the first replica's
