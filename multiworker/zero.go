@@ -23,9 +23,10 @@ import (
 // the updated blocks are all-gathered into every worker's whole copy of
 // the parameters. A reduced gradient's elements have the bits the
 // unsharded all-reduce gives them, so SGD, Momentum, Adam and AdamW train
-// the very model they train unsharded; LARS, LAMB, ClipByGlobalNorm and
-// LossScale sum their norms and checks over the shards, which agree with
-// the unsharded ones to rounding.
+// the very model they train unsharded. LARS, LAMB and ClipByGlobalNorm
+// sum their squares over the shards in float64, whose float32 norm is the
+// whole's, and LossScale its finite check: they too train the unsharded
+// model, bit for bit wherever this was tried.
 //
 // A block boundary may fall inside a variable, whose slots are then
 // split between two workers; a small variable's slots may lie whole on

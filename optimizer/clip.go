@@ -40,8 +40,11 @@ var _ strategy.Optimizer = (*Clipped)(nil)
 // ClipByGlobalNorm returns inner with every gradient of an update scaled by
 // clipNorm / max(globalNorm, clipNorm), where globalNorm is the L2 norm of
 // all the update's gradients taken together: tf.clip_by_global_norm, which
-// Keras applies for global_clipnorm. A non-finite global norm makes every
-// gradient NaN, as there. clipNorm must be positive and finite.
+// Keras applies for global_clipnorm, except that the squares are summed in
+// float64 (so finite gradients whose squares overflow float32 are clipped,
+// and sharded optimizer state finds the unsharded norm). A non-finite
+// global norm makes every gradient NaN, as there. clipNorm must be
+// positive and finite.
 func ClipByGlobalNorm(inner strategy.Optimizer, clipNorm float32) (*Clipped, error) {
 	if err := checkClip("ClipByGlobalNorm", "clipNorm", inner, clipNorm); err != nil {
 		return nil, err
@@ -105,20 +108,21 @@ func (c *Clipped) Apply(ac strategy.ApplyContext, grads []tf.Output, vars []stra
 
 // clipByGlobalNorm is tf.clip_by_global_norm: every gradient times
 // clipNorm * min(1/norm, 1/clipNorm), plus norm-norm, which is NaN when the
-// norm is not finite. Each gradient's sum of squares and its scaling run on
-// the gradient's device; the norm, on the first gradient's.
+// norm is not finite. Each gradient's sum of squares (in float64, see
+// squaresWide) and its scaling run on the gradient's device; the norm, on
+// the first gradient's.
 func clipByGlobalNorm(ac strategy.ApplyContext, s *op.Scope, grads []tf.Output, clipNorm float32) ([]tf.Output, error) {
 	squares := make([]tf.Output, len(grads))
 	for i, g := range grads {
 		gs := s.SubScope(fmt.Sprintf("square_%d", i)).WithDevice(g.Op.Device())
-		squares[i] = graphutil.CastTo(gs, graphutil.SumAll(gs.SubScope("sum"), op.Square(gs, g)), tf.Float)
+		squares[i] = squaresWide(gs, g)
 	}
 	ns := s.SubScope("norm").WithDevice(grads[0].Op.Device())
 	total, err := acrossShards(ac, ns.SubScope("across"), op.AddN(ns.SubScope("sum"), squares))
 	if err != nil {
 		return nil, err
 	}
-	norm := op.Sqrt(ns, total)
+	norm := op.Cast(ns, op.Sqrt(ns.SubScope("sqrt"), total), tf.Float)
 	one := op.Const(ns.SubScope("one"), float32(1))
 	c := op.Const(ns.SubScope("clip_norm"), clipNorm)
 	scale := op.Mul(ns.SubScope("scale"), c, op.Minimum(ns.SubScope("min"), op.Div(ns.SubScope("inv_norm"), one, norm), op.Div(ns.SubScope("inv_clip"), one, c)))

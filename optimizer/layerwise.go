@@ -66,20 +66,26 @@ func weightNorm(ac strategy.ApplyContext, s *op.Scope, v strategy.Variable, w tf
 }
 
 // updateNorm returns the Euclidean norm of x, an update or a gradient of
-// a variable: under sharded optimizer state (strategy.ShardedApply), where
-// x is a shard's, of the whole, from every shard's sum of squares in
-// float64, summed across the workers.
+// a variable, from its sum of squares in float64 (squaresWide): under
+// sharded optimizer state (strategy.ShardedApply), where x is a shard's,
+// of the whole, every shard's sum added across the workers. Summing in
+// float64 is what makes both the same float32 norm: no two float32 sums
+// of a different grouping would be.
 func updateNorm(ac strategy.ApplyContext, s *op.Scope, x tf.Output) (tf.Output, error) {
-	sa, ok := ac.(strategy.ShardedApply)
-	if !ok {
-		return norm(s, x), nil
-	}
-	wide := op.Cast(s.SubScope("wide"), x, tf.Double)
-	sum, err := sa.SumShards(s.SubScope("across"), graphutil.SumAll(s.SubScope("sum"), op.Square(s.SubScope("square"), wide)))
+	sum, err := acrossShards(ac, s.SubScope("across"), squaresWide(s.SubScope("squares"), x))
 	if err != nil {
 		return tf.Output{}, err
 	}
-	return op.Sqrt(s, op.Cast(s.SubScope("narrow"), sum, x.DataType())), nil
+	return op.Cast(s, op.Sqrt(s.SubScope("sqrt"), sum), x.DataType()), nil
+}
+
+// squaresWide is the sum of x's squares, all its elements together, in
+// float64: each square of a float32 is exact there, no sum of them
+// overflows, and the sum's rounding is far below float32's, whatever the
+// grouping.
+func squaresWide(s *op.Scope, x tf.Output) tf.Output {
+	wide := graphutil.CastTo(s.SubScope("wide"), x, tf.Double)
+	return graphutil.SumAll(s.SubScope("sum"), op.Square(s.SubScope("square"), wide))
 }
 
 // norm is the Euclidean norm of x, all its elements together.
