@@ -123,8 +123,8 @@ func lossScaled() strategy.Optimizer {
 }
 
 // Sharded optimizer state trains the model unsharded training does, every
-// variable and slot element by element, on 2 and 3 workers and with 2
-// replicas a worker, at both stages, bit for bit: the reduce-scatter
+// variable and slot element by element, on 2, 3 and 4 workers (LAMB over
+// 200 steps) and with 2 replicas a worker, at both stages, bit for bit: the reduce-scatter
 // gives each element the all-reduce's bits, on its direct path and its
 // ring (the MLP of 1100 hidden units packs 330 KiB), for the elementwise
 // optimizers (SGD, Momentum, Adam, AdamW) and DP-SGD's noise; LAMB, LARS
@@ -132,9 +132,10 @@ func lossScaled() strategy.Optimizer {
 // the shards' sums add up to the whole's float32 norm.
 func TestZeROMatchesUnsharded(t *testing.T) {
 	mlp := testmodel.Plan{Model: "mlp", Steps: 20, MicroBatches: []int{48}}
-	wide, lenet := mlp, mlp
+	wide, lenet, long := mlp, mlp, mlp
 	wide.Hidden, wide.Steps = 1100, 8
 	lenet.Model, lenet.Steps = "lenet", 8
+	long.Steps = 200
 	private := func() strategy.Optimizer { return testmodel.PrivateSGD(t, 1, 24) }
 	for _, c := range []struct {
 		name        string
@@ -150,6 +151,7 @@ func TestZeROMatchesUnsharded(t *testing.T) {
 		{"dpsgd", private, mlp, 2, 1},
 		{"lossscale", lossScaled, mlp, 3, 1},
 		{"lamb", lamb, mlp, 3, 1},
+		{"lamb-200-steps", lamb, long, 4, 1},
 		{"lars", lars, mlp, 2, 1},
 		{"clip", clipped, mlp, 3, 1},
 	} {
