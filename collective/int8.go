@@ -46,7 +46,7 @@ func (g *Group) gatherInt8(ctx context.Context, name string, red Reduction, dst,
 			return fmt.Errorf("collective: all-reduce %q compressed to int8: %s sent %d bytes of levels and maxima, expected %d", name, g.members[p], len(part), 4*len(maxima)+len(q))
 		}
 		theirs := view[float32](alignedCopy(part[:4*len(maxima)]))
-		dequantize(dst, view[int8](part[4*len(maxima):]), theirs, 127, p > 0)
+		dequantize(dst, view[int8](part[4*len(maxima):]), theirs, 127, 0, p > 0)
 	}
 	if red == Mean {
 		divide(dst, float32(len(g.members)))
@@ -59,22 +59,62 @@ func (g *Group) gatherInt8(ctx context.Context, name string, red Reduction, dst,
 // int8Levels levels of it in a second, exactly; opts's Shape goes with
 // the sum.
 func (g *Group) sumInt8(ctx context.Context, name string, red Reduction, dst, x, maxima []float32, q []int8, opts []CallOption) error {
-	n := len(g.members)
-	if int8Levels(n) == 0 {
-		return fmt.Errorf("collective: all-reduce %q: cannot compress %d elements to int8 in a group of %d members: each would have no level (at most 127 members, or at most %d elements)", name, len(x), n, g.cfg.directMax)
+	levels, err := g.agreeInt8(ctx, opAllReduce, name, red, x, maxima, q)
+	if err != nil {
+		return err
 	}
-	if err := g.AllReduce(ctx, name, Max, Float32, bytesOf(maxima)); err != nil {
-		return fmt.Errorf("collective: all-reduce %q compressed to int8 agrees first on the maxima of its %d blocks: %w", name, len(maxima), err)
-	}
-	levels := float32(int8Levels(n))
-	quantize(q, x, maxima, levels)
 	if err := g.AllReduce(ctx, name, Sum, Int8, bytesOf(q), append(opts[:len(opts):len(opts)], Compress(0))...); err != nil {
 		return err
 	}
+	dequantize(dst, q, maxima, levels, 0, false)
+	return nil
+}
+
+// agreeInt8 is sumInt8's first half: the maxima agreed on, x's levels of
+// them in q. It returns the levels the sum of q is in units of.
+func (g *Group) agreeInt8(ctx context.Context, kind opKind, name string, red Reduction, x, maxima []float32, q []int8) (float32, error) {
+	n := len(g.members)
+	if int8Levels(n) == 0 {
+		return 0, fmt.Errorf("collective: %v %q: cannot compress %d elements to int8 in a group of %d members: each would have no level (at most 127 members, or at most %d elements)", kind, name, len(x), n, g.cfg.directMax)
+	}
+	if err := g.AllReduce(ctx, name, Max, Float32, bytesOf(maxima)); err != nil {
+		return 0, fmt.Errorf("collective: %v %q compressed to int8 agrees first on the maxima of its %d blocks: %w", kind, name, len(maxima), err)
+	}
+	levels := float32(int8Levels(n))
+	quantize(q, x, maxima, levels)
 	if red == Mean {
 		levels *= float32(n)
 	}
-	dequantize(dst, q, maxima, levels, false)
+	return levels, nil
+}
+
+// reduceScatterInt8 is ReduceScatter of float32 src into dst, this
+// member's block (lo is its first element), summed or averaged (red),
+// compressed to int8 as AllReduceTo compresses it, with its bits: up to
+// the direct path's size, that all-reduce itself; larger, sumInt8's
+// int8 sum reduce-scattered, a quarter of the bytes. opts are the call's.
+func (g *Group) reduceScatterInt8(ctx context.Context, name string, red Reduction, dst, src []byte, lo int, opts []CallOption) error {
+	x := view[float32](src)
+	if len(x) <= g.cfg.directMax {
+		whole := make([]byte, len(src))
+		if err := g.allReduceInt8(ctx, name, red, whole, src, opts); err != nil {
+			return err
+		}
+		copy(dst, whole[4*lo:])
+		return nil
+	}
+	maxima := make([]float32, (len(x)+int8Block-1)/int8Block)
+	blockMaxima(maxima, x)
+	q := make([]int8, len(x))
+	levels, err := g.agreeInt8(ctx, opReduceScatter, name, red, x, maxima, q)
+	if err != nil {
+		return err
+	}
+	sum := make([]int8, len(dst)/4)
+	if err := g.ReduceScatter(ctx, name, Sum, Int8, bytesOf(sum), bytesOf(q), append(opts[:len(opts):len(opts)], Compress(0))...); err != nil {
+		return err
+	}
+	dequantize(view[float32](dst), sum, maxima, levels, lo, false)
 	return nil
 }
 
@@ -115,10 +155,12 @@ func quantize(q []int8, x, maxima []float32, levels float32) {
 
 // dequantize sets dst, or with add adds to it, the levels q in units of
 // their block's maximum over levels; a block whose maximum is not finite
-// is NaN.
-func dequantize(dst []float32, q []int8, maxima []float32, levels float32, add bool) {
-	for b, m := range maxima {
-		lo, hi := b*int8Block, min(len(dst), (b+1)*int8Block)
+// is NaN. dst and q are the elements of a buffer from start on, whose
+// blocks' maxima are maxima.
+func dequantize(dst []float32, q []int8, maxima []float32, levels float32, start int, add bool) {
+	for b := start / int8Block; b*int8Block < start+len(dst); b++ {
+		m := maxima[b]
+		lo, hi := max(b*int8Block, start)-start, min(start+len(dst), (b+1)*int8Block)-start
 		s := m / levels
 		if !(m <= math.MaxFloat32) {
 			s = float32(math.NaN())

@@ -28,8 +28,9 @@ func blockBytes(total, size, n, p int) (lo, hi int) {
 // (ScatterBlock), with the very bits AllReduceTo gives those elements.
 // Each member sends every other its block of src and combines the blocks
 // it receives, so it sends (n-1)/n of the buffer, as a ring's
-// reduce-scatter does, in one round trip. It takes no compression and no
-// InTreeOrder.
+// reduce-scatter does, in one round trip. It takes no InTreeOrder, and
+// of compressions only Compress(Int8), of a float32 sum or mean, which
+// gives the block the bits of AllReduceTo compressed alike.
 func (g *Group) ReduceScatter(ctx context.Context, name string, red Reduction, dt DType, dst, src []byte, opts ...CallOption) error {
 	if err := checkArgs(opReduceScatter, name, dt, src); err != nil {
 		return err
@@ -48,6 +49,12 @@ func (g *Group) ReduceScatter(ctx context.Context, name string, red Reduction, d
 	if len(g.members) == 1 {
 		copy(dst, src)
 		return g.Err()
+	}
+	if h.wire == Int8 {
+		if !aligned(dst, 4) || !aligned(src, 4) {
+			return fmt.Errorf("collective: reduce-scatter %q compressed to int8: buffers not aligned for float32", name)
+		}
+		return g.reduceScatterInt8(ctx, name, red, dst, src, lo/4, opts)
 	}
 	o, err := g.start(ctx, name, h)
 	if err != nil {

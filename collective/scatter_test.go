@@ -81,6 +81,42 @@ func checkReduceScatter(t *testing.T, gs []*Group) {
 		"a member sends (n-1)/n of each buffer")
 }
 
+// Compressed to int8, a reduce-scatter gives each member its block of the
+// all-reduce compressed alike, bit for bit, for sums and means, on either
+// path (the direct path's is that all-reduce); around the ring it sends a
+// quarter of float32's bytes, and its blocks' maxima, whose all-reduce
+// sends a 128th.
+func TestReduceScatterInt8IsTheAllReducesBlock(t *testing.T) {
+	onEachPath(t, func(t *testing.T, gs []*Group) {
+		n := len(gs)
+		cases := int8Cases(rand.New(rand.NewPCG(uint64(n), 15)), n)
+		all := runConcurrently(t, gs, cases)
+		blocks := runEach(t, gs, cases, func(g *Group, m, i int) ([]byte, error) {
+			_, l := ScatterBlock(len(cases[i].ins[m])/4, n, m)
+			dst := append([]byte(nil), make([]byte, 4*l)...) // nil when empty, as runConcurrently's
+			return dst, g.ReduceScatter(context.Background(), cases[i].name, cases[i].red, Float32, dst, cases[i].ins[m], Compress(Int8))
+		})
+		for i, c := range cases {
+			for m := range n {
+				s, l := ScatterBlock(len(c.ins[m])/4, n, m)
+				require.Equal(t, append([]byte(nil), all[i][m][4*s:4*(s+l)]...), blocks[i][m], "%s: member %d's block", c.name, m)
+			}
+		}
+	})
+	gs := newGroups(t, 4, ringOnly)
+	x := make([]byte, 4*64*int8Block)
+	sent := func(opts ...CallOption) int64 {
+		before := gs[0].Stats().BytesSent
+		requireAllOK(t, onAll(gs, func(m int, g *Group) error {
+			_, l := ScatterBlock(len(x)/4, 4, m)
+			return g.ReduceScatter(context.Background(), "x", Sum, Float32, make([]byte, 4*l), x, opts...)
+		}))
+		return gs[0].Stats().BytesSent - before
+	}
+	plain, int8 := sent(), sent(Compress(Int8))
+	assert.InDelta(t, 0.25+1.0/128, float64(int8)/float64(plain), 0.001, "%d bytes, float32 %d", int8, plain)
+}
+
 // Bad calls are errors naming what is wrong, before anything is sent.
 func TestReduceScatterBadInput(t *testing.T) {
 	gs := newGroups(t, 2)
@@ -89,7 +125,8 @@ func TestReduceScatterBadInput(t *testing.T) {
 	assert.ErrorContains(t, gs[0].ReduceScatter(ctx, "rs", Sum, Float32, make([]byte, 4), src),
 		`reduce-scatter "rs": member 0's block of 12 bytes of 20 into 4 bytes`)
 	assert.ErrorContains(t, gs[0].ReduceScatter(ctx, "rs", Reduction(99), Float32, make([]byte, 12), src), `reduce-scatter "rs": unknown`)
-	assert.ErrorContains(t, gs[0].ReduceScatter(ctx, "rs", Sum, Float32, make([]byte, 12), src, Compress(Float16)), "only float32 all-reduces compress")
+	assert.ErrorContains(t, gs[0].ReduceScatter(ctx, "rs", Sum, Float32, make([]byte, 12), src, Compress(Float16)), "and reduce-scatters to int8")
+	assert.ErrorContains(t, gs[0].ReduceScatter(ctx, "rs", Max, Float32, make([]byte, 12), src, Compress(Int8)), "cannot compress float32 to int8")
 	assert.ErrorContains(t, gs[0].ReduceScatter(ctx, "rs", Sum, Float32, make([]byte, 12), src, InTreeOrder()), "only uncompressed all-reduces combine in tree order")
 	assert.ErrorContains(t, gs[0].AllGatherBlocks(ctx, "ag", Float32, src, make([]byte, 4)),
 		`all-gather "ag": member 0's block of 12 bytes of 20, not 4 bytes`)

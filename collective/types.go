@@ -174,8 +174,11 @@ func withOptions(h header, opts []CallOption) (header, error) {
 	if h.order == orderTree && (h.op != opAllReduce || h.wire != 0) {
 		return h, fmt.Errorf("InTreeOrder: only uncompressed all-reduces combine in tree order")
 	}
-	if h.wire != 0 && (h.op != opAllReduce || h.dtype != Float32 || !(h.wire.Size() == 2 || h.wire == Int8 && (h.red == Sum || h.red == Mean))) {
-		return h, fmt.Errorf("cannot compress %v to %v: only float32 all-reduces compress, to float16 or bfloat16, or, summing or averaging, to int8", h.dtype, h.wire)
+	sums := h.red == Sum || h.red == Mean
+	allReduces := h.op == opAllReduce && (h.wire.Size() == 2 || h.wire == Int8 && sums)
+	scatters := h.op == opReduceScatter && h.wire == Int8 && sums
+	if h.wire != 0 && (h.dtype != Float32 || !allReduces && !scatters) {
+		return h, fmt.Errorf("cannot compress %v to %v: only float32 all-reduces compress, to float16 or bfloat16, or, summing or averaging, to int8, and reduce-scatters to int8", h.dtype, h.wire)
 	}
 	return h, nil
 }

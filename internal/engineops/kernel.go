@@ -122,7 +122,11 @@ func (c *call) startBlocks(st *C.TF_Status) error {
 	go func() {
 		ctx, out, in := context.Background(), tensorBytes(c.out), tensorBytes(c.in)
 		if c.k.kind == kindReduceScatter {
-			c.finish(c.g.ReduceScatter(ctx, c.k.name, c.k.red, c.dt, out, in))
+			var opts []collective.CallOption
+			if c.k.wire != 0 {
+				opts = append(opts, collective.Compress(c.k.wire))
+			}
+			c.finish(c.g.ReduceScatter(ctx, c.k.name, c.k.red, c.dt, out, in, opts...))
 			return
 		}
 		c.finish(c.g.AllGatherBlocks(ctx, c.k.name, c.dt, out, in))

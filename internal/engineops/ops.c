@@ -145,7 +145,8 @@ void tfdist_register_ops(TF_Status* st) {
   if (TF_GetCode(st) != TF_OK) return;
   tfdist_register("TfdistAllGather", NULL, NULL, 0, tfdist_create_allgather, st);
   if (TF_GetCode(st) != TF_OK) return;
-  tfdist_register("TfdistReduceScatter", "reduction: {'sum', 'min', 'max'}", NULL, 0,
+  tfdist_register("TfdistReduceScatter", "reduction: {'sum', 'min', 'max'}",
+                  "wire: {'none', 'int8'} = 'none'", 0,
                   tfdist_create_reducescatter, st);
   if (TF_GetCode(st) != TF_OK) return;
   tfdist_register("TfdistAllGatherBlocks", "total: int >= 0", NULL, 0,

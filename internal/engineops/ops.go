@@ -105,11 +105,15 @@ func addCollective(s *op.Scope, typ string, in tf.Output, attrs map[string]any) 
 // Max. wire, when not 0, is the type a float32 in travels as
 // (collective.Compress: Float16, BFloat16, or for a sum Int8).
 func AllReduce(s *op.Scope, in tf.Output, group, name string, red collective.Reduction, wire collective.DType) tf.Output {
-	w := "none"
-	if wire != 0 {
-		w = wire.String()
+	return addCollective(s, opAllReduce, in, map[string]any{"group": group, "tensor_name": name, "reduction": red.String(), "wire": wireAttr(wire)})
+}
+
+// wireAttr is the wire attribute of wire: "none" for 0.
+func wireAttr(wire collective.DType) string {
+	if wire == 0 {
+		return "none"
 	}
-	return addCollective(s, opAllReduce, in, map[string]any{"group": group, "tensor_name": name, "reduction": red.String(), "wire": w})
+	return wire.String()
 }
 
 // AllReduceInTreeOrder adds an op that sums in across the group as
@@ -128,9 +132,11 @@ const treeSum = "sum_in_tree_order"
 // member) across the group as AllReduce does and outputs this member's
 // block of the flattened result, a vector of collective.ScatterBlock's
 // length, with the bits AllReduce gives those elements: an AllGather of
-// the members' outputs is the flattened all-reduce.
-func ReduceScatter(s *op.Scope, in tf.Output, group, name string, red collective.Reduction) tf.Output {
-	return addCollective(s, opReduceScatter, in, map[string]any{"group": group, "tensor_name": name, "reduction": red.String()})
+// the members' outputs is the flattened all-reduce. wire, when not 0, is
+// collective.Int8, for a float32 sum sent as AllReduce sends it with that
+// wire, whose bits the block then has.
+func ReduceScatter(s *op.Scope, in tf.Output, group, name string, red collective.Reduction, wire collective.DType) tf.Output {
+	return addCollective(s, opReduceScatter, in, map[string]any{"group": group, "tensor_name": name, "reduction": red.String(), "wire": wireAttr(wire)})
 }
 
 // AllGatherBlocks adds an op that puts every member's block, in (this
@@ -217,7 +223,7 @@ func tfdistKernelCreate(ctx *C.TF_OpKernelConstruction, kind C.int) C.uintptr_t 
 		var r string
 		r, err = stringAttr(ctx, "reduction", st)
 		k.red, k.tree = reductions[r], r == treeSum
-		if err == nil && kind == kindAllReduce {
+		if err == nil {
 			r, err = stringAttr(ctx, "wire", st)
 			k.wire = wires[r]
 		}

@@ -143,7 +143,8 @@ func TestCollectiveOpsCombineAcrossGroups(t *testing.T) {
 // The reduce-scatter op gives each member its block of the flattened
 // all-reduce, of collective.ScatterBlock's length, and the all-gather of
 // the blocks, concatenated or put in place, is the all-reduce, bit for
-// bit.
+// bit; compressed to int8, its block is that of the all-reduce
+// compressed alike.
 func TestReduceScatterOpIsTheAllReducesBlock(t *testing.T) {
 	ids := groups(t, 3)
 	out := onMembers(t, ids, func(s *op.Scope, m int, group string) []tf.Output {
@@ -152,12 +153,14 @@ func TestReduceScatterOpIsTheAllReducesBlock(t *testing.T) {
 			x[i] = []float32{float32(m+1) * 1e-3, float32(i) * 1e7, float32(m-i) / 3}
 		}
 		in := op.Const(s.SubScope("x"), x)
-		block := engineops.ReduceScatter(s.SubScope("rs"), in, group, "rs", collective.Sum)
+		block := engineops.ReduceScatter(s.SubScope("rs"), in, group, "rs", collective.Sum, 0)
 		return []tf.Output{
 			engineops.AllReduce(s.SubScope("ar"), in, group, "ar", collective.Sum, 0),
 			block,
 			engineops.AllGather(s.SubScope("ag"), block, group, "ag"),
 			engineops.AllGatherBlocks(s.SubScope("agb"), block, group, "agb", 12),
+			engineops.AllReduce(s.SubScope("ar8"), in, group, "ar8", collective.Sum, collective.Int8),
+			engineops.ReduceScatter(s.SubScope("rs8"), in, group, "rs8", collective.Sum, collective.Int8),
 		}
 	})
 	for m := range ids {
@@ -169,6 +172,12 @@ func TestReduceScatterOpIsTheAllReducesBlock(t *testing.T) {
 		assert.Equal(t, whole[start:start+n], out[m][1].Value(), "member %d: its block", m)
 		assert.Equal(t, whole, out[m][2].Value(), "member %d: the blocks gathered", m)
 		assert.Equal(t, whole, out[m][3].Value(), "member %d: the blocks put in place", m)
+		var int8 []float32
+		for _, row := range out[m][4].Value().([][]float32) {
+			int8 = append(int8, row...)
+		}
+		assert.NotEqual(t, whole, int8, "member %d: int8 is not exact", m)
+		assert.Equal(t, int8[start:start+n], out[m][5].Value(), "member %d: its block in int8", m)
 	}
 }
 
