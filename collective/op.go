@@ -24,6 +24,7 @@ type op struct {
 	leases     []*remoteLease     // by peer: expose this call's buffers to it (remote.go)
 	readFrom   []bool             // by peer: the call read remote chunks from it
 	ref        [remoteRefLen]byte // a remote chunk's payload scratch
+	exposed    [][]byte           // the chunks sent by address, kept reachable until the leases end (remote.go)
 	pushedTo   bool               // peers may write into this call's result, at pushedInto of the arena (push.go)
 	pushedInto int
 	begun      time.Time // when the call started
@@ -95,6 +96,7 @@ func (o *op) stopTimer() {
 // caller's cancellation breaks the group.
 func (o *op) end(err error) error {
 	o.revokeLeases()
+	o.exposed = nil
 	o.stopTimer()
 	g := o.g
 	g.mu.Lock()

@@ -95,6 +95,11 @@ func (o *op) remoteRef(to int, data []byte) ([]byte, bool) {
 	if l == nil {
 		return nil, false
 	}
+	// The address is an integer, which keeps nothing alive: a buffer that
+	// only the call's arguments held, such as a temporary one the caller
+	// built for it, could be collected and its memory reused while the
+	// peer reads it, after the call's last use of it here.
+	o.exposed = append(o.exposed, data)
 	le := binary.LittleEndian
 	b := o.ref[:0]
 	b = le.AppendUint64(b, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(data)))))

@@ -3,9 +3,11 @@
 package collective
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -115,4 +117,45 @@ func TestEndedCallLeavesNoPeerWithStaleChunks(t *testing.T) {
 	err = <-errs[1]
 	require.Error(t, err, "worker 1 summed a buffer its owner had reused")
 	assert.Contains(t, err.Error(), "worker:0")
+}
+
+// A buffer that only the call holds, as one the caller builds in the
+// call's arguments, stays whole while peers read it by address: the
+// collections and allocations before every read, which would free its
+// memory and write over it were the call not holding it, leave every
+// member exactly the bytes each member sent.
+func TestRemoteChunksOfABufferOnlyTheCallHolds(t *testing.T) {
+	if !crossMemoryWorks(t) {
+		t.Skip("this environment forbids reading another process's memory")
+	}
+	const n, size = 3, 1 << 20
+	gs := newGroups(t, n, everyChunkRemote, func(c *config) {
+		c.beforeRemote = func(int, int) {
+			runtime.GC()
+			for range 4 {
+				b := make([]byte, size)
+				for i := range b {
+					b[i] = 0xff
+				}
+			}
+		}
+	})
+	sent := func(m int) []byte { return bytes.Repeat([]byte{byte(m + 1)}, size) }
+	for it := range 3 {
+		var mu sync.Mutex
+		got := make([][][]byte, n)
+		requireAllOK(t, onAll(gs, func(m int, g *Group) error {
+			parts, err := g.AllGather(context.Background(), fmt.Sprint("x", it), Int8, sent(m))
+			mu.Lock()
+			got[m] = parts
+			mu.Unlock()
+			return err
+		}))
+		for m := range n {
+			for p := range n {
+				require.True(t, bytes.Equal(sent(p), got[m][p]), "iteration %d: member %d's copy of member %d's bytes", it, m, p)
+			}
+		}
+	}
+	assert.Positive(t, gs[0].remoteReads.Load())
 }
