@@ -230,3 +230,54 @@ func TestCompressedPushesMoveFloat32(t *testing.T) {
 		assertSentLikeTheRing(t, gs, cases)
 	}
 }
+
+// Members whose AllGatherBlocks results all lie in their arenas write
+// their blocks straight into their peers' results, with 2, 3 and 5
+// members and lengths that do not divide among them; one member with its
+// result in its own memory makes every member send frames instead.
+// Either way every member ends with every block in its place, bit for
+// bit, and sends (n-1) blocks' bytes.
+func TestPushedBlocksMatchTheGather(t *testing.T) {
+	noLeaks(t)
+	for _, n := range []int{2, 3, 5} {
+		for _, outside := range []int{-1, 1} {
+			t.Run(fmt.Sprintf("members=%d/outside=%d", n, outside), func(t *testing.T) {
+				gs := newGroups(t, n, smallPushes)
+				elems := 3<<15 + 7
+				want := randomBuffer(rand.New(rand.NewPCG(uint64(n), 12)), Float32, elems)
+				got := make([][]byte, n)
+				var bufs []*sharedBuffer
+				for m := range n {
+					if m == outside {
+						got[m] = make([]byte, len(want))
+						continue
+					}
+					b := gs[m].outputBuffer(len(want))
+					require.NotNil(t, b, "member %d has no arena buffer", m)
+					bufs = append(bufs, b)
+					got[m] = b.Bytes()
+				}
+				sent := gs[0].Stats().BytesSent
+				requireAllOK(t, onAll(gs, func(m int, g *Group) error {
+					s, l := ScatterBlock(elems, n, m)
+					return g.AllGatherBlocks(context.Background(), "blocks", Float32, got[m], want[4*s:4*(s+l)])
+				}))
+				for m := range n {
+					require.Equal(t, want, got[m], "member %d", m)
+				}
+				_, l := ScatterBlock(elems, n, 0)
+				assert.Equal(t, int64(4*l*(n-1)), gs[0].Stats().BytesSent-sent, "member 0 sends its block to every peer")
+				for m, g := range gs {
+					if outside < 0 {
+						assert.Positive(t, g.pushed.Load(), "member %d pushed nothing", m)
+					} else {
+						assert.Zero(t, g.pushed.Load(), "member %d pushed", m)
+					}
+				}
+				for _, b := range bufs {
+					b.Release()
+				}
+			})
+		}
+	}
+}
