@@ -10,7 +10,7 @@ import (
 // Wire constants. All integers are little-endian.
 const (
 	frameMagic   uint32 = 0x43444654 // "TFDC"
-	frameVersion uint8  = 10         // 2 added kindClosing, 3 the wire type, 4 the upgrade, 5 aligned payloads over shared memory, 6 remote chunks, 7 pushed results, 8 the order, 9 reduce-scatter, 10 pushed blocks
+	frameVersion uint8  = 9          // 2 added kindClosing, 3 the wire type, 4 the upgrade, 5 aligned payloads over shared memory, 6 remote chunks, 7 pushed results, 8 the order, 9 reduce-scatter
 	fixedLen            = 64         // bytes of a header before the name
 	maxNameLen          = 4096       // longest tensor name
 	maxRank             = 32         // most dimensions a shape may have
@@ -279,7 +279,7 @@ func splitStrings(b []byte) ([]string, bool) {
 // misplacedFlags reports whether h has more than one flag, an unknown one,
 // or one on a frame that cannot carry it: flagRemote goes on the data
 // frames of operations that move data, flagPushed and flagArena on those
-// of all-reduces and all-gathers (of blocks).
+// of all-reduces.
 func misplacedFlags(h *header) bool {
 	f := h.flags
 	switch {
@@ -288,5 +288,5 @@ func misplacedFlags(h *header) bool {
 	case f&(f-1) != 0 || f&^(flagRemote|flagPushed|flagArena) != 0 || h.kind != kindData || h.op == opBarrier:
 		return true
 	}
-	return f != flagRemote && h.op != opAllReduce && h.op != opAllGather
+	return f != flagRemote && h.op != opAllReduce
 }

@@ -75,13 +75,12 @@ func init() {
 }
 
 // outputBuffer returns a buffer of n bytes for the result of an
-// AllReduceTo or an AllGatherBlocks, in memory that every peer of the
-// group maps, so that the call writes their parts of the result there
-// directly; nil when
+// AllReduceTo, in memory that every peer of the group maps, so that the
+// all-reduce writes their parts of the result there directly; nil when
 // the group has no such memory (a peer elsewhere or over TCP, a buffer
 // smaller than the all-reduces that push, or the memory is used up): the
 // caller then uses its own. The caller releases it when done with the
-// result. tfdist's all-reduce and all-gather kernels reach it through
+// result. tfdist's all-reduce kernel reaches it through
 // shmbridge.OutputBuffer.
 func (g *Group) outputBuffer(n int) *sharedBuffer {
 	if g.arena == nil || n < g.cfg.pushMin || !g.allPush() {

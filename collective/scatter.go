@@ -183,46 +183,5 @@ func (g *Group) AllGatherBlocks(ctx context.Context, name string, dt DType, dst,
 	if err != nil {
 		return err
 	}
-	return o.end(o.gatherBlocks(dst, block, out))
-}
-
-// gatherBlocks gathers every member's block into out, its place in dst:
-// as an all-gather's frames, or, when every member's dst lies in its
-// arena and every link maps both (negotiatePush), by writing block into
-// every peer's dst, each write followed by a notice (step 0, at the
-// block's offset), and waiting for every peer's.
-func (o *op) gatherBlocks(dst, block []byte, out [][]byte) error {
-	offs, err := o.negotiatePush(dst, block)
-	if err != nil {
-		return err
-	}
-	if offs == nil {
-		return o.gather(block, out)
-	}
-	o.algorithm = "pushed"
-	g := o.g
-	at := func(p int) int {
-		lo, _ := blockBytes(len(dst), o.self.dtype.Size(), len(g.members), p)
-		return lo
-	}
-	for _, p := range g.peers {
-		if err := o.push(p, offs[p]+at(g.rank), 0, 0, at(g.rank), block); err != nil {
-			return err
-		}
-	}
-	for i, p := range g.peers {
-		f, err := o.recv(p, g.peers[i+1:])
-		if err != nil {
-			return err
-		}
-		f.release()
-		h := &f.h
-		switch {
-		case f.err != nil:
-			return f.err
-		case h.flags != flagPushed || h.step != 0 || h.chunk != 0 || h.length != 0 || h.offset != uint64(at(p)):
-			return o.protocolErr(p, "step %d chunk %d at %d of %d bytes, want the notice of its block", h.step, h.chunk, h.offset, h.length)
-		}
-	}
-	return nil
+	return o.end(o.gather(block, out))
 }

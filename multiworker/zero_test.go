@@ -476,31 +476,3 @@ func TestZeROCompressesToInt8(t *testing.T) {
 		}
 	}
 }
-
-// Where the all-gather's results lie in the arenas that the workers of
-// one host map (buckets of 4 MiB and more), each worker writes its block
-// of the updated parameters into the others' results, and the model is
-// still the unsharded one, bit for bit: an MLP of 16400 hidden units,
-// whose first kernel is a bucket of 4.2 MB, on 2 workers.
-func TestZeROPushesLargeBlocks(t *testing.T) {
-	rec := timeline.New(1 << 12)
-	plan := testmodel.Plan{Model: "mlp", Hidden: 16400, Steps: 3, MicroBatches: []int{48}}
-	want, _ := trainOn(t, 2, 1, adam, plan)
-	got, _ := trainOn(t, 2, 1, adam, plan, multiworker.WithZeRO(1), multiworker.WithTimeline(rec))
-	for w := range got {
-		d, at := testmodel.MaxVarDiff(want[0], got[w])
-		assert.Zero(t, d, "worker %d: %s", w, at)
-	}
-	spans, _ := rec.Spans()
-	pushed := 0
-	for _, s := range spans {
-		b, err := json.Marshal(s.Args)
-		require.NoError(t, err)
-		var args struct{ Op, Algorithm string }
-		require.NoError(t, json.Unmarshal(b, &args))
-		if args.Op == "all-gather" && args.Algorithm == "pushed" {
-			pushed++
-		}
-	}
-	assert.GreaterOrEqual(t, pushed, plan.Steps, "a pushed all-gather a step")
-}

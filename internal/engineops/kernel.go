@@ -107,27 +107,17 @@ func (c *call) start() error {
 }
 
 // startBlocks allocates a reduce-scatter's output, the member's block of
-// the input, or an all-gather of blocks', the whole vector (where peers
-// can write it, when the group has such memory: sharedOutput), and runs
-// the call on a goroutine of its own.
+// the input, or an all-gather of blocks', the whole vector, and runs the
+// call on a goroutine of its own.
 func (c *call) startBlocks(st *C.TF_Status) error {
 	n := c.k.total
 	if c.k.kind == kindReduceScatter {
 		_, n = collective.ScatterBlock(int(C.TF_TensorByteSize(c.in))/c.dt.Size(), c.g.Size(), c.g.Rank())
 	}
 	dims := []C.int64_t{C.int64_t(n)}
-	shared := false
-	if c.k.kind == kindAllGatherBlocks {
-		var err error
-		if shared, err = c.sharedOutput(st, n*c.dt.Size(), dims); err != nil {
-			return err
-		}
-	}
-	if !shared {
-		c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_TensorType(c.in), dimsPtr(dims), 1, C.size_t(n*c.dt.Size()), st)
-		if err := statusError(st, "allocate output"); err != nil {
-			return err
-		}
+	c.out = C.TF_AllocateOutput(c.ctx, 0, C.TF_TensorType(c.in), dimsPtr(dims), 1, C.size_t(n*c.dt.Size()), st)
+	if err := statusError(st, "allocate output"); err != nil {
+		return err
 	}
 	go func() {
 		ctx, out, in := context.Background(), tensorBytes(c.out), tensorBytes(c.in)
@@ -150,7 +140,7 @@ func (c *call) startBlocks(st *C.TF_Status) error {
 // new tensor, which a broadcast fills with its input.
 func (c *call) reduceOutput(st *C.TF_Status) error {
 	if c.k.kind == kindAllReduce {
-		if ok, err := c.sharedOutput(st, int(C.TF_TensorByteSize(c.in)), c.dims); ok || err != nil {
+		if ok, err := c.sharedOutput(st); ok || err != nil {
 			return err
 		}
 	}
@@ -165,18 +155,18 @@ func (c *call) reduceOutput(st *C.TF_Status) error {
 	return nil
 }
 
-// sharedOutput makes the output of an all-reduce or an all-gather of
-// blocks, of n bytes and shape dims, a buffer that the group's peers on
-// this host map, so that they write their parts of the result into it
-// (shmbridge.OutputBuffer); it reports false, having done nothing, when
-// the group has none for it.
-func (c *call) sharedOutput(st *C.TF_Status, n int, dims []C.int64_t) (bool, error) {
+// sharedOutput makes the all-reduce's output a buffer that the group's
+// peers on this host map, so that they write their parts of the result
+// into it (shmbridge.OutputBuffer); it reports false, having done
+// nothing, when the group has none for it.
+func (c *call) sharedOutput(st *C.TF_Status) (bool, error) {
+	n := int(C.TF_TensorByteSize(c.in))
 	b := shmbridge.OutputBuffer(c.g, n)
 	if b == nil {
 		return false, nil
 	}
 	data := unsafe.Pointer(unsafe.SliceData(b.Bytes())) // outside Go's heap
-	t := C.tfdist_shared_tensor(C.TF_TensorType(c.in), dimsPtr(dims), C.int(len(dims)), data, C.size_t(n), b.ReleaseFlag())
+	t := C.tfdist_shared_tensor(C.TF_TensorType(c.in), dimsPtr(c.dims), C.int(len(c.dims)), data, C.size_t(n), b.ReleaseFlag())
 	if t == nil || C.TF_TensorData(t) != data { // TensorFlow copied it: no use
 		if t != nil {
 			C.TF_DeleteTensor(t)

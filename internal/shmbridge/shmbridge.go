@@ -22,8 +22,7 @@ type Buffer interface {
 }
 
 // OutputBuffer returns a buffer of n bytes for the result of an
-// AllReduceTo or an AllGatherBlocks on group, a *collective.Group; nil
-// when the group has no
+// AllReduceTo on group, a *collective.Group; nil when the group has no
 // memory its peers map (a peer elsewhere or over TCP, a buffer smaller
 // than the all-reduces that write into peers' results, or the memory is
 // used up): the caller then uses its own. The caller releases it when
