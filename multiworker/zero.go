@@ -51,8 +51,11 @@ import (
 // sends half. With WithCompression(INT8) such a bucket is reduce-scattered
 // as the compressed all-reduce sends it, rounded once and summed exactly,
 // so each worker's block has that all-reduce's bits and the model is the
-// unsharded INT8 job's: a step sends about 0.63 of the uncompressed
-// bytes, where a compressed all-reduce sends a quarter.
+// unsharded INT8 job's. A bucket of more than 256 Ki elements then sends
+// about 0.63 of its uncompressed bytes, where a compressed all-reduce
+// sends a quarter; a smaller one takes that all-reduce's direct path,
+// whose levels every worker gathers whole, and sends 0.5 + 0.127·n of
+// them on n workers (0.75 on 2, about as many on 4, more beyond).
 //
 // WithZeRO needs tfdist's engine (WithCommunication Auto or Engine) and
 // two or more workers, and is refused with WithCompression(TopK),
