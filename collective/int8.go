@@ -22,13 +22,23 @@ func int8Levels(n int) int { return 127 / n }
 // gatherInt8, larger around the ring by sumInt8. opts are the call's.
 func (g *Group) allReduceInt8(ctx context.Context, name string, red Reduction, dst, src []byte, opts []CallOption) error {
 	x := view[float32](src)
-	maxima := make([]float32, (len(x)+int8Block-1)/int8Block)
-	blockMaxima(maxima, x)
-	q := make([]int8, len(x)) // larger than a pooled payload, for a buffer of more than 4 MiB
-	if len(q) <= g.cfg.directMax {
+	maxima, q := int8Buffers(x)
+	if g.int8Direct(len(x)) {
 		return g.gatherInt8(ctx, name, red, view[float32](dst), x, maxima, q)
 	}
 	return g.sumInt8(ctx, name, red, view[float32](dst), x, maxima, q, opts)
+}
+
+// int8Direct reports whether an int8 all-reduce of elems elements takes
+// the direct path (gatherInt8) rather than the ring (sumInt8).
+func (g *Group) int8Direct(elems int) bool { return elems <= g.cfg.directMax }
+
+// int8Buffers returns the maxima of x's blocks (blockMaxima) and room for
+// x's levels.
+func int8Buffers(x []float32) ([]float32, []int8) {
+	maxima := make([]float32, (len(x)+int8Block-1)/int8Block)
+	blockMaxima(maxima, x)
+	return maxima, make([]int8, len(x)) // larger than a pooled payload, for a buffer of more than 4 MiB
 }
 
 // gatherInt8 sends every member this member's blocks of x rounded to ±127
@@ -95,7 +105,7 @@ func (g *Group) agreeInt8(ctx context.Context, kind opKind, name string, red Red
 // int8 sum reduce-scattered, a quarter of the bytes. opts are the call's.
 func (g *Group) reduceScatterInt8(ctx context.Context, name string, red Reduction, dst, src []byte, lo int, opts []CallOption) error {
 	x := view[float32](src)
-	if len(x) <= g.cfg.directMax {
+	if g.int8Direct(len(x)) {
 		whole := make([]byte, len(src))
 		if err := g.allReduceInt8(ctx, name, red, whole, src, opts); err != nil {
 			return err
@@ -103,9 +113,7 @@ func (g *Group) reduceScatterInt8(ctx context.Context, name string, red Reductio
 		copy(dst, whole[4*lo:])
 		return nil
 	}
-	maxima := make([]float32, (len(x)+int8Block-1)/int8Block)
-	blockMaxima(maxima, x)
-	q := make([]int8, len(x))
+	maxima, q := int8Buffers(x)
 	levels, err := g.agreeInt8(ctx, opReduceScatter, name, red, x, maxima, q)
 	if err != nil {
 		return err

@@ -144,12 +144,12 @@ func (z zeroOps) ReduceScatter(s *op.Scope, parts []tf.Output, devices []string)
 	ns := s.SubScope(name)
 	hs := ns.WithDevice(z.ops.host)
 	local := sumOnHost(ns.SubScope("local"), z.ops.host, parts, devices)
-	in := local
-	if z.half != 0 && compressible(local) > 0 {
+	in, wire := local, collective.DType(0)
+	switch {
+	case compressible(local) == 0:
+	case z.half != 0:
 		in = op.Cast(hs.SubScope("compress"), local, z.half)
-	}
-	var wire collective.DType
-	if z.wire != 0 && compressible(local) > 0 {
+	case z.wire != 0:
 		wire = z.wire
 	}
 	block := engineops.ReduceScatter(hs.SubScope("engine"), in, z.ops.group, name, collective.Sum, wire)
