@@ -126,30 +126,45 @@ func (o *op) sendBlocks(src []byte, block func(member int) (lo, hi int)) error {
 
 // combineChunk combines into out, in order, chunk i, at byte offset off,
 // of every member's part of this member's block: own for this member's,
-// the peers' received into part.
+// the peers' received into part. The first part received lands in out
+// itself, and own, when first, joins the next part in one pass: the same
+// operations in the same order as copying the first and combining the
+// rest, one pass over the chunk fewer.
 func (o *op) combineChunk(out, own, part []byte, order []int, i, off int) error {
-	g := o.g
+	red, dt := o.self.red, o.self.dtype
+	ownFirst := order[0] == o.g.rank
 	for k, m := range order {
-		in := own
-		if m != g.rank {
-			f, err := o.recv(m, order[k+1:])
-			if err != nil {
+		switch {
+		case m == o.g.rank && k > 0:
+			reduceInto(red, dt, out, own)
+		case m == o.g.rank:
+		case k == 0:
+			if err := o.takePart(m, order[1:], i, off, out); err != nil {
 				return err
 			}
-			err = o.takeChunkFrame(m, &f, 0, i, off, part)
-			f.release()
-			if err != nil {
+		default:
+			if err := o.takePart(m, order[k+1:], i, off, part); err != nil {
 				return err
 			}
-			in = part
-		}
-		if k == 0 {
-			copy(out, in)
-		} else {
-			reduceInto(o.self.red, o.self.dtype, out, in)
+			if k == 1 && ownFirst {
+				reduceTo(red, dt, out, own, part)
+			} else {
+				reduceInto(red, dt, out, part)
+			}
 		}
 	}
 	return nil
+}
+
+// takePart receives peer's chunk i, at byte offset off, of this member's
+// block into dst; later are the members whose parts come after.
+func (o *op) takePart(peer int, later []int, i, off int, dst []byte) error {
+	f, err := o.recv(peer, later)
+	if err != nil {
+		return err
+	}
+	defer f.release()
+	return o.takeChunkFrame(peer, &f, 0, i, off, dst)
 }
 
 // AllGatherBlocks writes every member's block into its place in dst, the
