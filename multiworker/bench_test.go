@@ -234,7 +234,7 @@ func sizesOnLink(ctx context.Context, b *testing.B, x allreducebench.Exec) {
 // BenchmarkZeRO measures the step of the MLP of BenchmarkOnLinks (24 MiB
 // of gradients in packs of 4 MiB, 256 examples a worker) with Adam,
 // unsharded and with the optimizer state sharded at stage 1, alternately
-// three times each in one run, on 2 workers of this machine (shared
+// three times each in one run, 30 steps each time, on 2 workers of this machine (shared
 // memory) and, as root, on 2 emulated hosts joined by a 10 Gbit/s link
 // (0.2 ms): the median step of each, and the sharded step's speed against
 // the unsharded one's (speed, unsharded time / sharded time). Run with
@@ -256,7 +256,7 @@ func BenchmarkZeRO(b *testing.B) {
 				for range 3 {
 					for stage := range 2 {
 						c := overlapConfig(256)
-						c.Adam, c.ZeRO = true, stage
+						c.Adam, c.ZeRO, c.Iters = true, stage, 30
 						res, err := allreducebench.AllReduce(ctx, x, 2, c)
 						require.NoError(b, err)
 						steps[stage] = append(steps[stage], stepSeconds(res))
