@@ -407,3 +407,21 @@ func TestZeROTrainsTheUnshardedModel(t *testing.T) {
 		}
 	}
 }
+
+// The peak resident memory the -json line reports counts memory the
+// process has touched: after 256 MiB more is written, it is at least
+// that much above the resident memory before.
+func TestPeakRSSCountsTouchedMemory(t *testing.T) {
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("no /proc: the peak is left out of the report")
+	}
+	before := procStatus("VmRSS")
+	require.Positive(t, before)
+	buf := make([]byte, 256<<20)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	after := peakRSS()
+	assert.GreaterOrEqual(t, after-before, int64(len(buf)), "the peak after touching %d bytes", len(buf))
+	assert.Equal(t, byte(255), buf[len(buf)-1])
+}

@@ -52,6 +52,7 @@ type report struct {
 	SaveBytesSent int64                    `json:"save_bytes_sent,omitempty"`       // the bytes the saves sent, left out of the epochs' bytes_sent
 	Checkpoints   []scored                 `json:"checkpoints,omitempty"`           // under -evaluate-checkpoint, each checkpoint scored, by step
 	StateBytes    int64                    `json:"optimizer_state_bytes,omitempty"` // the bytes this worker holds (HeldBytes) of the variables besides the model's: the optimizer's, and -accumulate's accumulators
+	TrainPeakRSS  int64                    `json:"train_peak_rss_bytes,omitempty"`  // the process's peak resident memory when training ended, before evaluation (Linux's VmHWM; left out elsewhere)
 	Variables     []strategy.VariableValue `json:"-"`                               // the model's variables after training
 	chief         bool                     // this process prints
 }
@@ -108,6 +109,7 @@ func fit(ctx context.Context, s distribute.Strategy, o options, stdout io.Writer
 	if o.evaluate != "" {
 		err = scoreCheckpoints(ctx, tr, d.heldOut, o.evaluate, out, &rep)
 	} else if err = trainOn(ctx, tr, d.train, o, out, &rep); err == nil {
+		rep.TrainPeakRSS = peakRSS()
 		err = evaluate(ctx, tr, d.heldOut, out, &rep)
 	}
 	if err != nil {
@@ -153,6 +155,33 @@ func stateBytes(tr *train.Trainer) (int64, error) {
 		total += n
 	}
 	return total, nil
+}
+
+// peakRSS returns the process's peak resident memory so far, Linux's
+// VmHWM; 0 where there is none.
+func peakRSS() int64 { return procStatus("VmHWM") }
+
+// procStatus returns the bytes of field (VmHWM, VmRSS) of the process's
+// /proc/self/status; 0 where there is none.
+func procStatus(field string) int64 {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			f := strings.Fields(v) // "1234 kB"
+			if len(f) != 2 || f[1] != "kB" {
+				return 0
+			}
+			kb, err := strconv.ParseInt(f[0], 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // compile builds the model in s's scope and compiles it with the
