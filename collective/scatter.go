@@ -134,23 +134,25 @@ func (o *op) combineChunk(out, own, part []byte, order []int, i, off int) error 
 	red, dt := o.self.red, o.self.dtype
 	ownFirst := order[0] == o.g.rank
 	for k, m := range order {
+		if m == o.g.rank {
+			if k > 0 {
+				reduceInto(red, dt, out, own)
+			}
+			continue
+		}
+		dst := part
+		if k == 0 {
+			dst = out
+		}
+		if err := o.takePart(m, order[k+1:], i, off, dst); err != nil {
+			return err
+		}
 		switch {
-		case m == o.g.rank && k > 0:
-			reduceInto(red, dt, out, own)
-		case m == o.g.rank:
 		case k == 0:
-			if err := o.takePart(m, order[1:], i, off, out); err != nil {
-				return err
-			}
+		case k == 1 && ownFirst:
+			reduceTo(red, dt, out, own, part)
 		default:
-			if err := o.takePart(m, order[k+1:], i, off, part); err != nil {
-				return err
-			}
-			if k == 1 && ownFirst {
-				reduceTo(red, dt, out, own, part)
-			} else {
-				reduceInto(red, dt, out, part)
-			}
+			reduceInto(red, dt, out, part)
 		}
 	}
 	return nil
