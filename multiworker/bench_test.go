@@ -234,11 +234,11 @@ func sizesOnLink(ctx context.Context, b *testing.B, x allreducebench.Exec) {
 // BenchmarkZeRO measures the step of the MLP of BenchmarkOnLinks (24 MiB
 // of gradients in packs of 4 MiB, 256 examples a worker) with Adam,
 // unsharded and with the optimizer state sharded at stage 1, alternately
-// three times each in one run, 30 steps each time, on 2 workers of this machine (shared
-// memory) and, as root, on 2 emulated hosts joined by a 10 Gbit/s link
-// (0.2 ms): the median step of each, and the sharded step's speed against
-// the unsharded one's (speed, unsharded time / sharded time). Run with
-// -benchtime 1x.
+// three times each in one run, 30 steps each time, on 2 workers of this
+// machine (shared memory) and, as root, on 2 emulated hosts joined by a
+// 10 Gbit/s link (0.2 ms): the median step of each, and the sharded
+// step's speed against the unsharded one's (speed, unsharded time /
+// sharded time). Run with -benchtime 1x.
 func BenchmarkZeRO(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
