@@ -22,6 +22,7 @@ import (
 	"slices"
 
 	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -70,7 +71,7 @@ func (d *dense) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, error
 		return tf.Output{}, err
 	}
 	b := NewBuilder(r.Scope(), "dense")
-	w, addBias, err := d.read(r, b, x.DataType(), b.Add)
+	w, addBias, err := d.read(r, b, x.DataType(), func(y, bias tf.Output) tf.Output { return op.BiasAdd(b.Op(), y, bias) })
 	if err != nil {
 		return tf.Output{}, err
 	}
