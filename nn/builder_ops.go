@@ -29,6 +29,12 @@ func (b *Builder) Silu(x tf.Output) tf.Output { return b.Mul(x, b.Sigmoid(x)) }
 // Softmax returns e^x/Σe^x over x's last axis.
 func (b *Builder) Softmax(x tf.Output) tf.Output { return op.Softmax(b.s.SubScope("softmax"), x) }
 
+// BiasAdd returns y plus bias over y's last axis (tf.nn.bias_add), whose
+// gradient is one BiasAddGrad.
+func (b *Builder) BiasAdd(y, bias tf.Output) tf.Output {
+	return op.BiasAdd(b.s.SubScope("bias_add"), y, bias)
+}
+
 // MatMulLast returns x·w over x's last axis, as Keras' Dense and
 // tf.tensordot(x, w, 1) compute it: x [batch, …, n] and w [n, m] (of a
 // known shape) give [batch, …, m]. A matrix x is one MatMul; x of another

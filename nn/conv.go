@@ -120,7 +120,7 @@ func (l *conv2D) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, erro
 		return tf.Output{}, err
 	}
 	b := NewBuilder(r.Scope(), "conv2d")
-	w, addBias, err := l.read(r, b, x.DataType(), func(y, bias tf.Output) tf.Output { return op.BiasAdd(b.Op(), y, bias) })
+	w, addBias, err := l.read(r, b, x.DataType(), b.BiasAdd)
 	if err != nil {
 		return tf.Output{}, err
 	}

@@ -22,7 +22,6 @@ import (
 	"slices"
 
 	tf "github.com/wamuir/graft/tensorflow"
-	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tfdist/tfdist/strategy"
 )
@@ -71,7 +70,7 @@ func (d *dense) Apply(r strategy.Replica, x tf.Output, _ bool) (tf.Output, error
 		return tf.Output{}, err
 	}
 	b := NewBuilder(r.Scope(), "dense")
-	w, addBias, err := d.read(r, b, x.DataType(), func(y, bias tf.Output) tf.Output { return op.BiasAdd(b.Op(), y, bias) })
+	w, addBias, err := d.read(r, b, x.DataType(), b.BiasAdd)
 	if err != nil {
 		return tf.Output{}, err
 	}
