@@ -113,14 +113,17 @@ func WithLogger(l *zap.Logger) Option { return func(c *config) { c.log = l } }
 
 // WithDeterministic makes training topology-invariant: the strategy runs
 // virtualShards replicas in sync whatever its devices (each device runs
-// virtualShards / devices of them, one after the other in one step), and
-// every cross-replica sum adds the replicas' values along one tree on the
-// host. Two runs with the same seed and data then end with the same bits
-// on 1, 2, 4 or 8 devices, and under the one-device and multi-worker
-// strategies with the same number of virtual shards. virtualShards must
-// be a power of two that the devices divide; WithCommunication(NCCL),
-// WithCrossDeviceOps and WithAggregation are errors with it. See
-// docs/reproducibility.md.
+// virtualShards / devices of them in one step, each its own kernels over
+// its part of the global batch, all sharing the device's copy of every
+// variable), and every cross-replica sum adds the replicas' values along
+// one tree on the host. Two runs with the same seed and data then end with
+// the same bits on 1, 2, 4 or 8 devices, and under the one-device and
+// multi-worker strategies with the same number of virtual shards.
+// virtualShards must be a power of two that the devices divide;
+// WithCommunication(NCCL), WithCrossDeviceOps and WithAggregation are
+// errors with it. The shards' kernels are its price: a step of several
+// shards of a few examples each costs their dispatch, of tens or more
+// examples little (see docs/benchmarks.md). See docs/reproducibility.md.
 func WithDeterministic(virtualShards int) Option {
 	return func(c *config) { c.shards = virtualShards }
 }

@@ -4,12 +4,13 @@ import "fmt"
 
 // WithDeterministic makes training topology-invariant: the job runs
 // virtualShards replicas in sync whatever its workers and devices (each
-// device runs virtualShards / (workers × devices) of them, one after the
-// other in one step), each replica sees the same examples on every
-// topology (dataset.ShardBatch), and every cross-replica sum adds the
-// replicas' values along one tree. Two runs with the same seed and data
-// then end with the same bits on 1, 2 or 4 workers of 1 or 2 devices, and
-// under mirrored or one device with the same number of virtual shards.
+// device runs virtualShards / (workers × devices) of them in one step,
+// each its own kernels, all sharing the device's copy of every variable),
+// each replica sees the same examples on every topology
+// (dataset.ShardBatch), and every cross-replica sum adds the replicas'
+// values along one tree. Two runs with the same seed and data then end
+// with the same bits on 1, 2 or 4 workers of 1 or 2 devices, and under
+// mirrored or one device with the same number of virtual shards.
 //
 // virtualShards must be a power of two that the replicas across workers
 // divide. Only tfdist's engine sums in tree order: WithCommunication(Ring

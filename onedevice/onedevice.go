@@ -43,12 +43,15 @@ func WithLogger(l *zap.Logger) Option { return func(c *config) { c.logger = l } 
 func WithDevice(device string) Option { return func(c *config) { c.device = device } }
 
 // WithDeterministic makes training topology-invariant: the strategy runs
-// virtualShards replicas in sync on its device, one after the other in
-// one step, each on its part of the global batch, and sums their
-// gradients along one tree. Training then ends with the same bits as
-// under the mirrored and multi-worker strategies with the same number of
-// virtual shards, on any number of devices or workers that divides it.
-// virtualShards must be a power of two. See docs/reproducibility.md.
+// virtualShards replicas in sync on its device in one step, each its own
+// kernels over its part of the global batch, all sharing the device's copy
+// of every variable, and sums their gradients along one tree. Training
+// then ends with the same bits as under the mirrored and multi-worker
+// strategies with the same number of virtual shards, on any number of
+// devices or workers that divides it. virtualShards must be a power of
+// two. The shards' kernels are its price: a step of several shards of a
+// few examples each costs their dispatch, of tens or more examples little
+// (see docs/benchmarks.md). See docs/reproducibility.md.
 func WithDeterministic(virtualShards int) Option { return func(c *config) { c.shards = virtualShards } }
 
 // New returns a one-device strategy. Each is an engine of its own, with
