@@ -14,7 +14,10 @@ import "fmt"
 //
 // virtualShards must be a power of two that the replicas across workers
 // divide. Only tfdist's engine sums in tree order: WithCommunication(Ring
-// or NCCL), WithCompression and WithAggregation are errors with it. See
+// or NCCL), WithCompression and WithAggregation are errors with it. New
+// also refuses workers whose kernels may round otherwise: another
+// TensorFlow build, intra-op thread count, oneDNN setting or instruction
+// set than a peer's. See
 // docs/reproducibility.md for what it guarantees and what it costs.
 func WithDeterministic(virtualShards int) Option {
 	return func(c *config) { c.shards = virtualShards }

@@ -14,6 +14,7 @@ import (
 	"github.com/tfdist/tfdist/dataset"
 	"github.com/tfdist/tfdist/dataset/digits"
 	"github.com/tfdist/tfdist/internal/models"
+	"github.com/tfdist/tfdist/internal/testcluster"
 	"github.com/tfdist/tfdist/internal/testmodel"
 	"github.com/tfdist/tfdist/multiworker"
 	"github.com/tfdist/tfdist/nn"
@@ -69,6 +70,22 @@ func TestDeterministicRefusesOnWorkers(t *testing.T) {
 		for _, err := range errs {
 			require.ErrorContains(t, err, c.want)
 		}
+	}
+}
+
+// Deterministic workers whose kernels may round otherwise, here with
+// other intra-op thread counts, are refused on every worker at New,
+// naming the field, each worker's value and what would make them agree,
+// rather than training another model than one device does.
+func TestDeterministicRefusesWorkersThatComputeOtherwise(t *testing.T) {
+	threads := []int{1, 2}
+	errs := testcluster.OnWorkersWith(loopbackSpec(t, 2), func(w int) []multiworker.Option {
+		return []multiworker.Option{multiworker.WithDeterministic(2), multiworker.WithThreads(threads[w], 2)}
+	}, func(int, *multiworker.Strategy) error { return nil })
+	for w, err := range errs {
+		require.ErrorContains(t, err, "deterministic with 2 virtual shards: intra-op threads: ", "worker %d", w)
+		assert.ErrorContains(t, err, fmt.Sprintf("task worker:%d has %d and task worker:%d has %d", w, threads[w], 1-w, threads[1-w]))
+		assert.ErrorContains(t, err, "TF_NUM_INTRAOP_THREADS")
 	}
 }
 

@@ -3,6 +3,7 @@ package multiworker
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -182,7 +183,7 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	w.log.Info("collective group joined", zap.String("address", members[w.workerID].Addr),
 		zap.Int("workers", len(w.workers)), zap.Int("local_replicas", w.nLocal()))
-	if err := checkReplicaCounts(ctx, g, w, c.startupTimeout); err != nil {
+	if err := checkWorkersAlike(ctx, g, w, c); err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), c.closeTimeout())
 		defer cancel()
 		g.Abort(err)
@@ -265,6 +266,47 @@ func newOnEngine(ctx context.Context, c config, w joined) (*Strategy, error) {
 	}
 	s.engine = e
 	return s, nil
+}
+
+// checkWorkersAlike refuses, on every worker, a cluster whose workers
+// have different numbers of replicas, or, under WithDeterministic,
+// compute otherwise (checkArithmetic).
+func checkWorkersAlike(ctx context.Context, g *collective.Group, w joined, c config) error {
+	if err := checkReplicaCounts(ctx, g, w, c.startupTimeout); err != nil {
+		return err
+	}
+	if c.shards == 0 {
+		return nil
+	}
+	return checkArithmetic(ctx, g, w, c)
+}
+
+// checkArithmetic refuses, on every worker, a deterministic job whose
+// workers differ in what decides their kernels' roundings (their
+// TensorFlow build, intra-op threads, oneDNN, instruction set): it would
+// train another model than one device does, with nothing to tell.
+func checkArithmetic(ctx context.Context, g *collective.Group, w joined, c config) error {
+	ctx, cancel := context.WithTimeout(ctx, c.startupTimeout)
+	defer cancel()
+	mine := tfrt.LocalArithmetic(c.pools.intra)
+	b, err := json.Marshal(mine)
+	if err != nil {
+		return fmt.Errorf("multiworker: task %s: %w", w.task, err)
+	}
+	all, err := g.AllGather(ctx, "tfdist_arithmetic", collective.Int8, b)
+	if err != nil {
+		return fmt.Errorf("multiworker: task %s: gather the workers' arithmetic: %w", w.task, err)
+	}
+	for i, b := range all {
+		var theirs tfrt.Arithmetic
+		if err := json.Unmarshal(b, &theirs); err != nil {
+			return fmt.Errorf("multiworker: task %s: the arithmetic of task %s: %w", w.task, w.workers[i], err)
+		}
+		if err := mine.Match(theirs, "task "+w.task.String(), "task "+w.workers[i].String()); err != nil {
+			return fmt.Errorf("multiworker: deterministic with %d virtual shards: %w", c.shards, err)
+		}
+	}
+	return nil
 }
 
 // checkReplicaCounts refuses, on every worker, a cluster whose workers
