@@ -17,7 +17,8 @@ import "fmt"
 // or NCCL), WithCompression and WithAggregation are errors with it. New
 // also refuses workers whose kernels may round otherwise: another
 // TensorFlow build, intra-op thread count, oneDNN setting or instruction
-// set than a peer's. See
+// set than a peer's; in an elastic job, a worker that differs from the
+// one holding the job's state leaves it (ErrArithmeticMismatch). See
 // docs/reproducibility.md for what it guarantees and what it costs.
 func WithDeterministic(virtualShards int) Option {
 	return func(c *config) { c.shards = virtualShards }

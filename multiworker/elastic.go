@@ -208,6 +208,9 @@ func (c config) elasticTLS(name string) (*tls.Config, error) {
 func trainOn(ctx context.Context, mb elastic.Membership, ln net.Listener, snap *snapshot, m *elastic.Member,
 	train func(ctx context.Context, s *Strategy) error, opts []Option, closing *sync.WaitGroup) error {
 	s, err := newMember(ctx, mb, ln, opts)
+	if errors.Is(err, ErrArithmeticMismatch) {
+		return err // this worker leaves the job
+	}
 	if err != nil {
 		return errors.Join(err, strategy.ErrCannotContinue) // a member failed to come up: form another
 	}
@@ -274,7 +277,7 @@ func newMember(ctx context.Context, mb elastic.Membership, ln net.Listener, opts
 		var r cluster.Resolver
 		if r, err = cluster.NewSimpleResolver(spec, cluster.Task{Type: cluster.Worker, Index: mb.Rank}); err == nil {
 			opts = append(append([]Option{WithStartupTimeout(elasticStartup)}, opts...), WithResolver(r), func(c *config) {
-				c.listener, c.epoch, c.names = ln, mb.Epoch, names
+				c.listener, c.epoch, c.names, c.holder = ln, mb.Epoch, names, mb.Holder
 			})
 			var s *Strategy
 			if s, err = New(ctx, opts...); err == nil {
@@ -358,6 +361,13 @@ func (s *Strategy) Progress() []byte {
 // Elastic reports whether s is a membership's strategy of an elastic job
 // (RunElastic made it): one whose programs call Resume and StepDone.
 func (s *Strategy) Elastic() bool { return s.elastic != nil }
+
+// ErrArithmeticMismatch is New's error, under WithDeterministic, on a
+// worker of an elastic job whose kernels may round otherwise than those
+// of the member holding the job's state (tfdist's check of TensorFlow's
+// version, intra-op threads, oneDNN and the CPU's vector extensions):
+// RunElastic leaves the job, and the others re-form without it.
+var ErrArithmeticMismatch = errors.New("multiworker: this worker's kernels may round otherwise than the job's")
 
 // ErrModelMismatch is Resume's error on a worker whose model differs
 // from the one of the member holding the job's state.

@@ -485,6 +485,28 @@ func TestElasticJoinerWithAnotherModelIsTurnedAway(t *testing.T) {
 	j.endWith(want, a, b)
 }
 
+// TestElasticDeterministicJoinerThatRoundsOtherwiseIsTurnedAway: under
+// WithDeterministic, a joiner with another intra-op thread count than the
+// worker holding the job's state leaves with ErrArithmeticMismatch, naming
+// both counts, and the job goes on without it to one device's model, bit
+// for bit.
+func TestElasticDeterministicJoinerThatRoundsOtherwiseIsTurnedAway(t *testing.T) {
+	const steps, shards = 60, 4
+	want := linearOnOneDevice(t, steps, onedevice.WithDeterministic(shards))
+	j := newElasticJob(t, steps, elastic.WithMembers(1, 2), elastic.WithSettle(0))
+	j.shards, j.env = shards, []string{"TF_NUM_INTRAOP_THREADS=2"}
+	a := j.start("worker:0")
+	require.Eventually(t, func() bool { return j.completed(a) >= 10 }, 2*time.Minute, time.Millisecond)
+	odd := j.start("worker:1", "TF_NUM_INTRAOP_THREADS=1")
+	last := j.last(odd)
+	assert.Equal(t, "error", last.Event)
+	assert.Contains(t, last.Err, multiworker.ErrArithmeticMismatch.Error())
+	assert.Contains(t, last.Err, "intra-op threads: task worker:1 has 1 and task worker:0 (which holds the job's state) has 2")
+	last = j.last(a)
+	require.Equal(t, "done", last.Event, "%+v", last)
+	assert.Equal(t, want, last.Weights, "the model differs from one device's")
+}
+
 func resolver(t *testing.T) cluster.Resolver {
 	r, err := cluster.NewSimpleResolver(loopbackSpec(t, 2), cluster.Task{Type: cluster.Worker})
 	require.NoError(t, err)

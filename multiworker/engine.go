@@ -281,10 +281,13 @@ func checkWorkersAlike(ctx context.Context, g *collective.Group, w joined, c con
 	return checkArithmetic(ctx, g, w, c)
 }
 
-// checkArithmetic refuses, on every worker, a deterministic job whose
-// workers differ in what decides their kernels' roundings (their
-// TensorFlow build, intra-op threads, oneDNN, instruction set): it would
-// train another model than one device does, with nothing to tell.
+// checkArithmetic refuses a deterministic job whose workers differ in
+// what decides their kernels' roundings (their TensorFlow build,
+// intra-op threads, oneDNN, instruction set): it would train another
+// model than one device does, with nothing to tell. Every worker of a
+// static job fails; in an elastic one, a worker that differs from the
+// holder of the job's state fails with ErrArithmeticMismatch, and the
+// others with an error that makes them re-form without it.
 func checkArithmetic(ctx context.Context, g *collective.Group, w joined, c config) error {
 	ctx, cancel := context.WithTimeout(ctx, c.startupTimeout)
 	defer cancel()
@@ -297,12 +300,21 @@ func checkArithmetic(ctx context.Context, g *collective.Group, w joined, c confi
 	if err != nil {
 		return fmt.Errorf("multiworker: task %s: gather the workers' arithmetic: %w", w.task, err)
 	}
+	theirs := make([]tfrt.Arithmetic, len(all))
 	for i, b := range all {
-		var theirs tfrt.Arithmetic
-		if err := json.Unmarshal(b, &theirs); err != nil {
+		if err := json.Unmarshal(b, &theirs[i]); err != nil {
 			return fmt.Errorf("multiworker: task %s: the arithmetic of task %s: %w", w.task, w.workers[i], err)
 		}
-		if err := mine.Match(theirs, "task "+w.task.String(), "task "+w.workers[i].String()); err != nil {
+	}
+	ref, refName := mine, "task "+w.task.String()
+	if c.names != nil { // elastic: the holder's is the job's
+		ref, refName = theirs[c.holder], "task "+w.workers[c.holder].String()+" (which holds the job's state)"
+		if err := mine.Match(ref, "task "+w.task.String(), refName); err != nil {
+			return fmt.Errorf("%w: deterministic with %d virtual shards: %w", ErrArithmeticMismatch, c.shards, err)
+		}
+	}
+	for i, a := range theirs {
+		if err := ref.Match(a, refName, "task "+w.workers[i].String()); err != nil {
 			return fmt.Errorf("multiworker: deterministic with %d virtual shards: %w", c.shards, err)
 		}
 	}

@@ -115,11 +115,13 @@ type config struct {
 	shards      int // WithDeterministic's virtual shards, 0 without
 	zero        int // WithZeRO's stage, 0 without
 	localSGD    *LocalSGD
-	// In an elastic job: the group's listener, membership epoch and
-	// members' names, in rank order.
+	// In an elastic job: the group's listener, membership epoch,
+	// members' names, in rank order, and the rank of the member that
+	// holds the job's state.
 	listener net.Listener
 	epoch    uint32
 	names    []string
+	holder   int
 }
 
 // closeTimeout bounds Close's barrier: as long as New waits for the
