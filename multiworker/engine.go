@@ -291,30 +291,31 @@ func checkWorkersAlike(ctx context.Context, g *collective.Group, w joined, c con
 func checkArithmetic(ctx context.Context, g *collective.Group, w joined, c config) error {
 	ctx, cancel := context.WithTimeout(ctx, c.startupTimeout)
 	defer cancel()
+	name := func(t cluster.Task) string { return "task " + c.memberName(t) }
 	mine := tfrt.LocalArithmetic(c.pools.intra)
 	b, err := json.Marshal(mine)
 	if err != nil {
-		return fmt.Errorf("multiworker: task %s: %w", w.task, err)
+		return fmt.Errorf("multiworker: %s: %w", name(w.task), err)
 	}
 	all, err := g.AllGather(ctx, "tfdist_arithmetic", collective.Int8, b)
 	if err != nil {
-		return fmt.Errorf("multiworker: task %s: gather the workers' arithmetic: %w", w.task, err)
+		return fmt.Errorf("multiworker: %s: gather the workers' arithmetic: %w", name(w.task), err)
 	}
 	theirs := make([]tfrt.Arithmetic, len(all))
 	for i, b := range all {
 		if err := json.Unmarshal(b, &theirs[i]); err != nil {
-			return fmt.Errorf("multiworker: task %s: the arithmetic of task %s: %w", w.task, w.workers[i], err)
+			return fmt.Errorf("multiworker: %s: the arithmetic of %s: %w", name(w.task), name(w.workers[i]), err)
 		}
 	}
-	ref, refName := mine, "task "+w.task.String()
+	ref, refName := mine, name(w.task)
 	if c.names != nil { // elastic: the holder's is the job's
-		ref, refName = theirs[c.holder], "task "+w.workers[c.holder].String()+" (which holds the job's state)"
-		if err := mine.Match(ref, "task "+w.task.String(), refName); err != nil {
+		ref, refName = theirs[c.holder], name(w.workers[c.holder])+" (which holds the job's state)"
+		if err := mine.Match(ref, name(w.task), refName); err != nil {
 			return fmt.Errorf("%w: deterministic with %d virtual shards: %w", ErrArithmeticMismatch, c.shards, err)
 		}
 	}
 	for i, a := range theirs {
-		if err := ref.Match(a, refName, "task "+w.workers[i].String()); err != nil {
+		if err := ref.Match(a, refName, name(w.workers[i])); err != nil {
 			return fmt.Errorf("multiworker: deterministic with %d virtual shards: %w", c.shards, err)
 		}
 	}
